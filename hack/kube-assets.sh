@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds the real control-plane binaries the tests run (kube-apiserver,
+# kube-controller-manager, etcd) from the published Go modules, once per version, into a
+# cache outside the repository, and prints the directory to use as KUBEBUILDER_ASSETS.
+#
+#   hack/kube-assets.sh            # build what is missing, print the assets dir on stdout
+#
+# Environment:
+#   CAPN_ASSETS_CACHE   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets)
+#   KUBE_VERSION        Kubernetes release to build (default below)
+#   ETCD_VERSION        etcd release to build (default below)
+#
+# Why this shape: k8s.io/kubernetes replaces its staging modules (k8s.io/api, ...) with
+# local paths and requires them at v0.0.0, so it cannot be `go install`ed directly. We
+# generate a throw-away module that requires it and pins every staging module to the
+# matching v0.<minor>.<patch>, read from k8s.io/kubernetes' own go.mod. etcd is built in a
+# separate module so its dependency versions never fight Kubernetes'.
+# Progress goes to stderr; only the assets directory goes to stdout.
+set -euo pipefail
+
+KUBE_VERSION="${KUBE_VERSION:-v1.36.3}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.8}"  # kubeadm constants for Kubernetes 1.36 (cmd/kubeadm/app/constants): 3.6.8
+CACHE="${CAPN_ASSETS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets}"
+export GOFLAGS="${GOFLAGS:--buildvcs=false}"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+
+log() { printf '[kube-assets %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+command -v go >/dev/null || { log "ERROR: go is not installed; it is needed to build the test binaries"; exit 1; }
+
+kube_dir="$CACHE/kubernetes-$KUBE_VERSION"
+etcd_dir="$CACHE/etcd-$ETCD_VERSION"
+assets="$CACHE/assets-kubernetes-$KUBE_VERSION-etcd-$ETCD_VERSION"
+
+build_kube() {
+  local bins=("$@") work
+  work="$(mktemp -d)"; trap 'rm -rf "$work"' RETURN
+  log "resolving k8s.io/kubernetes@$KUBE_VERSION staging modules"
+  local gomod
+  gomod="$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')"
+  [ -f "$gomod" ] || { log "ERROR: could not download k8s.io/kubernetes@$KUBE_VERSION"; exit 1; }
+  local staging_version="v0.${KUBE_VERSION#v1.}"
+  {
+    echo "module capn.local/kube-assets"
+    echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
+    echo "require k8s.io/kubernetes $KUBE_VERSION"
+    grep -E '^\s*k8s.io/[a-z0-9-]+ => ./staging/' "$gomod" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
+  } > "$work/go.mod"
+  printf 'package tools\nimport (\n' > "$work/tools.go"
+  for b in "${bins[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$b" >> "$work/tools.go"; done
+  printf ')\n' >> "$work/tools.go"
+  sed -i 's/^package tools/\/\/go:build tools\n\npackage tools/' "$work/tools.go"
+  (cd "$work" && go mod tidy -e >&2)
+  local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+  local ldflags="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+  done
+  mkdir -p "$kube_dir"
+  for b in "${bins[@]}"; do
+    log "building $b $KUBE_VERSION (a cold build takes 10-25 minutes on 2 cores)"
+    (cd "$work" && go build -trimpath -ldflags "$ldflags" -o "$kube_dir/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2)
+    mv "$kube_dir/$b.tmp" "$kube_dir/$b"
+    log "built $kube_dir/$b"
+  done
+}
+
+build_etcd() {
+  local work
+  work="$(mktemp -d)"; trap 'rm -rf "$work"' RETURN
+  log "building etcd $ETCD_VERSION (a cold build takes a few minutes)"
+  (cd "$work" && go mod init capn.local/etcd-assets >/dev/null 2>&1 \
+    && printf 'package main\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go \
+    && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2 \
+    && rm tools.go \
+    && mkdir -p "$etcd_dir" \
+    && go build -trimpath -ldflags "-s -w" -o "$etcd_dir/etcd.tmp" go.etcd.io/etcd/server/v3 >&2)
+  mv "$etcd_dir/etcd.tmp" "$etcd_dir/etcd"
+  log "built $etcd_dir/etcd"
+}
+
+missing=()
+for b in kube-apiserver kube-controller-manager; do
+  [ -x "$kube_dir/$b" ] || missing+=("$b")
+done
+if [ ${#missing[@]} -gt 0 ]; then build_kube "${missing[@]}"; else log "cached: kubernetes $KUBE_VERSION"; fi
+if [ -x "$etcd_dir/etcd" ]; then log "cached: etcd $ETCD_VERSION"; else build_etcd; fi
+
+mkdir -p "$assets"
+ln -sf "$kube_dir/kube-apiserver" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd" "$assets/"
+log "assets ready in $assets"
+echo "$assets"

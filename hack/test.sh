@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command (README "Testing"): builds or reuses the real control-plane binaries,
+# then runs every test — unit, golden and behaviour tests against a real kube-apiserver.
+# Extra arguments go to `cargo test` (e.g. `hack/test.sh standalone` runs matching tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
+  KUBEBUILDER_ASSETS="$(hack/kube-assets.sh)"
+  export KUBEBUILDER_ASSETS
+fi
+for b in etcd kube-apiserver kube-controller-manager; do
+  [ -x "$KUBEBUILDER_ASSETS/$b" ] || { echo "ERROR: $KUBEBUILDER_ASSETS/$b is missing (run hack/kube-assets.sh)" >&2; exit 1; }
+done
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS" >&2
+exec cargo test --locked "$@"

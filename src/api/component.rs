@@ -1,0 +1,249 @@
+//! The component kinds (NestedEtcd, NestedAPIServer, NestedControllerManager) and the
+//! component spec and status they share (design §2).
+
+// kube-derive's `printcolumn(name = .., type_ = ..)` repeats keys by design.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What every component resource asks for: which release from which channel, how many
+/// replicas, and the user's adjustments to the rendered manifests.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentSpec {
+    /// Release of the component: exact (`3.6.8`, `1.36.3`), partial (`1.36` picks the
+    /// highest patch) or empty. Empty means the NestedControlPlane's `version` for the
+    /// apiserver and controller-manager, and the channel's etcd default for that Kubernetes
+    /// minor for etcd. A leading `v` and an image-style suffix (`3.6.8-0`) are accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Channel to render from; empty means the NestedControlPlane's channel, else `stable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// Number of members (pods). Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub replicas: Option<i32>,
+    /// Compute resources of the component's main container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Command-line flags, without the leading `--` (`v: "2"`). A flag of the same name in
+    /// the rendered command or args is replaced; new flags are appended. This is how a
+    /// controller is switched off (`controllers: "*,-tokencleaner"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra_args: BTreeMap<String, String>,
+    /// Changes to the rendered objects, applied in order after rendering (design §4): a
+    /// partial object (`apiVersion`, `kind`, `metadata.name`; strategic merge), or
+    /// `{target: {kind, name}, jsonPatch: [...]}` (RFC 6902), or
+    /// `{target: {kind, name}, mergePatch: {...}}` (RFC 7386).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<FreeFormObject>")]
+    pub patches: Vec<serde_json::Value>,
+}
+
+/// Schema stand-in for an arbitrary JSON object kept as-is by the apiserver.
+#[derive(JsonSchema)]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct FreeFormObject {}
+
+/// Where etcd keeps its data.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdStorage {
+    /// Size of each member's PersistentVolumeClaim (default `1Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Quantity>,
+    /// StorageClass of the claims; empty means the super cluster's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// Keep data in an `emptyDir` instead of a PersistentVolumeClaim. Data is lost whenever
+    /// a pod is rescheduled: for tests and throw-away clusters only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ephemeral: bool,
+}
+
+/// Spec of a [`NestedEtcd`]: the shared component spec plus storage.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "controlplane.cluster.x-k8s.io",
+    version = "v1beta1",
+    kind = "NestedEtcd",
+    namespaced,
+    status = "ComponentStatus",
+    shortname = "netcd",
+    category = "cluster-api",
+    doc = "The etcd of a nested control plane.",
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(
+        name = "Replicas",
+        type_ = "string",
+        json_path = ".status.replicasDisplay"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NestedEtcdSpec {
+    #[serde(flatten)]
+    pub component: ComponentSpec,
+    /// Storage of the members' data directories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<EtcdStorage>,
+}
+
+/// Spec of a [`NestedAPIServer`].
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "controlplane.cluster.x-k8s.io",
+    version = "v1beta1",
+    kind = "NestedAPIServer",
+    namespaced,
+    status = "ComponentStatus",
+    shortname = "napiserver",
+    category = "cluster-api",
+    doc = "The kube-apiserver of a nested control plane.",
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(
+        name = "Replicas",
+        type_ = "string",
+        json_path = ".status.replicasDisplay"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NestedAPIServerSpec {
+    #[serde(flatten)]
+    pub component: ComponentSpec,
+}
+
+/// Spec of a [`NestedControllerManager`].
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "controlplane.cluster.x-k8s.io",
+    version = "v1beta1",
+    kind = "NestedControllerManager",
+    namespaced,
+    status = "ComponentStatus",
+    shortname = "ncm",
+    category = "cluster-api",
+    doc = "The kube-controller-manager of a nested control plane.",
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(
+        name = "Replicas",
+        type_ = "string",
+        json_path = ".status.replicasDisplay"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NestedControllerManagerSpec {
+    #[serde(flatten)]
+    pub component: ComponentSpec,
+}
+
+/// Observed state of a component resource; the same shape for all three kinds, with the
+/// outputs the next component needs (etcd: `endpoints`; apiserver: `service`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentStatus {
+    /// True when every desired member is ready on the current spec (design §5).
+    #[serde(default)]
+    pub ready: bool,
+    /// One word for humans: `Pending`, `Provisioning`, `Ready`, `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions: `Ready` and, on bad input, the reason the spec cannot be applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The release resolved from `spec.version` and the channel (e.g. `3.6.8`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The channel the objects were rendered from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// Desired members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Members ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// `ready/desired`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas_display: Option<String>,
+    /// Objects applied for this component in the last successful round.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inventory: Vec<InventoryEntry>,
+    /// etcd only: the client URLs of every member, in member order
+    /// (`https://<c>-etcd-0.<c>-etcd.<ns>.svc:2379`, ...). The apiserver uses all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
+    /// apiserver only: the Service in front of the apiserver pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceOutput>,
+}
+
+/// One applied object, as recorded in a component's inventory.
+#[derive(
+    Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryEntry {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+}
+
+/// The apiserver's Service as published in NestedAPIServer status.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceOutput {
+    /// Service name, in the component's namespace.
+    pub name: String,
+    /// ClusterIP assigned by the super cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_ip: Option<String>,
+    /// Secure port (6443).
+    pub port: i32,
+}

@@ -1,0 +1,192 @@
+//! NestedControlPlane: the orchestrator of one nested control plane, and the Cluster API
+//! control plane provider object (v1beta2 contract, with the v1beta1 fields CAPI still reads).
+
+// kube-derive's `printcolumn(name = .., type_ = ..)` repeats keys by design.
+#![allow(clippy::duplicated_attributes)]
+
+use k8s_openapi::api::core::v1::LocalObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a nested control plane.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "controlplane.cluster.x-k8s.io",
+    version = "v1beta1",
+    kind = "NestedControlPlane",
+    namespaced,
+    status = "NestedControlPlaneStatus",
+    shortname = "ncp",
+    category = "cluster-api",
+    doc = "A nested Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) running as workloads of the super cluster.",
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
+    printcolumn(
+        name = "Initialized",
+        type_ = "boolean",
+        json_path = ".status.initialization.controlPlaneInitialized"
+    ),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".spec.controlPlaneEndpoint.host",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NestedControlPlaneSpec {
+    /// Kubernetes release of the apiserver and controller-manager (`1.36.3`, `1.36`, or
+    /// empty for the channel default), unless a component pins its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Default channel of the components (default `stable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// Registry and path prefix of the images (default `registry.k8s.io`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_repository: Option<String>,
+    /// Extra names and IPs for the apiserver serving certificate.
+    #[serde(default, rename = "certSANs", skip_serializing_if = "Vec::is_empty")]
+    pub cert_sans: Vec<String>,
+    /// Tenant network settings. When a Cluster API Cluster owns this object, its
+    /// `spec.clusterNetwork` wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_network: Option<ClusterNetwork>,
+    /// The NestedEtcd of this control plane; created when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<LocalObjectReference>,
+    /// The NestedAPIServer of this control plane; created when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apiserver: Option<LocalObjectReference>,
+    /// The NestedControllerManager of this control plane; created when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_manager: Option<LocalObjectReference>,
+    /// Where clients reach the apiserver. Filled by capn with the apiserver Service's
+    /// in-cluster name when empty (Cluster API contract).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<ApiEndpoint>,
+}
+
+/// Tenant network settings, shaped like Cluster API's `Cluster.spec.clusterNetwork`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNetwork {
+    /// Service network of the tenant; the first CIDR is used (default `10.96.0.0/12`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<NetworkRanges>,
+    /// DNS domain of the tenant's services (default `cluster.local`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_domain: Option<String>,
+}
+
+/// A list of CIDR blocks.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkRanges {
+    #[serde(default)]
+    pub cidr_blocks: Vec<String>,
+}
+
+/// A host and port clients dial (Cluster API `APIEndpoint`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiEndpoint {
+    /// DNS name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: i32,
+}
+
+/// Observed state of a nested control plane: the one place to see it whole.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NestedControlPlaneStatus {
+    /// v1beta1 contract: all components ready.
+    #[serde(default)]
+    pub ready: bool,
+    /// v1beta1 contract: the apiserver has been reachable once.
+    #[serde(default)]
+    pub initialized: bool,
+    /// v1beta2 contract: initialization milestones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<ControlPlaneInitialization>,
+    /// Cluster API contract: there are no Machines behind this control plane.
+    #[serde(default)]
+    pub external_managed_control_plane: bool,
+    /// Kubernetes version the apiserver runs (resolved), Cluster API contract.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Desired apiserver replicas (Cluster API contract).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Ready apiserver replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Apiserver replicas on the current spec (v1beta1 `updatedReplicas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_replicas: Option<i32>,
+    /// Apiserver replicas on the current spec (v1beta2 `upToDateReplicas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date_replicas: Option<i32>,
+    /// Apiserver replicas not ready (v1beta1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_replicas: Option<i32>,
+    /// Per-component readiness, replicas and resolved versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub components: Option<ComponentsStatus>,
+    /// Earliest expiry of the certificates capn issued for this control plane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates_expiry_date: Option<Time>,
+    /// `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions: `Available`, `CertificatesAvailable`, `EtcdReady`, `APIServerReady`,
+    /// `ControllerManagerReady`, `Paused`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Cluster API v1beta2 `status.initialization` of a control plane.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneInitialization {
+    /// True once the apiserver has been ready (never goes back to false).
+    #[serde(default)]
+    pub control_plane_initialized: bool,
+}
+
+/// Summary of the three components in the NestedControlPlane status.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentsStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<ComponentSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apiserver: Option<ComponentSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_manager: Option<ComponentSummary>,
+}
+
+/// One component as seen from the NestedControlPlane.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentSummary {
+    /// Name of the component resource.
+    pub name: String,
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default)]
+    pub replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}

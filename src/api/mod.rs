@@ -1,0 +1,158 @@
+//! The custom resources capn serves (design §2), as Rust types from which the CRDs in
+//! `crds/` are generated.
+//!
+//! `controlplane.cluster.x-k8s.io/v1beta1`: [`NestedControlPlane`], [`NestedEtcd`],
+//! [`NestedAPIServer`], [`NestedControllerManager`].
+//! `infrastructure.cluster.x-k8s.io/v1beta1`: [`NestedCluster`].
+//! This module holds types only; behaviour lives in the controllers.
+
+mod cluster;
+mod component;
+mod control_plane;
+
+pub use cluster::*;
+pub use component::*;
+pub use control_plane::*;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+/// API group of the control plane kinds (the Cluster API control plane provider group).
+pub const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
+/// API group of [`NestedCluster`] (the Cluster API infrastructure provider group).
+pub const INFRASTRUCTURE_GROUP: &str = "infrastructure.cluster.x-k8s.io";
+/// Label naming the Cluster API cluster an object belongs to (CAPI contract).
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+
+/// Labels on every CRD telling Cluster API which of our API versions implements each
+/// contract version (`cluster.x-k8s.io/<contract>: <our versions>`, CAPI provider contract).
+pub const CONTRACT_LABELS: [(&str, &str); 2] = [
+    ("cluster.x-k8s.io/v1beta1", "v1beta1"),
+    ("cluster.x-k8s.io/v1beta2", "v1beta1"),
+];
+
+/// Every CRD capn serves, in a stable order (what `capn crds` prints and `crds/` holds).
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    let mut crds = vec![
+        NestedControlPlane::crd(),
+        NestedEtcd::crd(),
+        NestedAPIServer::crd(),
+        NestedControllerManager::crd(),
+        NestedCluster::crd(),
+    ];
+    for crd in &mut crds {
+        let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+        for (k, v) in CONTRACT_LABELS {
+            labels.insert(k.to_string(), v.to_string());
+        }
+    }
+    crds
+}
+
+/// Renders [`crds`] as one multi-document YAML stream, as kept in `crds/`.
+///
+/// # Errors
+/// Only if serialization fails, which would be a bug in the types.
+pub fn crds_yaml() -> Result<String, serde_saphyr::SerializeError> {
+    let mut out = String::new();
+    for crd in crds() {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&crd)?);
+    }
+    Ok(out)
+}
+
+/// The file name of `crd` in `crds/`: `<group>_<plural>.yaml` (kubebuilder's layout).
+pub fn crd_file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `crds/` must be exactly what the code generates. Regenerate with
+    /// `UPDATE_CRDS=1 cargo test --lib crds_directory`.
+    #[test]
+    fn crds_directory_matches_generated_crds() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+        let mut expected = std::collections::BTreeSet::new();
+        for crd in crds() {
+            let name = crd_file_name(&crd);
+            let text = format!("---\n{}", serde_saphyr::to_string(&crd).unwrap());
+            let path = dir.join(&name);
+            if std::env::var_os("UPDATE_CRDS").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &text).unwrap();
+            }
+            let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}; run UPDATE_CRDS=1 cargo test --lib crds_directory",
+                    path.display()
+                )
+            });
+            assert!(
+                on_disk == text,
+                "{} is stale; run UPDATE_CRDS=1 cargo test --lib crds_directory",
+                path.display()
+            );
+            expected.insert(name);
+        }
+        let present: std::collections::BTreeSet<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            present, expected,
+            "crds/ holds files the code does not generate"
+        );
+    }
+
+    #[test]
+    fn crds_carry_contract_labels_status_and_printer_columns() {
+        for crd in crds() {
+            let labels = crd.metadata.labels.clone().unwrap_or_default();
+            assert_eq!(
+                labels.get("cluster.x-k8s.io/v1beta2").map(String::as_str),
+                Some("v1beta1"),
+                "{}",
+                crd.spec.names.kind
+            );
+            let version = &crd.spec.versions[0];
+            assert!(
+                version
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some()
+            );
+            let columns: Vec<String> = version
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.clone())
+                .collect();
+            assert!(
+                columns.contains(&"Ready".to_string()) && columns.contains(&"Age".to_string()),
+                "{columns:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn component_spec_flattens_into_the_kind_spec() {
+        let etcd: NestedEtcd = serde_json::from_value(serde_json::json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+            "metadata": {"name": "e"},
+            "spec": {"version": "3.6", "replicas": 3, "extraArgs": {"quota-backend-bytes": "8589934592"},
+                     "storage": {"size": "5Gi"}}
+        }))
+        .unwrap();
+        assert_eq!(etcd.spec.component.replicas, Some(3));
+        assert_eq!(
+            etcd.spec.component.extra_args["quota-backend-bytes"],
+            "8589934592"
+        );
+        assert_eq!(etcd.spec.storage.unwrap().size.unwrap().0, "5Gi");
+    }
+}

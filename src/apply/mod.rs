@@ -1,0 +1,154 @@
+//! `apply`: the only writer of rendered objects (design §5). Server-side apply with field
+//! manager `capn` (forced: capn owns what it renders), in a fixed order.
+
+mod readiness;
+
+pub use readiness::{Readiness, readiness};
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::discovery::{Scope, pinned_kind};
+
+/// Field manager of every server-side apply capn sends.
+pub const FIELD_MANAGER: &str = "capn";
+
+/// Errors while applying. All are transient (API trouble) unless the API server rejects
+/// the object itself (`Invalid`), which points at a channel or patch defect.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("{kind}/{name}: the API server rejected it: {source}")]
+    Rejected {
+        kind: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("{kind}/{name}: {source}")]
+    Api {
+        kind: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("object has no apiVersion/kind/metadata.name")]
+    Malformed,
+    #[error("{api_version} {kind} is not served by the super cluster: {source}")]
+    UnknownKind {
+        api_version: String,
+        kind: String,
+        source: kube::Error,
+    },
+    #[error("{kind} is cluster-scoped; capn only applies namespaced objects")]
+    ClusterScoped { kind: String },
+}
+
+impl ApplyError {
+    /// Short stable reason for conditions, Events and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Rejected { .. } | Self::Malformed | Self::ClusterScoped { .. } => "ApplyRejected",
+            Self::Api { .. } | Self::UnknownKind { .. } => "ApplyFailed",
+        }
+    }
+
+    /// Whether retrying the same input can help.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Api { .. } | Self::UnknownKind { .. })
+    }
+}
+
+/// Applies rendered objects; remembers which API resource serves each kind.
+pub struct Applier {
+    client: Client,
+    resources: Mutex<HashMap<(String, String), ApiResource>>,
+}
+
+impl Applier {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            resources: Mutex::default(),
+        }
+    }
+
+    /// The client this applier writes with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    async fn resource(&self, api_version: &str, kind: &str) -> Result<ApiResource, ApplyError> {
+        let key = (api_version.to_string(), kind.to_string());
+        if let Some(ar) = self
+            .resources
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(ar);
+        }
+        let (group, version) = match api_version.split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", api_version),
+        };
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (ar, caps) =
+            pinned_kind(&self.client, &gvk)
+                .await
+                .map_err(|source| ApplyError::UnknownKind {
+                    api_version: api_version.into(),
+                    kind: kind.into(),
+                    source,
+                })?;
+        if caps.scope != Scope::Namespaced {
+            return Err(ApplyError::ClusterScoped { kind: kind.into() });
+        }
+        if let Ok(mut m) = self.resources.lock() {
+            m.insert(key, ar.clone());
+        }
+        Ok(ar)
+    }
+
+    /// Server-side applies `object` (force, manager `capn`) and returns what the API server
+    /// stored, status included.
+    ///
+    /// # Errors
+    /// [`ApplyError`]: `Rejected` for 4xx validation failures, `Api` for the rest.
+    pub async fn apply(&self, object: &serde_json::Value) -> Result<serde_json::Value, ApplyError> {
+        let s = |p: &str| object.pointer(p).and_then(|v| v.as_str());
+        let (Some(api_version), Some(kind), Some(name)) =
+            (s("/apiVersion"), s("/kind"), s("/metadata/name"))
+        else {
+            return Err(ApplyError::Malformed);
+        };
+        let namespace = s("/metadata/namespace").unwrap_or("default");
+        let ar = self.resource(api_version, kind).await?;
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let applied = api
+            .patch(name, &params, &Patch::Apply(object))
+            .await
+            .map_err(|source| {
+                let rejected =
+                    matches!(&source, kube::Error::Api(s) if s.code == 422 || s.code == 400);
+                let (kind, name) = (kind.to_string(), name.to_string());
+                if rejected {
+                    ApplyError::Rejected { kind, name, source }
+                } else {
+                    ApplyError::Api { kind, name, source }
+                }
+            })?;
+        serde_json::to_value(applied).map_err(|_| ApplyError::Malformed)
+    }
+}
+
+/// Order of application: Services before workloads (pods need their names to resolve
+/// and the apiserver certificate needs the Service's ClusterIP), everything else between.
+pub fn apply_rank(object: &serde_json::Value) -> u8 {
+    match object.get("kind").and_then(|k| k.as_str()) {
+        Some("Service") => 0,
+        Some("StatefulSet" | "Deployment" | "DaemonSet" | "Job") => 2,
+        _ => 1,
+    }
+}

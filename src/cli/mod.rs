@@ -1,0 +1,230 @@
+//! The `capn` command line: `run`, `render`, `crds`, `channels list`, `version`.
+
+mod render;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub use render::render_documents;
+
+use crate::channel::ChannelRegistry;
+use crate::controllers::{EnabledControllers, Settings};
+
+/// capn runs nested Kubernetes control planes (etcd, kube-apiserver,
+/// kube-controller-manager) as workloads of a super cluster, as a Cluster API control plane
+/// and infrastructure provider.
+#[derive(Debug, Parser)]
+#[command(name = "capn", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controllers against the cluster of the current kubeconfig (or in-cluster).
+    Run(RunArgs),
+    /// Print, offline, the objects that the resources in a file would produce
+    /// (multi-document YAML; Secrets by name only).
+    Render(RenderArgs),
+    /// Print the CustomResourceDefinitions capn serves.
+    Crds,
+    /// Inspect channels.
+    Channels {
+        #[command(subcommand)]
+        command: ChannelsCommand,
+    },
+    /// Print capn's version.
+    Version,
+}
+
+#[derive(Debug, Args)]
+pub struct ChannelArgs {
+    /// Directory of extra channels (repeatable); a channel of the same name as a built-in
+    /// one replaces it.
+    #[arg(long = "channels-dir", value_name = "DIR")]
+    pub channels_dirs: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub channels: ChannelArgs,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "CAPN_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Controllers to run, like kube-controller-manager's flag: `*` enables all, `-name`
+    /// disables one. Names: control-plane, etcd, apiserver, controller-manager, cluster.
+    #[arg(long, value_delimiter = ',', default_value = "*")]
+    pub controllers: Vec<String>,
+    /// DNS domain of the super cluster, used in certificate SANs.
+    #[arg(long, default_value = crate::plan::DEFAULT_DNS_DOMAIN)]
+    pub super_cluster_dns_domain: String,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// File with NestedControlPlane (and optionally component, NestedCluster and Cluster)
+    /// resources; `-` reads standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub channels: ChannelArgs,
+    /// DNS domain of the super cluster.
+    #[arg(long, default_value = crate::plan::DEFAULT_DNS_DOMAIN)]
+    pub super_cluster_dns_domain: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ChannelsCommand {
+    /// List channels, their components and versions.
+    List(ChannelArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Parses `--controllers` (`*`, `name`, `-name`).
+///
+/// # Errors
+/// An unknown controller name, listing the known ones.
+pub fn parse_controllers(list: &[String]) -> anyhow::Result<EnabledControllers> {
+    let mut enabled = EnabledControllers {
+        control_plane: false,
+        etcd: false,
+        apiserver: false,
+        controller_manager: false,
+        cluster: false,
+    };
+    for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        if item == "*" {
+            enabled = EnabledControllers::default();
+            continue;
+        }
+        let (on, name) = match item.strip_prefix('-') {
+            Some(n) => (false, n),
+            None => (true, item),
+        };
+        let slot = match name {
+            "control-plane" => &mut enabled.control_plane,
+            "etcd" => &mut enabled.etcd,
+            "apiserver" => &mut enabled.apiserver,
+            "controller-manager" => &mut enabled.controller_manager,
+            "cluster" => &mut enabled.cluster,
+            other => anyhow::bail!(
+                "unknown controller {other:?}; known: control-plane, etcd, apiserver, controller-manager, cluster"
+            ),
+        };
+        *slot = on;
+    }
+    Ok(enabled)
+}
+
+/// Entry point of the binary.
+///
+/// # Errors
+/// Whatever the subcommand fails with, for printing.
+pub async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            crate::telemetry::init(matches!(args.log_format, LogFormat::Json));
+            let channels = Arc::new(ChannelRegistry::load(&args.channels.channels_dirs)?);
+            let settings = Settings {
+                super_dns_domain: args.super_cluster_dns_domain,
+                namespace: args.namespace,
+                enabled: parse_controllers(&args.controllers)?,
+            };
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to the super cluster")?;
+            tracing::info!(namespace = ?settings.namespace, controllers = ?settings.enabled, "starting capn");
+            crate::controllers::run(client, channels, settings).await;
+            Ok(())
+        }
+        Command::Render(args) => {
+            let channels = ChannelRegistry::load(&args.channels.channels_dirs)?;
+            let text = if args.file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&args.file)
+                    .with_context(|| format!("reading {}", args.file.display()))?
+            };
+            let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text)
+                .with_context(|| format!("parsing {}", args.file.display()))?;
+            let objects = render_documents(&channels, docs, &args.super_cluster_dns_domain)?;
+            print!("{}", to_yaml_stream(&objects)?);
+            Ok(())
+        }
+        Command::Crds => {
+            print!("{}", crate::api::crds_yaml()?);
+            Ok(())
+        }
+        Command::Channels {
+            command: ChannelsCommand::List(args),
+        } => {
+            let channels = ChannelRegistry::load(&args.channels_dirs)?;
+            for channel in channels.iter() {
+                println!("{} ({})", channel.name, channel.origin);
+                for kind in crate::component::ComponentKind::ALL {
+                    let versions: Vec<String> = channel
+                        .versions(kind)
+                        .iter()
+                        .map(|v| v.to_string())
+                        .collect();
+                    println!("  {:<20} {}", kind.as_str(), versions.join(", "));
+                }
+            }
+            Ok(())
+        }
+        Command::Version => {
+            println!("capn {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+    }
+}
+
+/// Objects as one multi-document YAML stream (`---` before each).
+///
+/// # Errors
+/// Serialization failures.
+pub fn to_yaml_stream(objects: &[serde_json::Value]) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for o in objects {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(o)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controllers_flag_follows_kube_controller_manager_syntax() {
+        let all = parse_controllers(&["*".into()]).unwrap();
+        assert_eq!(all, EnabledControllers::default());
+        let no_etcd = parse_controllers(&["*".into(), "-etcd".into()]).unwrap();
+        assert!(!no_etcd.etcd && no_etcd.apiserver && no_etcd.control_plane);
+        let only = parse_controllers(&["control-plane".into()]).unwrap();
+        assert!(only.control_plane && !only.etcd && !only.cluster);
+        let err = parse_controllers(&["*".into(), "-etcdd".into()]).unwrap_err();
+        assert!(err.to_string().contains("known: control-plane"), "{err}");
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,463 @@
+//! The reconciler shared by NestedEtcd, NestedAPIServer and NestedControllerManager.
+//!
+//! read (owning NestedControlPlane, cluster settings, upstream outputs) → plan (pure) →
+//! apply (Services, then certificates, then the rest) → report status. The per-kind steps
+//! are in [`super::etcd`], [`super::apiserver`] and [`super::controller_manager`].
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::certificates::CertificateStore;
+use super::read::{
+    cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane,
+};
+use super::{Context, ReconcileError, apiserver, controller_manager, etcd, events};
+use crate::api::{
+    ComponentSpec, ComponentStatus, EtcdStorage, NestedAPIServer, NestedControlPlane,
+    NestedControllerManager, NestedEtcd, ServiceOutput,
+};
+use crate::apply::{FIELD_MANAGER, apply_rank, readiness};
+use crate::component::ComponentKind;
+use crate::plan::{ClusterSettings, ComponentRequest, Plan, PlanError, Upstream, plan};
+use crate::status::{ConditionUpdate, READY, phase, set_condition};
+
+/// A component custom resource.
+pub trait ComponentResource:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    const KIND: ComponentKind;
+    fn component(&self) -> &ComponentSpec;
+    fn component_status(&self) -> Option<&ComponentStatus>;
+    fn etcd_storage(&self) -> Option<&EtcdStorage> {
+        None
+    }
+    /// The reference to this kind in a NestedControlPlane's spec.
+    fn reference(ncp: &NestedControlPlane) -> Option<&str>;
+    /// The field of NestedControlPlane `spec` holding that reference.
+    const REFERENCE_FIELD: &'static str;
+    /// A new resource of this kind with the default spec.
+    fn with_defaults(name: &str) -> Self;
+}
+
+impl ComponentResource for NestedEtcd {
+    const KIND: ComponentKind = ComponentKind::Etcd;
+    fn component(&self) -> &ComponentSpec {
+        &self.spec.component
+    }
+    fn component_status(&self) -> Option<&ComponentStatus> {
+        self.status.as_ref()
+    }
+    fn etcd_storage(&self) -> Option<&EtcdStorage> {
+        self.spec.storage.as_ref()
+    }
+    fn reference(ncp: &NestedControlPlane) -> Option<&str> {
+        ncp.spec.etcd.as_ref().map(|r| r.name.as_str())
+    }
+    const REFERENCE_FIELD: &'static str = "etcd";
+    fn with_defaults(name: &str) -> Self {
+        Self::new(name, Default::default())
+    }
+}
+
+impl ComponentResource for NestedAPIServer {
+    const KIND: ComponentKind = ComponentKind::ApiServer;
+    fn component(&self) -> &ComponentSpec {
+        &self.spec.component
+    }
+    fn component_status(&self) -> Option<&ComponentStatus> {
+        self.status.as_ref()
+    }
+    fn reference(ncp: &NestedControlPlane) -> Option<&str> {
+        ncp.spec.apiserver.as_ref().map(|r| r.name.as_str())
+    }
+    const REFERENCE_FIELD: &'static str = "apiserver";
+    fn with_defaults(name: &str) -> Self {
+        Self::new(name, Default::default())
+    }
+}
+
+impl ComponentResource for NestedControllerManager {
+    const KIND: ComponentKind = ComponentKind::ControllerManager;
+    fn component(&self) -> &ComponentSpec {
+        &self.spec.component
+    }
+    fn component_status(&self) -> Option<&ComponentStatus> {
+        self.status.as_ref()
+    }
+    fn reference(ncp: &NestedControlPlane) -> Option<&str> {
+        ncp.spec
+            .controller_manager
+            .as_ref()
+            .map(|r| r.name.as_str())
+    }
+    const REFERENCE_FIELD: &'static str = "controllerManager";
+    fn with_defaults(name: &str) -> Self {
+        Self::new(name, Default::default())
+    }
+}
+
+/// Whether a component may proceed, and with which upstream outputs.
+pub enum Gate {
+    Open(Upstream),
+    Wait {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// What one pass ended with.
+enum Outcome {
+    Paused,
+    Waiting {
+        reason: &'static str,
+        message: String,
+    },
+    Invalid(PlanError),
+    Applied {
+        plan: Plan,
+        ready: bool,
+        desired: i32,
+        ready_replicas: i32,
+        service: Option<ServiceOutput>,
+    },
+}
+
+/// One clock reading per pass, in the two shapes the code needs.
+pub struct Now {
+    pub time: time::OffsetDateTime,
+    pub k8s: Time,
+}
+
+impl Now {
+    pub fn take() -> Self {
+        Self {
+            time: time::OffsetDateTime::now_utc(),
+            k8s: Time(k8s_openapi::jiff::Timestamp::now()),
+        }
+    }
+}
+
+/// Runs the controller of component kind `K` until the stream ends.
+pub async fn run<K: ComponentResource>(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let ns = ctx.settings.namespace.clone();
+    let api = |c: kube::Client| match &ns {
+        Some(ns) => Api::<K>::namespaced(c, ns),
+        None => Api::<K>::all(c),
+    };
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=capn");
+    let ncps: Api<NestedControlPlane> = match &ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let sts: Api<StatefulSet> = match &ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let svc: Api<Service> = match &ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    Controller::new(api(client.clone()), watcher::Config::default())
+        .owns(sts, owned.clone())
+        .owns(svc, owned)
+        // A control plane's status change (a sibling became ready) wakes its components.
+        .watches(ncps, watcher::Config::default(), |ncp| {
+            let ns = ncp.namespace();
+            K::reference(&ncp).map(|name| {
+                let r = ObjectRef::<K>::new(name);
+                match ns {
+                    Some(ns) => r.within(&ns),
+                    None => r,
+                }
+            })
+        })
+        .shutdown_on_signal()
+        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy<K: ComponentResource>(
+    object: Arc<K>,
+    error: &ReconcileError,
+    _ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(kind = K::KIND.resource_kind(), name = %object.name_any(), reason = error.reason(), error = %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Reconciles one component resource.
+///
+/// # Errors
+/// Transient errors (API, apply) for the controller to retry with backoff; bad input is
+/// not an error here but a condition on the resource.
+pub async fn reconcile<K: ComponentResource>(
+    object: Arc<K>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    if object.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = object.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let now = Now::take();
+    let outcome = drive(&*object, &ctx, &ns, &now).await;
+    let old = object.component_status().cloned().unwrap_or_default();
+    let mut status = old.clone();
+    let generation = object.meta().generation;
+    let (action, result) = match outcome {
+        Ok(Outcome::Paused) => return Ok(Action::await_change()),
+        Ok(Outcome::Waiting { reason, message }) => {
+            status.ready = false;
+            status.phase = Some(phase::PENDING.into());
+            set_condition(
+                &mut status.conditions,
+                ConditionUpdate::new(READY, false, reason, message),
+                generation,
+                &now.k8s,
+            );
+            (Action::requeue(Duration::from_secs(30)), Ok(()))
+        }
+        Ok(Outcome::Invalid(err)) => {
+            // Bad input: nothing was applied; wait for the spec (or channel) to change.
+            status.ready = false;
+            status.phase = Some(phase::FAILED.into());
+            set_condition(
+                &mut status.conditions,
+                ConditionUpdate::new(READY, false, err.reason(), err.to_string()),
+                generation,
+                &now.k8s,
+            );
+            (Action::await_change(), Ok(()))
+        }
+        Ok(Outcome::Applied {
+            plan,
+            ready,
+            desired,
+            ready_replicas,
+            service,
+        }) => {
+            status.ready = ready;
+            status.phase = Some(
+                if ready {
+                    phase::READY
+                } else {
+                    phase::PROVISIONING
+                }
+                .into(),
+            );
+            let update = if ready {
+                ConditionUpdate::new(
+                    READY,
+                    true,
+                    "Ready",
+                    format!("{ready_replicas}/{desired} members ready"),
+                )
+            } else {
+                ConditionUpdate::new(
+                    READY,
+                    false,
+                    "Provisioning",
+                    format!("{ready_replicas}/{desired} members ready"),
+                )
+            };
+            set_condition(&mut status.conditions, update, generation, &now.k8s);
+            status.version = Some(plan.version.to_string());
+            status.channel = Some(plan.channel.clone());
+            status.replicas = Some(desired);
+            status.ready_replicas = Some(ready_replicas);
+            status.replicas_display = Some(format!("{ready_replicas}/{desired}"));
+            status.inventory = plan.inventory();
+            status.endpoints = plan.etcd_endpoints.clone();
+            status.service = service;
+            (Action::requeue(Duration::from_secs(3600)), Ok(()))
+        }
+        Err(e) => {
+            status.ready = false;
+            set_condition(
+                &mut status.conditions,
+                ConditionUpdate::new(READY, false, e.reason(), e.to_string()),
+                generation,
+                &now.k8s,
+            );
+            (Action::requeue(Duration::from_secs(5)), Err(e))
+        }
+    };
+    status.observed_generation = generation;
+    if status != old {
+        write_status(&ctx, &*object, &ns, &status).await?;
+        events::publish_condition_changes(&ctx, &*object, &old.conditions, &status.conditions)
+            .await;
+    }
+    result.map(|()| action)
+}
+
+async fn write_status<K: ComponentResource>(
+    ctx: &Context,
+    object: &K,
+    ns: &str,
+    status: &ComponentStatus,
+) -> Result<(), ReconcileError> {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &object.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn drive<K: ComponentResource>(
+    object: &K,
+    ctx: &Context,
+    ns: &str,
+    now: &Now,
+) -> Result<Outcome, ReconcileError> {
+    // read
+    let Some(ncp) = owning_control_plane(ctx, object, ns).await? else {
+        return Ok(Outcome::Waiting {
+            reason: "WaitingForControlPlane",
+            message: "no NestedControlPlane owns this resource yet; reference it from one".into(),
+        });
+    };
+    let capi_cluster = owning_cluster(ctx, &ncp).await?;
+    if is_paused(&ncp, capi_cluster.as_ref()) {
+        return Ok(Outcome::Paused);
+    }
+    let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
+    let upstream = match K::KIND {
+        ComponentKind::Etcd => Gate::Open(Upstream::default()),
+        ComponentKind::ApiServer => apiserver::gate(ctx, &ncp, ns).await?,
+        ComponentKind::ControllerManager => controller_manager::gate(ctx, &ncp, ns).await?,
+    };
+    let upstream = match upstream {
+        Gate::Open(u) => u,
+        Gate::Wait { reason, message } => return Ok(Outcome::Waiting { reason, message }),
+    };
+    let Some(owner) = controller_reference(object) else {
+        return Err(ReconcileError::NoNamespace);
+    };
+    // decide (pure)
+    let request = ComponentRequest {
+        kind: K::KIND,
+        resource_name: &object.name_any(),
+        spec: object.component(),
+        etcd_storage: object.etcd_storage(),
+        owner,
+    };
+    let plan = match plan(&ctx.channels, &cluster, &request, &upstream) {
+        Ok(p) => p,
+        Err(PlanError::NoEtcdEndpoints) => {
+            return Ok(Outcome::Waiting {
+                reason: "WaitingForEtcd",
+                message: PlanError::NoEtcdEndpoints.to_string(),
+            });
+        }
+        Err(e) => return Ok(Outcome::Invalid(e)),
+    };
+    // act
+    let Some(ncp_owner) = controller_reference(&ncp) else {
+        return Err(ReconcileError::NoNamespace);
+    };
+    let store = CertificateStore::new(ctx.client.clone(), ns, &cluster.name, &ncp_owner, now.time);
+    let mut ordered: Vec<&serde_json::Value> = plan.objects.iter().collect();
+    ordered.sort_by_key(|o| apply_rank(o));
+    let mut applied = Vec::with_capacity(ordered.len());
+    let mut certificates_done = false;
+    for object in ordered {
+        if apply_rank(object) > 0 && !certificates_done {
+            if let Some(wait) =
+                ensure_certificates::<K>(&store, &cluster, &ncp, &plan, &applied).await?
+            {
+                return Ok(wait);
+            }
+            certificates_done = true;
+        }
+        applied.push(ctx.applier.apply(object).await?);
+    }
+    if !certificates_done
+        && let Some(wait) =
+            ensure_certificates::<K>(&store, &cluster, &ncp, &plan, &applied).await?
+    {
+        return Ok(wait);
+    }
+    // report
+    let workloads: Vec<_> = applied
+        .iter()
+        .filter(|o| apply_rank(o) == 2)
+        .map(readiness)
+        .collect();
+    let ready = !workloads.is_empty()
+        && workloads.iter().all(|r| r.ready)
+        && applied.iter().all(|o| readiness(o).ready);
+    let desired = workloads.iter().map(|r| r.desired).max().unwrap_or(0);
+    let ready_replicas = workloads
+        .iter()
+        .map(|r| r.ready_replicas)
+        .min()
+        .unwrap_or(0);
+    let service = match K::KIND {
+        ComponentKind::ApiServer => apiserver::service_output(&cluster, &applied),
+        _ => None,
+    };
+    Ok(Outcome::Applied {
+        plan,
+        ready,
+        desired,
+        ready_replicas,
+        service,
+    })
+}
+
+async fn ensure_certificates<K: ComponentResource>(
+    store: &CertificateStore<'_>,
+    cluster: &ClusterSettings,
+    ncp: &NestedControlPlane,
+    plan: &Plan,
+    applied: &[serde_json::Value],
+) -> Result<Option<Outcome>, ReconcileError> {
+    let gate = match K::KIND {
+        ComponentKind::Etcd => etcd::ensure_certificates(store, cluster, plan).await?,
+        ComponentKind::ApiServer => {
+            apiserver::ensure_certificates(store, cluster, ncp, applied).await?
+        }
+        ComponentKind::ControllerManager => {
+            controller_manager::ensure_certificates(store, cluster).await?
+        }
+    };
+    Ok(match gate {
+        Gate::Open(_) => None,
+        Gate::Wait { reason, message } => Some(Outcome::Waiting { reason, message }),
+    })
+}

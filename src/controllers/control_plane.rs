@@ -1,0 +1,443 @@
+//! The NestedControlPlane reconciler: CAs and the service-account key (created once, never
+//! re-minted), the three component resources (created or adopted), the control plane
+//! endpoint, the admin `<cluster>-kubeconfig`, and the aggregated status (CAPI contract).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+
+use super::certificates::CertificateStore;
+use super::component::{ComponentResource, Now};
+use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster};
+use super::{Context, ReconcileError, events};
+use crate::api::{
+    ApiEndpoint, CLUSTER_NAME_LABEL, ComponentSummary, ComponentsStatus,
+    ControlPlaneInitialization, NestedAPIServer, NestedControlPlane, NestedControlPlaneStatus,
+    NestedControllerManager, NestedEtcd,
+};
+use crate::apply::FIELD_MANAGER;
+use crate::pki::{
+    CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, SecretNames,
+    admin_leaf, admin_user, apiserver_service_host, not_after, server_url,
+};
+use crate::plan::{APISERVER_PORT, ClusterSettings};
+use crate::status::{
+    APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ConditionUpdate,
+    ETCD_READY, PAUSED, READY, is_true, set_condition,
+};
+
+/// Runs the NestedControlPlane controller until the stream ends.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let ns = ctx.settings.namespace.clone();
+    macro_rules! api {
+        ($t:ty) => {
+            match &ns {
+                Some(ns) => Api::<$t>::namespaced(client.clone(), ns),
+                None => Api::<$t>::all(client.clone()),
+            }
+        };
+    }
+    Controller::new(api!(NestedControlPlane), watcher::Config::default())
+        .owns(api!(NestedEtcd), watcher::Config::default())
+        .owns(api!(NestedAPIServer), watcher::Config::default())
+        .owns(api!(NestedControllerManager), watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+}
+
+fn error_policy(
+    ncp: Arc<NestedControlPlane>,
+    error: &ReconcileError,
+    _ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(name = %ncp.name_any(), reason = error.reason(), error = %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Reconciles one NestedControlPlane.
+///
+/// # Errors
+/// Transient API errors, retried with backoff. A missing CA after initialization is a
+/// condition, not a retry storm.
+pub async fn reconcile(
+    ncp: Arc<NestedControlPlane>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    if ncp.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let now = Now::take();
+    let generation = ncp.meta().generation;
+    let old = ncp.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    status.external_managed_control_plane = true;
+    let capi_cluster = owning_cluster(&ctx, &ncp).await?;
+    let paused = is_paused(&ncp, capi_cluster.as_ref());
+    let pause = if paused {
+        ConditionUpdate::new(
+            PAUSED,
+            true,
+            "Paused",
+            "reconciliation is paused (cluster.x-k8s.io/paused or Cluster spec.paused)",
+        )
+    } else {
+        ConditionUpdate::new(PAUSED, false, "NotPaused", "")
+    };
+    set_condition(&mut status.conditions, pause, generation, &now.k8s);
+    let result = if paused {
+        Ok(Action::await_change())
+    } else {
+        let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
+        drive(&ncp, &ctx, &ns, &cluster, &mut status, &now).await
+    };
+    if let Err(e) = &result {
+        let update = match e {
+            ReconcileError::CertificateAuthorityMissing(_) => {
+                ConditionUpdate::new(CERTIFICATES_AVAILABLE, false, e.reason(), e.to_string())
+            }
+            _ => ConditionUpdate::new(AVAILABLE, status.ready, e.reason(), e.to_string()),
+        };
+        set_condition(&mut status.conditions, update, generation, &now.k8s);
+    }
+    status.observed_generation = generation;
+    if status != old {
+        let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = serde_json::json!({
+            "apiVersion": NestedControlPlane::api_version(&()),
+            "kind": NestedControlPlane::kind(&()),
+            "status": status,
+        });
+        api.patch_status(
+            &ncp.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+        events::publish_condition_changes(&ctx, &*ncp, &old.conditions, &status.conditions).await;
+    }
+    match result {
+        // A missing CA needs a human; look again now and then, without a retry storm.
+        Err(ReconcileError::CertificateAuthorityMissing(_)) => {
+            Ok(Action::requeue(Duration::from_secs(300)))
+        }
+        other => other,
+    }
+}
+
+async fn drive(
+    ncp: &NestedControlPlane,
+    ctx: &Context,
+    ns: &str,
+    cluster: &ClusterSettings,
+    status: &mut NestedControlPlaneStatus,
+    now: &Now,
+) -> Result<Action, ReconcileError> {
+    let generation = ncp.meta().generation;
+    let Some(owner) = controller_reference(ncp) else {
+        return Err(ReconcileError::NoNamespace);
+    };
+    let names = SecretNames::new(&cluster.name);
+    let store = CertificateStore::new(ctx.client.clone(), ns, &cluster.name, &owner, now.time);
+
+    // 1. CAs and the service-account key: created once; after that a missing one is an
+    //    error for a human, never a silent re-mint (design §6).
+    let may_create = !status.initialized && !is_true(&status.conditions, CERTIFICATES_AVAILABLE);
+    let ca = store
+        .ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create)
+        .await?;
+    let etcd_ca = store
+        .ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create)
+        .await?;
+    let proxy_ca = store
+        .ensure_ca(&names.proxy_ca, FRONT_PROXY_CA_COMMON_NAME, may_create)
+        .await?;
+    store
+        .ensure_service_account_key(&names.sa, may_create)
+        .await?;
+    set_condition(
+        &mut status.conditions,
+        ConditionUpdate::new(
+            CERTIFICATES_AVAILABLE,
+            true,
+            "CertificatesAvailable",
+            "CAs and service-account key exist",
+        ),
+        generation,
+        &now.k8s,
+    );
+    let mut expiry: Vec<time::OffsetDateTime> =
+        [ca.cert_pem(), etcd_ca.cert_pem(), proxy_ca.cert_pem()]
+            .into_iter()
+            .filter_map(|pem| not_after(pem).ok())
+            .collect();
+
+    // 2. The components: created with defaults or adopted.
+    let mut refs = serde_json::Map::new();
+    let etcd = ensure_component::<NestedEtcd>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
+    let apiserver =
+        ensure_component::<NestedAPIServer>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
+    let controller_manager =
+        ensure_component::<NestedControllerManager>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
+
+    // 3. The endpoint (CAPI contract: the control plane provider fills it).
+    let mut endpoint = ncp.spec.control_plane_endpoint.clone();
+    if endpoint.is_none()
+        && let Some(service) = apiserver
+            .as_ref()
+            .and_then(|a| a.status.as_ref())
+            .and_then(|s| s.service.as_ref())
+    {
+        let host = apiserver_service_host(&cluster.name, ns);
+        debug_assert!(service.name.starts_with(&cluster.name));
+        let e = ApiEndpoint {
+            host,
+            port: service.port,
+        };
+        refs.insert(
+            "controlPlaneEndpoint".into(),
+            serde_json::to_value(&e).unwrap_or_default(),
+        );
+        endpoint = Some(e);
+    }
+    if !refs.is_empty() {
+        let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), ns);
+        api.patch(
+            &ncp.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": refs})),
+        )
+        .await?;
+    }
+
+    // 4. The admin kubeconfig `<c>-kubeconfig` (CAPI secret layout).
+    if let Some(e) = &endpoint {
+        let port = u16::try_from(e.port).unwrap_or(APISERVER_PORT as u16);
+        let server = server_url(&e.host, port);
+        let admin_expiry = store
+            .ensure_kubeconfig(
+                &names.kubeconfig,
+                &ca,
+                &admin_leaf(),
+                &admin_user(&cluster.name),
+                &server,
+            )
+            .await?;
+        expiry.push(admin_expiry);
+    }
+    status.certificates_expiry_date = expiry
+        .into_iter()
+        .min()
+        .and_then(|t| k8s_openapi::jiff::Timestamp::from_second(t.unix_timestamp()).ok())
+        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+
+    // 5. Aggregate status.
+    let summary = |name: Option<String>, s: Option<&crate::api::ComponentStatus>| {
+        name.map(|name| ComponentSummary {
+            name,
+            ready: s.is_some_and(|s| s.ready),
+            replicas: s.and_then(|s| s.replicas).unwrap_or(0),
+            ready_replicas: s.and_then(|s| s.ready_replicas).unwrap_or(0),
+            version: s.and_then(|s| s.version.clone()),
+        })
+    };
+    let components = ComponentsStatus {
+        etcd: summary(
+            etcd.as_ref().map(|c| c.name_any()),
+            etcd.as_ref().and_then(|c| c.status.as_ref()),
+        ),
+        apiserver: summary(
+            apiserver.as_ref().map(|c| c.name_any()),
+            apiserver.as_ref().and_then(|c| c.status.as_ref()),
+        ),
+        controller_manager: summary(
+            controller_manager.as_ref().map(|c| c.name_any()),
+            controller_manager.as_ref().and_then(|c| c.status.as_ref()),
+        ),
+    };
+    for (type_, kind, component, resource) in [
+        (
+            ETCD_READY,
+            "NestedEtcd",
+            &components.etcd,
+            etcd.as_ref().and_then(|c| c.status.as_ref()),
+        ),
+        (
+            APISERVER_READY,
+            "NestedAPIServer",
+            &components.apiserver,
+            apiserver.as_ref().and_then(|c| c.status.as_ref()),
+        ),
+        (
+            CONTROLLER_MANAGER_READY,
+            "NestedControllerManager",
+            &components.controller_manager,
+            controller_manager.as_ref().and_then(|c| c.status.as_ref()),
+        ),
+    ] {
+        let ready_condition = resource.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+        let update = match (component, ready_condition) {
+            (Some(c), _) if c.ready => {
+                ConditionUpdate::new(type_, true, "Ready", format!("{kind} {} is ready", c.name))
+            }
+            (Some(c), Some(rc)) => ConditionUpdate::new(
+                type_,
+                false,
+                rc.reason.clone(),
+                format!("{kind} {}: {}", c.name, rc.message),
+            ),
+            (Some(c), None) => ConditionUpdate::new(
+                type_,
+                false,
+                "Pending",
+                format!("{kind} {} has not reported yet", c.name),
+            ),
+            (None, _) => ConditionUpdate::new(
+                type_,
+                false,
+                "ComponentMissing",
+                format!("the {kind} named in spec does not exist"),
+            ),
+        };
+        set_condition(&mut status.conditions, update, generation, &now.k8s);
+    }
+    let all_ready = [
+        &components.etcd,
+        &components.apiserver,
+        &components.controller_manager,
+    ]
+    .iter()
+    .all(|c| c.as_ref().is_some_and(|c| c.ready));
+    let apiserver_ready = components.apiserver.as_ref().is_some_and(|c| c.ready);
+    status.ready = all_ready;
+    // Initialization is a milestone: once reached it stays (CAPI contract).
+    status.initialized = status.initialized || apiserver_ready;
+    status.initialization = Some(ControlPlaneInitialization {
+        control_plane_initialized: status.initialized,
+    });
+    if let Some(a) = &components.apiserver {
+        status.version = a.version.clone();
+        status.replicas = Some(a.replicas);
+        status.ready_replicas = Some(a.ready_replicas);
+        status.updated_replicas = Some(a.ready_replicas);
+        status.up_to_date_replicas = Some(a.ready_replicas);
+        status.unavailable_replicas = Some((a.replicas - a.ready_replicas).max(0));
+    }
+    let not_ready: Vec<&str> = [
+        ("etcd", &components.etcd),
+        ("apiserver", &components.apiserver),
+        ("controller-manager", &components.controller_manager),
+    ]
+    .iter()
+    .filter(|(_, c)| !c.as_ref().is_some_and(|c| c.ready))
+    .map(|(n, _)| *n)
+    .collect();
+    let available = if all_ready {
+        ConditionUpdate::new(
+            AVAILABLE,
+            true,
+            "Available",
+            "etcd, apiserver and controller-manager are ready",
+        )
+    } else {
+        ConditionUpdate::new(
+            AVAILABLE,
+            false,
+            "ComponentsNotReady",
+            format!("not ready: {}", not_ready.join(", ")),
+        )
+    };
+    set_condition(&mut status.conditions, available, generation, &now.k8s);
+    status.components = Some(components);
+    // Re-check certificates well before any expires.
+    Ok(Action::requeue(Duration::from_secs(3600)))
+}
+
+/// Finds, adopts or creates the component of kind `K`; records a new reference in `refs`.
+/// `Ok(None)` when the spec names a component that does not exist (reported, not created:
+/// the user asked for that one).
+async fn ensure_component<K: ComponentResource>(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    ns: &str,
+    cluster: &str,
+    refs: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<Option<K>, ReconcileError> {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let uid = ncp.uid().unwrap_or_default();
+    let owner = controller_reference(ncp).ok_or(ReconcileError::NoNamespace)?;
+    let component = match K::reference(ncp) {
+        Some(name) => api.get_opt(name).await?,
+        None => {
+            // A component in the namespace that points back at this control plane.
+            let existing = api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|c| c.owner_references().iter().any(|o| o.uid == uid));
+            let component = match existing {
+                Some(c) => c,
+                None => {
+                    let mut fresh =
+                        K::with_defaults(&format!("{}-{}", ncp.name_any(), K::KIND.as_str()));
+                    fresh.meta_mut().owner_references = Some(vec![owner.clone()]);
+                    fresh.meta_mut().labels =
+                        Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into());
+                    match api.create(&PostParams::default(), &fresh).await {
+                        Ok(c) => c,
+                        Err(kube::Error::Api(s)) if s.code == 409 => {
+                            api.get(&fresh.name_any()).await?
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            };
+            refs.insert(
+                K::REFERENCE_FIELD.into(),
+                serde_json::json!({"name": component.name_any()}),
+            );
+            Some(component)
+        }
+    };
+    let Some(component) = component else {
+        return Ok(None);
+    };
+    // Adopt: like a ReplicaSet re-associating with its Deployment, unless another
+    // controller owns it.
+    if !component.owner_references().iter().any(|o| o.uid == uid)
+        && !component
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true))
+    {
+        let mut owners = component.owner_references().to_vec();
+        owners.push(owner);
+        let patch = serde_json::json!({"metadata": {
+            "ownerReferences": owners,
+            "resourceVersion": component.resource_version(),
+        }});
+        let adopted = api
+            .patch(
+                &component.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        tracing::info!(kind = K::KIND.resource_kind(), name = %adopted.name_any(), "adopted component");
+        return Ok(Some(adopted));
+    }
+    Ok(Some(component))
+}

@@ -1,0 +1,38 @@
+//! The error of a reconcile, split into what retrying can fix and what it cannot.
+
+use crate::apply::ApplyError;
+use crate::pki::PkiError;
+
+/// Why a reconcile did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The API server failed a read or write: transient, retried with backoff.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// A certificate or key could not be parsed or made. Terminal when it concerns a
+    /// user-supplied secret.
+    #[error("{secret}: {source}")]
+    Pki { secret: String, source: PkiError },
+    /// A CA that existed is gone: capn never silently re-mints one (design §6).
+    #[error(
+        "secret {0} (a certificate authority) is missing after the control plane was initialized; restore it from backup, capn will not mint a new CA"
+    )]
+    CertificateAuthorityMissing(String),
+    #[error("object has no namespace")]
+    NoNamespace,
+}
+
+impl ReconcileError {
+    /// Short stable reason for conditions, Events and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "APIError",
+            Self::Apply(e) => e.reason(),
+            Self::Pki { source, .. } => source.reason(),
+            Self::CertificateAuthorityMissing(_) => "CertificateAuthorityMissing",
+            Self::NoNamespace => "NoNamespace",
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The reads shared by the reconcilers: the owning control plane, the cluster name and the
+//! cluster settings (from the NestedControlPlane and, when one owns it, the CAPI Cluster).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Resource, ResourceExt};
+
+use super::{Context, ReconcileError};
+use crate::api::{CONTROL_PLANE_GROUP, NestedControlPlane};
+use crate::plan::{
+    ClusterSettings, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR,
+};
+
+/// API group of Cluster API's core types.
+pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+/// Annotation that pauses reconciliation of one object (CAPI contract).
+pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+fn group_of(api_version: &str) -> &str {
+    api_version.split_once('/').map(|(g, _)| g).unwrap_or("")
+}
+
+/// The owner reference to the CAPI `Cluster` that owns `object`, if any.
+pub fn capi_cluster_owner<K: Resource>(object: &K) -> Option<&OwnerReference> {
+    object
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Cluster" && group_of(&o.api_version) == CAPI_GROUP)
+}
+
+/// The cluster name (design §1): the owning CAPI Cluster's name, else the object's own.
+pub fn cluster_name<K: Resource>(object: &K) -> String {
+    capi_cluster_owner(object)
+        .map(|o| o.name.clone())
+        .unwrap_or_else(|| object.name_any())
+}
+
+/// The NestedControlPlane that owns a component resource (by owner reference), read
+/// from the API. `Ok(None)` when there is no such owner or it no longer exists.
+///
+/// # Errors
+/// Transient API errors other than NotFound.
+pub async fn owning_control_plane<K: Resource>(
+    ctx: &Context,
+    object: &K,
+    namespace: &str,
+) -> Result<Option<NestedControlPlane>, ReconcileError> {
+    let Some(owner) = object.owner_references().iter().find(|o| {
+        o.kind == "NestedControlPlane" && group_of(&o.api_version) == CONTROL_PLANE_GROUP
+    }) else {
+        return Ok(None);
+    };
+    let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), namespace);
+    let ncp = api.get_opt(&owner.name).await?;
+    Ok(ncp.filter(|n| n.uid().as_deref() == Some(owner.uid.as_str())))
+}
+
+/// Whether reconciliation of `ncp` is paused: the `cluster.x-k8s.io/paused` annotation on
+/// it, or `spec.paused` on its CAPI Cluster (CAPI contract).
+pub fn is_paused(ncp: &NestedControlPlane, cluster: Option<&DynamicObject>) -> bool {
+    ncp.annotations().contains_key(PAUSED_ANNOTATION)
+        || cluster
+            .is_some_and(|c| c.data.pointer("/spec/paused").and_then(|p| p.as_bool()) == Some(true))
+}
+
+/// Reads the CAPI Cluster that owns `ncp`, when one does. A Cluster that cannot be found
+/// (deleted, or Cluster API not installed) reads as `None`.
+///
+/// # Errors
+/// Transient API errors other than NotFound.
+pub async fn owning_cluster(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+) -> Result<Option<DynamicObject>, ReconcileError> {
+    let Some(owner) = capi_cluster_owner(ncp) else {
+        return Ok(None);
+    };
+    let version = owner
+        .api_version
+        .split_once('/')
+        .map(|(_, v)| v)
+        .unwrap_or("v1beta2");
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(CAPI_GROUP, version, "Cluster"));
+    let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
+    Ok(api.get_opt(&owner.name).await?)
+}
+
+/// The settings every component of `ncp` is planned with. The CAPI Cluster's
+/// `spec.clusterNetwork` (service CIDR, service domain) wins over the NCP's own.
+pub fn cluster_settings(
+    ncp: &NestedControlPlane,
+    cluster: Option<&DynamicObject>,
+    super_dns_domain: &str,
+) -> ClusterSettings {
+    let spec = &ncp.spec;
+    let network = spec.cluster_network.as_ref();
+    let capi = |p: &str| {
+        cluster
+            .and_then(|c| c.data.pointer(p))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let service_cidr = capi("/spec/clusterNetwork/services/cidrBlocks/0")
+        .or_else(|| {
+            network
+                .and_then(|n| n.services.as_ref())
+                .and_then(|s| s.cidr_blocks.first().cloned())
+        })
+        .unwrap_or_else(|| DEFAULT_SERVICE_CIDR.to_string());
+    let dns_domain = capi("/spec/clusterNetwork/serviceDomain")
+        .or_else(|| network.and_then(|n| n.service_domain.clone()))
+        .unwrap_or_else(|| DEFAULT_DNS_DOMAIN.to_string());
+    ClusterSettings {
+        name: cluster_name(ncp),
+        namespace: ncp.namespace().unwrap_or_default(),
+        kubernetes_version: spec.version.clone(),
+        channel: spec.channel.clone(),
+        image_repository: spec
+            .image_repository
+            .clone()
+            .unwrap_or_else(|| DEFAULT_IMAGE_REPOSITORY.to_string()),
+        service_cidr,
+        dns_domain,
+        super_dns_domain: super_dns_domain.to_string(),
+    }
+}
+
+/// A controller owner reference to `object` (blocks its deletion until dependents go).
+pub fn controller_reference<K: Resource<DynamicType = ()>>(object: &K) -> Option<OwnerReference> {
+    object.controller_owner_ref(&())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ncp_with_owner(owner: Option<(&str, &str)>) -> NestedControlPlane {
+        let mut ncp = NestedControlPlane::new("cp", Default::default());
+        if let Some((api_version, kind)) = owner {
+            ncp.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "capi-cluster".into(),
+                uid: "u".into(),
+                ..Default::default()
+            }]);
+        }
+        ncp
+    }
+
+    #[test]
+    fn cluster_name_is_the_capi_cluster_or_the_control_plane() {
+        assert_eq!(cluster_name(&ncp_with_owner(None)), "cp");
+        assert_eq!(
+            cluster_name(&ncp_with_owner(Some((
+                "cluster.x-k8s.io/v1beta2",
+                "Cluster"
+            )))),
+            "capi-cluster"
+        );
+        assert_eq!(
+            cluster_name(&ncp_with_owner(Some((
+                "cluster.x-k8s.io/v1beta1",
+                "Cluster"
+            )))),
+            "capi-cluster"
+        );
+        // Another group's "Cluster" is not Cluster API's.
+        assert_eq!(
+            cluster_name(&ncp_with_owner(Some(("example.com/v1", "Cluster")))),
+            "cp"
+        );
+    }
+
+    #[test]
+    fn paused_by_annotation_or_cluster() {
+        let mut ncp = ncp_with_owner(None);
+        assert!(!is_paused(&ncp, None));
+        let cluster: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "c"}, "spec": {"paused": true}
+        }))
+        .unwrap();
+        assert!(is_paused(&ncp, Some(&cluster)));
+        ncp.metadata.annotations = Some([(PAUSED_ANNOTATION.to_string(), String::new())].into());
+        assert!(is_paused(&ncp, None));
+    }
+}

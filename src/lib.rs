@@ -1,0 +1,22 @@
+//! capn: a Cluster API provider that runs nested Kubernetes control planes (etcd,
+//! kube-apiserver, kube-controller-manager) as workloads on a super cluster, rendered from
+//! versioned manifest channels.
+//!
+//! The modules follow the reconcile pipeline: [`api`] (CRD types) · [`channel`] (load,
+//! index, resolve) · [`render`] (templates → objects) · [`patch`] (user patches,
+//! extraArgs) · [`plan`] (the pure desired state of one component) · [`pki`]
+//! (certificates and kubeconfigs) · [`apply`] (server-side apply, readiness) ·
+//! [`controllers`] (one reconciler per kind) · [`status`] (conditions) · [`cli`].
+
+pub mod api;
+pub mod apply;
+pub mod channel;
+pub mod cli;
+pub mod component;
+pub mod controllers;
+pub mod patch;
+pub mod pki;
+pub mod plan;
+pub mod render;
+pub mod status;
+pub mod telemetry;

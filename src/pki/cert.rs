@@ -1,0 +1,429 @@
+//! Certificate authorities, leaf issuance and the checks that decide re-issuance.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::IpAddr;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use x509_parser::certificate::X509Certificate;
+use x509_parser::extensions::GeneralName;
+use x509_parser::prelude::FromDer;
+use x509_parser::x509::SubjectPublicKeyInfo;
+
+use super::keys::{generate_key, key_matches_spki, parse_private_key_pem, random_serial};
+use super::{
+    CA_VALIDITY, KeyAlgorithm, KeyPairPem, LEAF_VALIDITY, LeafSpec, NOT_BEFORE_BACKDATE, PkiError,
+};
+
+/// A certificate authority able to sign leaf certificates: the CA certificate, its private key
+/// and both as PEM.
+///
+/// Either generated ([`CertificateAuthority::generate`]) or loaded from an existing Secret
+/// ([`CertificateAuthority::from_pem`]); a loaded CA is used as-is, never modified or rotated
+/// (design.md §6). `Debug` prints the subject and fingerprint, never the key.
+pub struct CertificateAuthority {
+    // Boxed: the signing key is large, and the CA is passed around by value.
+    issuer: Box<Issuer<'static, KeyPair>>,
+    cert_der: Vec<u8>,
+    pem: KeyPairPem,
+}
+
+impl fmt::Debug for CertificateAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let subject = parse_der_cert(&self.cert_der)
+            .map(|c| c.subject().to_string())
+            .unwrap_or_default();
+        f.debug_struct("CertificateAuthority")
+            .field("subject", &subject)
+            .field("cert_sha256", &hex(&Sha256::digest(&self.cert_der)))
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+impl CertificateAuthority {
+    /// Generates a new self-signed CA with subject `CN=<common_name>` (reference.md
+    /// "Identities": `kubernetes`, `etcd-ca`, `front-proxy-ca`).
+    ///
+    /// Validity: `NotBefore = now - 5 min` ([`NOT_BEFORE_BACKDATE`]), `NotAfter = now + 10
+    /// years` ([`CA_VALIDITY`]). Extensions: BasicConstraints CA:true (critical, no path length
+    /// limit), KeyUsage keyCertSign + cRLSign + digitalSignature, SubjectKeyIdentifier. Random
+    /// positive serial. Rules: kubeadm, reference.md "Identities".
+    ///
+    /// Errors: [`PkiError::Generate`] when key generation or signing fails (for example a
+    /// common name rcgen cannot encode).
+    pub fn generate(
+        common_name: &str,
+        now: OffsetDateTime,
+        alg: KeyAlgorithm,
+    ) -> Result<Self, PkiError> {
+        let key = generate_key(alg)?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = distinguished_name(common_name, None);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+        ];
+        params.serial_number = Some(random_serial()?);
+        params.not_before = now - NOT_BEFORE_BACKDATE;
+        params.not_after = now + CA_VALIDITY;
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| PkiError::Generate(format!("CA {common_name:?}: {e}")))?;
+        let pem = KeyPairPem {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        };
+        let cert_der = cert.der().to_vec();
+        let issuer = Issuer::from_ca_cert_der(&cert_der.as_slice().into(), key)
+            .map_err(|e| PkiError::Generate(format!("CA {common_name:?}: {e}")))?;
+        Ok(CertificateAuthority {
+            issuer: Box::new(issuer),
+            cert_der,
+            pem,
+        })
+    }
+
+    /// Loads an existing CA from PEM (a Secret's `tls.crt` and `tls.key`). The certificate is
+    /// the first `CERTIFICATE` block of `cert_pem`; the key may be PKCS#8, PKCS#1 (`RSA PRIVATE
+    /// KEY`) or SEC1 (`EC PRIVATE KEY`). The PEM strings are kept verbatim: user-supplied CAs are
+    /// used as-is (design.md §6), whatever their algorithm or remaining validity.
+    ///
+    /// Errors: [`PkiError::InvalidPem`] when either document does not parse;
+    /// [`PkiError::NotCa`] when the certificate lacks BasicConstraints CA:true (kubeadm's rule);
+    /// [`PkiError::UnsupportedKey`] for keys ring cannot sign with;
+    /// [`PkiError::KeyMismatch`] when the key is not the certificate's.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
+        let cert_der = first_certificate_der(cert_pem, "CA certificate")?;
+        let cert =
+            parse_der_cert(&cert_der).map_err(|e| PkiError::invalid_pem("CA certificate", e))?;
+        let is_ca = cert
+            .basic_constraints()
+            .map_err(|e| PkiError::invalid_pem("CA certificate", e))?
+            .is_some_and(|bc| bc.value.ca);
+        if !is_ca {
+            return Err(PkiError::NotCa {
+                subject: cert.subject().to_string(),
+            });
+        }
+        let key = parse_private_key_pem(key_pem, "CA private key")?;
+        if !key_matches_spki(&key, cert.public_key()) {
+            return Err(PkiError::KeyMismatch {
+                what: format!("CA {}", cert.subject()),
+            });
+        }
+        let issuer = Issuer::from_ca_cert_der(&cert_der.as_slice().into(), key)
+            .map_err(|e| PkiError::invalid_pem("CA certificate", e))?;
+        Ok(CertificateAuthority {
+            issuer: Box::new(issuer),
+            cert_der,
+            pem: KeyPairPem {
+                cert_pem: cert_pem.to_string(),
+                key_pem: key_pem.to_string(),
+            },
+        })
+    }
+
+    /// The CA certificate and key as PEM, exactly as generated or loaded (what goes into the
+    /// CA's Secret).
+    pub fn pem(&self) -> &KeyPairPem {
+        &self.pem
+    }
+
+    /// The CA certificate as PEM (what clients trust: kubeconfig `certificate-authority-data`,
+    /// `--client-ca-file`, ...).
+    pub fn cert_pem(&self) -> &str {
+        &self.pem.cert_pem
+    }
+
+    /// The CA certificate as DER.
+    pub fn cert_der(&self) -> &[u8] {
+        &self.cert_der
+    }
+
+    /// Issues a leaf certificate with a new private key of algorithm `alg`.
+    ///
+    /// Subject `CN=<common_name>[, O=<organization>]`; EKU serverAuth and/or clientAuth from
+    /// `leaf.server`/`leaf.client`; KeyUsage digitalSignature (plus keyEncipherment for RSA
+    /// keys, as kubeadm); BasicConstraints CA:false; SubjectKeyIdentifier and
+    /// AuthorityKeyIdentifier; the SANs of `leaf`. Validity: `NotBefore = now - 5 min` (never
+    /// copied from the CA), `NotAfter = now + 1 year` ([`LEAF_VALIDITY`]), not clipped to the
+    /// CA's expiry. Random positive serial. Rules: kubeadm, reference.md "Identities".
+    ///
+    /// Errors: [`PkiError::Generate`] when key generation or signing fails, for example a DNS
+    /// name that is not ASCII.
+    pub fn issue(
+        &self,
+        leaf: &LeafSpec,
+        now: OffsetDateTime,
+        alg: KeyAlgorithm,
+    ) -> Result<KeyPairPem, PkiError> {
+        let key = generate_key(alg)?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name =
+            distinguished_name(&leaf.common_name, leaf.organization.as_deref());
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if alg == KeyAlgorithm::Rsa2048 {
+            params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
+        }
+        if leaf.server {
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::ServerAuth);
+        }
+        if leaf.client {
+            params
+                .extended_key_usages
+                .push(ExtendedKeyUsagePurpose::ClientAuth);
+        }
+        let mut sans = Vec::with_capacity(leaf.dns_names.len() + leaf.ip_addresses.len());
+        for name in &leaf.dns_names {
+            let ia5 = name.clone().try_into().map_err(|e| {
+                PkiError::Generate(format!("DNS name {name:?} of {:?}: {e}", leaf.common_name))
+            })?;
+            sans.push(SanType::DnsName(ia5));
+        }
+        sans.extend(leaf.ip_addresses.iter().map(|ip| SanType::IpAddress(*ip)));
+        params.subject_alt_names = sans;
+        params.serial_number = Some(random_serial()?);
+        params.not_before = now - NOT_BEFORE_BACKDATE;
+        params.not_after = now + LEAF_VALIDITY;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| PkiError::Generate(format!("certificate {:?}: {e}", leaf.common_name)))?;
+        Ok(KeyPairPem {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// Whether `cert` was signed by this CA: its issuer name is this CA's subject and its
+    /// signature verifies with this CA's public key.
+    fn signed(&self, cert: &X509Certificate<'_>) -> bool {
+        let Ok(ca) = parse_der_cert(&self.cert_der) else {
+            return false;
+        };
+        cert.issuer().as_raw() == ca.subject().as_raw()
+            && cert.verify_signature(Some(ca.public_key())).is_ok()
+    }
+}
+
+/// Whether an existing leaf certificate must be re-issued for `wanted`. True when any of:
+/// - the certificate or the private key does not parse, or the key is not the certificate's;
+/// - it is not signed by `ca` (another CA, for example after the CA Secret was replaced);
+/// - it is not yet valid at `now`, or a third of its lifetime or less remains at `now`
+///   (reference.md: "renewed when a third of the lifetime remains");
+/// - its CN, O, serverAuth/clientAuth usages or SAN sets differ from `wanted` (SAN order and
+///   DNS letter case ignored).
+///
+/// Otherwise false. The key algorithm is not compared: a key of another algorithm stays valid.
+pub fn needs_reissue(
+    existing: &KeyPairPem,
+    ca: &CertificateAuthority,
+    wanted: &LeafSpec,
+    now: OffsetDateTime,
+) -> bool {
+    let Ok(der) = first_certificate_der(&existing.cert_pem, "certificate") else {
+        return true;
+    };
+    let Ok(cert) = parse_der_cert(&der) else {
+        return true;
+    };
+    match parse_private_key_pem(&existing.key_pem, "private key") {
+        Ok(key) if key_matches_spki(&key, cert.public_key()) => {}
+        _ => return true,
+    }
+    if !ca.signed(&cert) {
+        return true;
+    }
+    let validity = cert.validity();
+    let (Ok(not_before), Ok(not_after)) = (
+        OffsetDateTime::from_unix_timestamp(validity.not_before.timestamp()),
+        OffsetDateTime::from_unix_timestamp(validity.not_after.timestamp()),
+    ) else {
+        return true;
+    };
+    if now < not_before || (not_after - now) * 3 <= not_after - not_before {
+        return true;
+    }
+    !subject_and_usages_match(&cert, wanted)
+}
+
+fn subject_and_usages_match(cert: &X509Certificate<'_>, wanted: &LeafSpec) -> bool {
+    let subject = cert.subject();
+    let (Some(cns), Some(orgs)) = (
+        attribute_strings(subject.iter_common_name()),
+        attribute_strings(subject.iter_organization()),
+    ) else {
+        return false;
+    };
+    let wanted_orgs: Vec<String> = wanted.organization.iter().cloned().collect();
+    if cns != [wanted.common_name.clone()] || orgs != wanted_orgs {
+        return false;
+    }
+    let (server, client) = match cert.extended_key_usage() {
+        Ok(Some(eku)) => (eku.value.server_auth, eku.value.client_auth),
+        Ok(None) => (false, false),
+        Err(_) => return false,
+    };
+    if server != wanted.server || client != wanted.client {
+        return false;
+    }
+    let mut dns = BTreeSet::new();
+    let mut ips = BTreeSet::new();
+    match cert.subject_alternative_name() {
+        Ok(Some(san)) => {
+            for name in &san.value.general_names {
+                match name {
+                    GeneralName::DNSName(n) => {
+                        dns.insert(n.to_ascii_lowercase());
+                    }
+                    GeneralName::IPAddress(bytes) => match ip_from_bytes(bytes) {
+                        Some(ip) => {
+                            ips.insert(ip);
+                        }
+                        None => return false,
+                    },
+                    // Other name kinds are never wanted: their presence is a difference.
+                    _ => return false,
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(_) => return false,
+    }
+    let wanted_dns: BTreeSet<String> = wanted
+        .dns_names
+        .iter()
+        .map(|n| n.to_ascii_lowercase())
+        .collect();
+    let wanted_ips: BTreeSet<IpAddr> = wanted.ip_addresses.iter().copied().collect();
+    dns == wanted_dns && ips == wanted_ips
+}
+
+fn attribute_strings<'a, 'b: 'a>(
+    attrs: impl Iterator<Item = &'a x509_parser::x509::AttributeTypeAndValue<'b>>,
+) -> Option<Vec<String>> {
+    attrs.map(|a| a.as_str().ok().map(str::to_string)).collect()
+}
+
+fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(IpAddr::from),
+        _ => None,
+    }
+}
+
+/// The `NotAfter` (expiry) of the first certificate in `cert_pem`, for status reporting and
+/// renewal planning.
+///
+/// Errors: [`PkiError::InvalidPem`] when there is no parsable certificate.
+pub fn not_after(cert_pem: &str) -> Result<OffsetDateTime, PkiError> {
+    let der = first_certificate_der(cert_pem, "certificate")?;
+    let cert = parse_der_cert(&der).map_err(|e| PkiError::invalid_pem("certificate", e))?;
+    OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp())
+        .map_err(|e| PkiError::invalid_pem("certificate", e))
+}
+
+/// SHA-256 of the DER of the first certificate in `cert_pem`, as 64 lowercase hex digits
+/// without separators (the value `openssl x509 -fingerprint -sha256` prints, minus colons).
+///
+/// Errors: [`PkiError::InvalidPem`] when there is no `CERTIFICATE` block.
+pub fn fingerprint_sha256(cert_pem: &str) -> Result<String, PkiError> {
+    let der = first_certificate_der(cert_pem, "certificate")?;
+    Ok(hex(&Sha256::digest(&der)))
+}
+
+/// Generates the service-account key pair (reference.md "Identities": one pair, the apiserver
+/// signs tokens with the private key and verifies them with the public key).
+///
+/// `cert_pem` holds the public key as `-----BEGIN PUBLIC KEY-----` (SubjectPublicKeyInfo),
+/// `key_pem` the private key as PKCS#8 `-----BEGIN PRIVATE KEY-----` (reference.md "Cluster
+/// API secrets": `<c>-sa`).
+///
+/// Errors: [`PkiError::Generate`] when key generation fails.
+pub fn service_account_key_pair(alg: KeyAlgorithm) -> Result<KeyPairPem, PkiError> {
+    let key = generate_key(alg)?;
+    Ok(KeyPairPem {
+        cert_pem: key.public_key_pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// Checks an existing service-account pair (for example a user-supplied `<c>-sa` Secret): the
+/// private key parses and `cert_pem`'s `PUBLIC KEY` is its public half.
+///
+/// Errors: [`PkiError::InvalidPem`] when either part does not parse,
+/// [`PkiError::UnsupportedKey`] for keys ring cannot use, [`PkiError::KeyMismatch`] when the
+/// halves do not belong together.
+pub fn verify_service_account_key_pair(pair: &KeyPairPem) -> Result<(), PkiError> {
+    let key = parse_private_key_pem(&pair.key_pem, "service-account private key")?;
+    let mut spki_der = None;
+    for block in x509_parser::pem::Pem::iter_from_buffer(pair.cert_pem.as_bytes()) {
+        let block = block.map_err(|e| PkiError::invalid_pem("service-account public key", e))?;
+        if block.label == "PUBLIC KEY" {
+            spki_der = Some(block.contents);
+            break;
+        }
+    }
+    let spki_der = spki_der.ok_or_else(|| {
+        PkiError::invalid_pem("service-account public key", "no PUBLIC KEY block found")
+    })?;
+    let (_, spki) = SubjectPublicKeyInfo::from_der(&spki_der)
+        .map_err(|e| PkiError::invalid_pem("service-account public key", e))?;
+    if key_matches_spki(&key, &spki) {
+        Ok(())
+    } else {
+        Err(PkiError::KeyMismatch {
+            what: "the service-account key pair".to_string(),
+        })
+    }
+}
+
+/// The DER of the first `CERTIFICATE` block of `pem`. `what` names the document in errors.
+pub(crate) fn first_certificate_der(pem: &str, what: &str) -> Result<Vec<u8>, PkiError> {
+    for block in x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes()) {
+        let block = block.map_err(|e| PkiError::invalid_pem(what, e))?;
+        if block.label == "CERTIFICATE" {
+            return Ok(block.contents);
+        }
+    }
+    Err(PkiError::invalid_pem(what, "no CERTIFICATE block found"))
+}
+
+/// Parses a DER certificate, rejecting trailing bytes.
+pub(crate) fn parse_der_cert(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+    match x509_parser::parse_x509_certificate(der) {
+        Ok(([], cert)) => Ok(cert),
+        Ok(_) => Err("trailing data after the certificate".to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn distinguished_name(common_name: &str, organization: Option<&str>) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    if let Some(o) = organization {
+        dn.push(DnType::OrganizationName, o);
+    }
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}

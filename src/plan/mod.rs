@@ -1,0 +1,333 @@
+//! `plan`: the pure heart of a reconcile (design §4). For one component it resolves the
+//! channel and release, renders the templates, applies `extraArgs` and the user's
+//! patches, checks the result, and labels and owns every object. The controllers, `capn
+//! render` and the unit tests all call [`plan`]: one code path, three callers.
+//!
+//! Pure: no client, no clock, no randomness. Nothing is applied unless the whole set planned.
+
+mod context;
+mod labels;
+
+pub use context::*;
+pub use labels::{MANAGED_BY, selector_labels, standard_labels};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use semver::Version;
+
+use crate::api::{ComponentSpec, EtcdStorage, InventoryEntry};
+use crate::channel::{ChannelError, ChannelRegistry, DEFAULT_CHANNEL};
+use crate::component::ComponentKind;
+use crate::patch::{PatchError, apply_extra_args, apply_patches};
+use crate::pki::SecretNames;
+use crate::render::{RenderError, render_templates};
+
+/// Secure port of the nested apiserver.
+pub const APISERVER_PORT: i32 = 6443;
+/// Default tenant service CIDR (kubeadm's default).
+pub const DEFAULT_SERVICE_CIDR: &str = "10.96.0.0/12";
+/// Default tenant and super cluster DNS domain.
+pub const DEFAULT_DNS_DOMAIN: &str = "cluster.local";
+/// Default image registry.
+pub const DEFAULT_IMAGE_REPOSITORY: &str = "registry.k8s.io";
+/// Default size of each etcd member's volume.
+pub const DEFAULT_ETCD_STORAGE: &str = "1Gi";
+
+/// The cluster-wide settings a component is planned with, gathered from the
+/// NestedControlPlane (and the CAPI Cluster when one owns it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSettings {
+    /// Cluster name: the owning CAPI Cluster's name, or the NestedControlPlane's.
+    pub name: String,
+    pub namespace: String,
+    /// NestedControlPlane `spec.version` (exact, partial or none).
+    pub kubernetes_version: Option<String>,
+    /// NestedControlPlane `spec.channel`.
+    pub channel: Option<String>,
+    pub image_repository: String,
+    pub service_cidr: String,
+    pub dns_domain: String,
+    /// DNS domain of the super cluster (the names tenant pods get there).
+    pub super_dns_domain: String,
+}
+
+/// One component resource to plan.
+#[derive(Clone, Debug)]
+pub struct ComponentRequest<'a> {
+    pub kind: ComponentKind,
+    /// Name of the component resource (NestedEtcd, ...).
+    pub resource_name: &'a str,
+    pub spec: &'a ComponentSpec,
+    /// etcd only.
+    pub etcd_storage: Option<&'a EtcdStorage>,
+    /// Controller reference to the component resource, put on every object.
+    pub owner: OwnerReference,
+}
+
+/// Outputs of earlier components that a later one is rendered against.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Upstream {
+    /// etcd client URLs, as NestedEtcd published them (apiserver only).
+    pub etcd_endpoints: Vec<String>,
+}
+
+/// The complete desired state of one component.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub kind: ComponentKind,
+    /// Channel the objects were rendered from.
+    pub channel: String,
+    /// Resolved release.
+    pub version: Version,
+    pub replicas: i32,
+    /// Every object to apply, labelled and owned, in template order.
+    pub objects: Vec<serde_json::Value>,
+    /// etcd only: the client URL of every member, in member order.
+    pub etcd_endpoints: Vec<String>,
+}
+
+impl Plan {
+    /// The inventory entries of [`Plan::objects`], sorted.
+    pub fn inventory(&self) -> Vec<InventoryEntry> {
+        let mut entries: Vec<InventoryEntry> = self.objects.iter().map(inventory_entry).collect();
+        entries.sort();
+        entries
+    }
+}
+
+/// The inventory entry of one object.
+pub fn inventory_entry(object: &serde_json::Value) -> InventoryEntry {
+    let s = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    InventoryEntry {
+        api_version: s("/apiVersion"),
+        kind: s("/kind"),
+        name: s("/metadata/name"),
+    }
+}
+
+/// Why a component could not be planned. Every variant is terminal: the spec, the
+/// channel or a patch must change; nothing is applied meanwhile.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum PlanError {
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error(transparent)]
+    Patch(#[from] PatchError),
+    #[error("replicas must be at least 1, got {0}")]
+    InvalidReplicas(i32),
+    #[error("the apiserver needs the etcd endpoints, and NestedEtcd has published none yet")]
+    NoEtcdEndpoints,
+    #[error("rendered {kind}/{name} {message}")]
+    InvalidObject {
+        kind: String,
+        name: String,
+        message: String,
+    },
+}
+
+impl PlanError {
+    /// Short stable reason, used as condition reason, Event reason and metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Channel(e) => e.reason(),
+            Self::Render(e) => e.reason(),
+            Self::Patch(e) => e.reason(),
+            Self::InvalidReplicas(_) => "InvalidReplicas",
+            Self::NoEtcdEndpoints => "WaitingForEtcd",
+            Self::InvalidObject { .. } => "InvalidObject",
+        }
+    }
+}
+
+/// The etcd members of `cluster` with `replicas` members (reference.md: per-member names
+/// under the headless Service `<c>-etcd`).
+pub fn etcd_members(cluster: &str, namespace: &str, replicas: i32) -> Vec<EtcdMember> {
+    let service = ComponentKind::Etcd.object_name(cluster);
+    (0..replicas.max(0))
+        .map(|i| {
+            let name = format!("{service}-{i}");
+            let host = format!("{name}.{service}.{namespace}.svc");
+            EtcdMember {
+                peer_url: format!("https://{host}:2380"),
+                client_url: format!("https://{host}:2379"),
+                name,
+                host,
+            }
+        })
+        .collect()
+}
+
+/// Plans one component: resolve → render → extraArgs → patches → check → label and own.
+///
+/// # Errors
+/// [`PlanError`]: unknown channel or version, a template that fails, a patch that fails,
+/// an object outside the namespace, or (apiserver) no etcd endpoints yet.
+pub fn plan(
+    channels: &ChannelRegistry,
+    cluster: &ClusterSettings,
+    request: &ComponentRequest<'_>,
+    upstream: &Upstream,
+) -> Result<Plan, PlanError> {
+    let kind = request.kind;
+    let spec = request.spec;
+    let channel_name = spec
+        .channel
+        .as_deref()
+        .or(cluster.channel.as_deref())
+        .filter(|c| !c.is_empty())
+        .unwrap_or(DEFAULT_CHANNEL);
+    let channel = channels.get(channel_name)?;
+    let kubernetes = channel.resolve(
+        ComponentKind::ApiServer,
+        cluster.kubernetes_version.as_deref(),
+        None,
+    )?;
+    let version = match kind {
+        ComponentKind::Etcd => channel.resolve(kind, spec.version.as_deref(), Some(&kubernetes))?,
+        _ => match spec.version.as_deref().filter(|v| !v.trim().is_empty()) {
+            Some(v) => channel.resolve(kind, Some(v), None)?,
+            None => channel.resolve(kind, Some(&kubernetes.to_string()), None)?,
+        },
+    };
+    let replicas = spec.replicas.unwrap_or(1);
+    if replicas < 1 {
+        return Err(PlanError::InvalidReplicas(replicas));
+    }
+    let members = match kind {
+        ComponentKind::Etcd => etcd_members(&cluster.name, &cluster.namespace, replicas),
+        _ => Vec::new(),
+    };
+    let etcd_endpoints: Vec<String> = members.iter().map(|m| m.client_url.clone()).collect();
+    let endpoints_for_templates = match kind {
+        ComponentKind::Etcd => etcd_endpoints.clone(),
+        ComponentKind::ApiServer if upstream.etcd_endpoints.is_empty() => {
+            return Err(PlanError::NoEtcdEndpoints);
+        }
+        _ => upstream.etcd_endpoints.clone(),
+    };
+    let context = build_context(
+        cluster,
+        request,
+        &version,
+        replicas,
+        members,
+        endpoints_for_templates,
+    );
+    let templates = channel.templates(kind, &version).unwrap_or_default();
+    let mut objects = render_templates(templates, &context)?;
+    apply_extra_args(&mut objects, &spec.extra_args)?;
+    apply_patches(&mut objects, &spec.patches)?;
+    for object in &mut objects {
+        labels::finalize_object(object, &cluster.namespace, &context.labels, &request.owner)
+            .map_err(|message| {
+                let entry = inventory_entry(object);
+                PlanError::InvalidObject {
+                    kind: entry.kind,
+                    name: entry.name,
+                    message,
+                }
+            })?;
+    }
+    Ok(Plan {
+        kind,
+        channel: channel.name.clone(),
+        version,
+        replicas,
+        objects,
+        etcd_endpoints: if kind == ComponentKind::Etcd {
+            etcd_endpoints
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+fn build_context(
+    cluster: &ClusterSettings,
+    request: &ComponentRequest<'_>,
+    version: &Version,
+    replicas: i32,
+    members: Vec<EtcdMember>,
+    etcd_endpoints: Vec<String>,
+) -> RenderContext {
+    let c = &cluster.name;
+    let ns = &cluster.namespace;
+    let secrets = SecretNames::new(c);
+    let storage = request.etcd_storage.cloned().unwrap_or_default();
+    let apiserver_service = ComponentKind::ApiServer.object_name(c);
+    RenderContext {
+        cluster: ClusterVars {
+            name: c.clone(),
+            namespace: ns.clone(),
+        },
+        component: ComponentVars {
+            name: request.kind.as_str(),
+            resource: request.resource_name.to_string(),
+            replicas,
+            version: version.to_string(),
+            resources: request
+                .spec
+                .resources
+                .as_ref()
+                .and_then(|r| serde_json::to_value(r).ok()),
+        },
+        image_repository: cluster.image_repository.trim_end_matches('/').to_string(),
+        names: NameVars {
+            etcd: ComponentKind::Etcd.object_name(c),
+            apiserver: apiserver_service.clone(),
+            controller_manager: ComponentKind::ControllerManager.object_name(c),
+        },
+        selector: selector_labels(request.kind, c),
+        labels: standard_labels(request.kind, c),
+        network: NetworkVars {
+            service_cidr: cluster.service_cidr.clone(),
+            dns_domain: cluster.dns_domain.clone(),
+            super_dns_domain: cluster.super_dns_domain.clone(),
+        },
+        secrets: [
+            ("ca", secrets.ca),
+            ("etcd_ca", secrets.etcd_ca),
+            ("proxy_ca", secrets.proxy_ca),
+            ("sa", secrets.sa),
+            ("apiserver", secrets.apiserver),
+            ("apiserver_etcd_client", secrets.apiserver_etcd_client),
+            ("etcd_server", secrets.etcd_server),
+            ("apiserver_kubelet_client", secrets.apiserver_kubelet_client),
+            ("front_proxy_client", secrets.front_proxy_client),
+            (
+                "controller_manager_kubeconfig",
+                secrets.controller_manager_kubeconfig,
+            ),
+            ("kubeconfig", secrets.kubeconfig),
+        ]
+        .into_iter()
+        .collect(),
+        etcd: EtcdVars {
+            members,
+            endpoints: etcd_endpoints,
+            storage: StorageVars {
+                ephemeral: storage.ephemeral,
+                size: storage
+                    .size
+                    .map(|q| q.0)
+                    .unwrap_or_else(|| DEFAULT_ETCD_STORAGE.to_string()),
+                storage_class_name: storage.storage_class_name,
+            },
+        },
+        apiserver: ApiServerVars {
+            url: format!("https://{apiserver_service}.{ns}.svc:{APISERVER_PORT}"),
+            service: apiserver_service,
+            port: APISERVER_PORT,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,251 @@
+//! What the control plane tests share: running capn's controllers in-process for one
+//! namespace, applying examples, reading secrets and certificates.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use capn::channel::ChannelRegistry;
+use capn::controllers::{Settings, run};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use x509_parser::prelude::*;
+
+use crate::support::wait_until;
+
+/// How long a test waits for one step of the controllers.
+pub const STEP: Duration = Duration::from_secs(30);
+
+/// capn's controllers, running in this test's runtime, watching one namespace.
+pub struct Capn(tokio::task::JoinHandle<()>);
+
+impl Capn {
+    /// Starts every controller for `namespace`.
+    pub fn start(client: &Client, namespace: &str) -> Self {
+        let settings = Settings {
+            namespace: Some(namespace.to_string()),
+            ..Settings::default()
+        };
+        let channels = Arc::new(ChannelRegistry::load(&[]).expect("built-in channels"));
+        Self(tokio::spawn(run(client.clone(), channels, settings)))
+    }
+
+    /// Stops the controllers (as a crash or a rollout would).
+    pub async fn stop(self) {
+        self.0.abort();
+        let _ = self.0.await;
+    }
+}
+
+/// Creates every document of an example file in `namespace` (like `kubectl apply -f`).
+pub async fn apply_example(client: &Client, namespace: &str, path: &str) {
+    let text = std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+    for doc in docs.into_iter().filter(|d| !d.is_null()) {
+        apply_doc(client, namespace, doc).await;
+    }
+}
+
+/// Server-side applies one document in `namespace` with a user's field manager.
+pub async fn apply_doc(client: &Client, namespace: &str, doc: serde_json::Value) {
+    let api_version = doc["apiVersion"].as_str().unwrap().to_string();
+    let kind = doc["kind"].as_str().unwrap().to_string();
+    let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    api.patch(&name, &PatchParams::apply("kubectl"), &Patch::Apply(&doc))
+        .await
+        .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
+}
+
+pub async fn statefulset(client: &Client, ns: &str, name: &str) -> Option<StatefulSet> {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+pub async fn secret(client: &Client, ns: &str, name: &str) -> Option<Secret> {
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+pub fn secret_value(secret: &Secret, key: &str) -> String {
+    let bytes = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .unwrap_or_else(|| panic!("no {key} in {}", secret.name_any()));
+    String::from_utf8(bytes.0.clone()).unwrap()
+}
+
+/// Waits for a StatefulSet to exist, then stands in for the kubelet and the StatefulSet
+/// controller: every pod running and ready.
+pub async fn make_ready(client: &Client, ns: &str, name: &str) {
+    wait_until(&format!("StatefulSet {name} exists"), STEP, || async {
+        statefulset(client, ns, name).await.map(|_| ())
+    })
+    .await;
+    crate::support::mark_statefulset_ready(client, ns, name)
+        .await
+        .unwrap();
+}
+
+pub async fn control_plane(client: &Client, ns: &str, name: &str) -> NestedControlPlane {
+    Api::<NestedControlPlane>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap()
+}
+
+pub async fn etcd_ready(client: &Client, ns: &str, name: &str) -> bool {
+    Api::<NestedEtcd>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|e| e.status)
+        .is_some_and(|s| s.ready)
+}
+
+/// Brings a whole control plane `c` (the standalone example's names) to ready, in order.
+pub async fn bring_up(client: &Client, ns: &str, c: &str) {
+    make_ready(client, ns, &format!("{c}-etcd")).await;
+    make_ready(client, ns, &format!("{c}-apiserver")).await;
+    make_ready(client, ns, &format!("{c}-controller-manager")).await;
+    wait_until("the NestedControlPlane is ready", STEP, || async {
+        control_plane(client, ns, c)
+            .await
+            .status
+            .filter(|s| s.ready)
+            .map(|_| ())
+    })
+    .await;
+}
+
+/// SHA-256 fingerprints of the `tls.crt` (or kubeconfig `value`) of every Secret in `ns`.
+pub async fn secret_fingerprints(client: &Client, ns: &str) -> BTreeMap<String, String> {
+    let secrets = Api::<Secret>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    secrets
+        .items
+        .into_iter()
+        .filter_map(|s| {
+            let data = s.data.as_ref()?;
+            let bytes = data.get("tls.crt").or_else(|| data.get("value"))?;
+            Some((s.name_any(), sha256_hex(&bytes.0)))
+        })
+        .collect()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The first certificate of a PEM string, as DER.
+pub fn pem_to_der(pem: &str) -> Vec<u8> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("PEM");
+    p.contents
+}
+
+/// DNS and IP SANs of a certificate, as strings.
+pub fn sans(der: &[u8]) -> (Vec<String>, Vec<String>) {
+    let (_, cert) = X509Certificate::from_der(der).unwrap();
+    let mut dns = Vec::new();
+    let mut ips = Vec::new();
+    if let Ok(Some(ext)) = cert.subject_alternative_name() {
+        for name in &ext.value.general_names {
+            match name {
+                GeneralName::DNSName(d) => dns.push(d.to_string()),
+                GeneralName::IPAddress(b) if b.len() == 4 => {
+                    ips.push(std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string())
+                }
+                GeneralName::IPAddress(b) if b.len() == 16 => {
+                    let a: [u8; 16] = (*b).try_into().unwrap();
+                    ips.push(std::net::Ipv6Addr::from(a).to_string())
+                }
+                _ => {}
+            }
+        }
+    }
+    (dns, ips)
+}
+
+/// Extended key usages (server, client) of a certificate.
+pub fn usages(der: &[u8]) -> (bool, bool) {
+    let (_, cert) = X509Certificate::from_der(der).unwrap();
+    let eku = cert
+        .extended_key_usage()
+        .unwrap()
+        .expect("extended key usage")
+        .value;
+    (eku.server_auth, eku.client_auth)
+}
+
+/// Whether `leaf` is signed by `ca`.
+pub fn signed_by(leaf: &[u8], ca: &[u8]) -> bool {
+    let (_, leaf) = X509Certificate::from_der(leaf).unwrap();
+    let (_, ca) = X509Certificate::from_der(ca).unwrap();
+    leaf.verify_signature(Some(ca.public_key())).is_ok()
+}
+
+/// Every component resource of the namespace, by kind, as (name, owner names).
+pub async fn components(client: &Client, ns: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for e in Api::<NestedEtcd>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        out.push(("NestedEtcd".to_string(), e.name_any()));
+    }
+    for a in Api::<NestedAPIServer>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        out.push(("NestedAPIServer".to_string(), a.name_any()));
+    }
+    for m in Api::<NestedControllerManager>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        out.push(("NestedControllerManager".to_string(), m.name_any()));
+    }
+    out
+}
+
+/// The `--name=value` flags of a StatefulSet's first container.
+pub fn flags(sts: &StatefulSet) -> BTreeMap<String, String> {
+    let c = &sts
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0];
+    c.args
+        .iter()
+        .flatten()
+        .filter_map(|a| {
+            a.strip_prefix("--")?
+                .split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}

@@ -1,0 +1,179 @@
+//! Test support (design §8): one real super cluster per test binary — etcd, kube-apiserver
+//! and kube-controller-manager from `KUBEBUILDER_ASSETS`, as controller-runtime's envtest
+//! does — with capn's CRDs installed, plus helpers every behaviour test needs: its own
+//! namespace, standing in for the kubelet on StatefulSets, and polling with a deadline.
+//!
+//! The controller manager runs only the garbage collector and the namespace controller. No
+//! kubelet and no StatefulSet controller run, so nothing ever becomes ready by itself: tests
+//! say when with [`mark_statefulset_ready`].
+
+mod process;
+mod start;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+
+/// How often [`wait_until`] asks again.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// Prefix of the namespaces [`test_namespace`] creates.
+const NAMESPACE_PREFIX: &str = "capn-test-";
+/// Field manager of the StatefulSet status that [`mark_statefulset_ready`] writes.
+const STATEFULSET_STATUS_MANAGER: &str = "capn-test-statefulset-controller";
+
+/// The running super cluster; get it with [`cluster`].
+pub struct TestCluster {
+    config: kube::Config,
+    kubeconfig: PathBuf,
+    assets: PathBuf,
+}
+
+static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
+
+/// The super cluster of this test binary, started by the first caller (about ten seconds) and
+/// shared by all tests; its binaries are killed when the test binary exits.
+///
+/// # Panics
+/// If `KUBEBUILDER_ASSETS` is unset or lacks a binary, or a binary fails to start (the
+/// message holds the end of its log and the path of the log file). Every later caller panics
+/// with the same message instead of starting again.
+pub fn cluster() -> &'static TestCluster {
+    match CLUSTER.get_or_init(start::start) {
+        Ok(cluster) => cluster,
+        Err(message) => panic!("the test cluster did not start: {message}"),
+    }
+}
+
+impl TestCluster {
+    /// Client configuration for the admin user (group `system:masters`), trusting only the
+    /// apiserver's self-signed CA.
+    pub fn config(&self) -> kube::Config {
+        self.config.clone()
+    }
+
+    /// A new admin client. Build one per test: a client belongs to the tokio runtime it was
+    /// built on (it spawns its worker there), and each `#[tokio::test]` has its own runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config())
+            .unwrap_or_else(|e| panic!("cannot build a client for the test cluster: {e}"))
+    }
+
+    /// A kubeconfig file for the admin user, for humans and `kubectl` while tests run. It is
+    /// removed with the cluster when the test binary exits unless `CAPN_KEEP_TEST_CLUSTER=1`.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory the binaries were taken from (`KUBEBUILDER_ASSETS`).
+    pub fn assets_dir(&self) -> &Path {
+        &self.assets
+    }
+}
+
+/// Creates a namespace named `capn-test-<random>` and returns its name, so that tests run in
+/// parallel without seeing each other's objects.
+///
+/// # Panics
+/// If the apiserver refuses.
+pub async fn test_namespace(client: &kube::Client) -> String {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            generate_name: Some(NAMESPACE_PREFIX.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    let created = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create a test namespace: {e}"));
+    match created.metadata.name {
+        Some(name) => name,
+        None => panic!("the apiserver named no namespace: {:?}", created.metadata),
+    }
+}
+
+/// Writes, through the `status` subresource, what the StatefulSet controller reports once all
+/// pods run and are ready (reference.md, "Standing in for the kubelet in tests"):
+/// `observedGeneration = metadata.generation`, `replicas = readyReplicas = availableReplicas
+/// = currentReplicas = updatedReplicas = spec.replicas`, and `currentRevision =
+/// updateRevision = <name>-<hash of spec.template>`.
+///
+/// The values come from one read of the StatefulSet; if its spec changes after that read, the
+/// status written describes the older generation, and so does not count as ready.
+///
+/// # Errors
+/// Whatever the apiserver answers to the read or the patch (for example NotFound).
+pub async fn mark_statefulset_ready(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> kube::Result<()> {
+    let api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
+    let statefulset = api.get(name).await?;
+    let spec = statefulset.spec.unwrap_or_default();
+    // The apiserver defaults spec.replicas to 1.
+    let replicas = spec.replicas.unwrap_or(1);
+    let revision = format!("{name}-{:08x}", template_hash(&spec.template));
+    let status = serde_json::json!({
+        "status": {
+            "observedGeneration": statefulset.metadata.generation,
+            "replicas": replicas,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+            "currentReplicas": replicas,
+            "updatedReplicas": replicas,
+            "currentRevision": revision,
+            "updateRevision": revision,
+        }
+    });
+    let params = PatchParams {
+        field_manager: Some(STATEFULSET_STATUS_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    api.patch_status(name, &params, &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// FNV-1a of the pod template's JSON: stable for one template, different for another, like
+/// the controller revision hash the StatefulSet controller puts into revision names.
+fn template_hash(template: &impl serde::Serialize) -> u32 {
+    serde_json::to_vec(template)
+        .unwrap_or_default()
+        .iter()
+        .fold(0x811c_9dc5, |hash, &byte| {
+            (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+        })
+}
+
+/// Calls `f` every 200 ms until it returns `Some`, and returns that value.
+///
+/// # Panics
+/// With `what` in the message, once `timeout` has passed, including while a call of `f`
+/// hangs: a failing test reports what it waited for instead of hanging.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        // `timeout_at` polls `f()` once even past the deadline, so the last chance is taken.
+        if let Ok(Some(value)) = tokio::time::timeout_at(deadline, f()).await {
+            return value;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting until {what}");
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
