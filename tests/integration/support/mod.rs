@@ -35,7 +35,7 @@ pub struct TestCluster {
 
 static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
 
-/// The super cluster of this test binary, started by the first caller (about ten seconds) and
+/// The super cluster of this test binary, started by the first caller (3-5 s here) and
 /// shared by all tests; its binaries are killed when the test binary exits.
 ///
 /// # Panics
