@@ -9,6 +9,8 @@ pub const READY: &str = "Ready";
 pub const AVAILABLE: &str = "Available";
 /// Condition type (CAPI v1beta2 contract): an upgrade or spec change is rolling out.
 pub const ROLLING_OUT: &str = "RollingOut";
+/// Condition type: the latest spec was rendered and applied (False: why not).
+pub const SYNCED: &str = "Synced";
 /// Condition type (CAPI v1beta2 contract): reconciliation is paused.
 pub const PAUSED: &str = "Paused";
 /// Condition type: the CAs and service-account key exist.
@@ -36,12 +38,7 @@ pub struct ConditionUpdate {
 }
 
 impl ConditionUpdate {
-    pub fn new(
-        type_: &'static str,
-        status: bool,
-        reason: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn new(type_: &'static str, status: bool, reason: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             type_,
             status,
@@ -53,12 +50,7 @@ impl ConditionUpdate {
 
 /// Sets `update` in `conditions`, keeping `lastTransitionTime` when the status did not
 /// change (Kubernetes API conventions), and `now` otherwise.
-pub fn set_condition(
-    conditions: &mut Vec<Condition>,
-    update: ConditionUpdate,
-    generation: Option<i64>,
-    now: &Time,
-) {
+pub fn set_condition(conditions: &mut Vec<Condition>, update: ConditionUpdate, generation: Option<i64>, now: &Time) {
     let status = if update.status { "True" } else { "False" }.to_string();
     let existing = conditions.iter().position(|c| c.type_ == update.type_);
     let last_transition_time = match existing.map(|i| &conditions[i]) {
@@ -81,9 +73,7 @@ pub fn set_condition(
 
 /// Whether `conditions` holds `type_` with status `True`.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+    conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
 }
 
 #[cfg(test)]

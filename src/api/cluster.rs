@@ -23,16 +23,8 @@ use super::ApiEndpoint;
     category = "cluster-api",
     doc = "Cluster API infrastructure of a nested cluster: the super cluster namespace its control plane runs in.",
     printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
-    printcolumn(
-        name = "Endpoint",
-        type_ = "string",
-        json_path = ".spec.controlPlaneEndpoint.host"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Endpoint", type_ = "string", json_path = ".spec.controlPlaneEndpoint.host"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NestedClusterSpec {

@@ -82,22 +82,9 @@ pub struct EtcdStorage {
     doc = "The etcd of a nested control plane.",
     printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
-    printcolumn(
-        name = "Replicas",
-        type_ = "string",
-        json_path = ".status.replicasDisplay"
-    ),
-    printcolumn(
-        name = "Phase",
-        type_ = "string",
-        json_path = ".status.phase",
-        priority = "1"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.replicasDisplay"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", priority = "1"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NestedEtcdSpec {
@@ -121,22 +108,9 @@ pub struct NestedEtcdSpec {
     doc = "The kube-apiserver of a nested control plane.",
     printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
-    printcolumn(
-        name = "Replicas",
-        type_ = "string",
-        json_path = ".status.replicasDisplay"
-    ),
-    printcolumn(
-        name = "Phase",
-        type_ = "string",
-        json_path = ".status.phase",
-        priority = "1"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.replicasDisplay"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", priority = "1"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NestedAPIServerSpec {
@@ -157,22 +131,9 @@ pub struct NestedAPIServerSpec {
     doc = "The kube-controller-manager of a nested control plane.",
     printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
-    printcolumn(
-        name = "Replicas",
-        type_ = "string",
-        json_path = ".status.replicasDisplay"
-    ),
-    printcolumn(
-        name = "Phase",
-        type_ = "string",
-        json_path = ".status.phase",
-        priority = "1"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Replicas", type_ = "string", json_path = ".status.replicasDisplay"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", priority = "1"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NestedControllerManagerSpec {
@@ -225,9 +186,7 @@ pub struct ComponentStatus {
 }
 
 /// One applied object, as recorded in a component's inventory.
-#[derive(
-    Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord,
-)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
 pub struct InventoryEntry {
     pub api_version: String,

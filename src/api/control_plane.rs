@@ -35,11 +35,7 @@ use serde::{Deserialize, Serialize};
         json_path = ".spec.controlPlaneEndpoint.host",
         priority = "1"
     ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NestedControlPlaneSpec {

@@ -45,6 +45,10 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         for (k, v) in CONTRACT_LABELS {
             labels.insert(k.to_string(), v.to_string());
         }
+        // Component resources are the parents of their objects' ApplySets (KEP-3659).
+        if crd.spec.group == CONTROL_PLANE_GROUP && crd.spec.names.kind != "NestedControlPlane" {
+            labels.insert("applyset.kubernetes.io/is-parent-type".into(), "true".into());
+        }
     }
     crds
 }
@@ -102,10 +106,7 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(
-            present, expected,
-            "crds/ holds files the code does not generate"
-        );
+        assert_eq!(present, expected, "crds/ holds files the code does not generate");
     }
 
     #[test]
@@ -119,13 +120,7 @@ mod tests {
                 crd.spec.names.kind
             );
             let version = &crd.spec.versions[0];
-            assert!(
-                version
-                    .subresources
-                    .as_ref()
-                    .and_then(|s| s.status.as_ref())
-                    .is_some()
-            );
+            assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
             let columns: Vec<String> = version
                 .additional_printer_columns
                 .iter()
@@ -149,10 +144,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(etcd.spec.component.replicas, Some(3));
-        assert_eq!(
-            etcd.spec.component.extra_args["quota-backend-bytes"],
-            "8589934592"
-        );
+        assert_eq!(etcd.spec.component.extra_args["quota-backend-bytes"], "8589934592");
         assert_eq!(etcd.spec.storage.unwrap().size.unwrap().0, "5Gi");
     }
 }

@@ -1,6 +1,7 @@
 //! `apply`: the only writer of rendered objects (design §5). Server-side apply with field
 //! manager `capn` (forced: capn owns what it renders), in a fixed order.
 
+pub mod applyset;
 mod readiness;
 
 pub use readiness::{Readiness, readiness};
@@ -8,7 +9,9 @@ pub use readiness::{Readiness, readiness};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use kube::Client;
+use kube::{Client, ResourceExt};
+
+use crate::api::InventoryEntry;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{Scope, pinned_kind};
@@ -80,12 +83,7 @@ impl Applier {
 
     async fn resource(&self, api_version: &str, kind: &str) -> Result<ApiResource, ApplyError> {
         let key = (api_version.to_string(), kind.to_string());
-        if let Some(ar) = self
-            .resources
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&key).cloned())
-        {
+        if let Some(ar) = self.resources.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(ar);
         }
         let (group, version) = match api_version.split_once('/') {
@@ -93,14 +91,13 @@ impl Applier {
             None => ("", api_version),
         };
         let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (ar, caps) =
-            pinned_kind(&self.client, &gvk)
-                .await
-                .map_err(|source| ApplyError::UnknownKind {
-                    api_version: api_version.into(),
-                    kind: kind.into(),
-                    source,
-                })?;
+        let (ar, caps) = pinned_kind(&self.client, &gvk)
+            .await
+            .map_err(|source| ApplyError::UnknownKind {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                source,
+            })?;
         if caps.scope != Scope::Namespaced {
             return Err(ApplyError::ClusterScoped { kind: kind.into() });
         }
@@ -117,9 +114,7 @@ impl Applier {
     /// [`ApplyError`]: `Rejected` for 4xx validation failures, `Api` for the rest.
     pub async fn apply(&self, object: &serde_json::Value) -> Result<serde_json::Value, ApplyError> {
         let s = |p: &str| object.pointer(p).and_then(|v| v.as_str());
-        let (Some(api_version), Some(kind), Some(name)) =
-            (s("/apiVersion"), s("/kind"), s("/metadata/name"))
-        else {
+        let (Some(api_version), Some(kind), Some(name)) = (s("/apiVersion"), s("/kind"), s("/metadata/name")) else {
             return Err(ApplyError::Malformed);
         };
         let namespace = s("/metadata/namespace").unwrap_or("default");
@@ -130,8 +125,7 @@ impl Applier {
             .patch(name, &params, &Patch::Apply(object))
             .await
             .map_err(|source| {
-                let rejected =
-                    matches!(&source, kube::Error::Api(s) if s.code == 422 || s.code == 400);
+                let rejected = matches!(&source, kube::Error::Api(s) if s.code == 422 || s.code == 400);
                 let (kind, name) = (kind.to_string(), name.to_string());
                 if rejected {
                     ApplyError::Rejected { kind, name, source }
@@ -140,6 +134,44 @@ impl Applier {
                 }
             })?;
         serde_json::to_value(applied).map_err(|_| ApplyError::Malformed)
+    }
+}
+
+impl Applier {
+    /// Deletes the objects of `stale` (applied before, no longer planned) that still carry
+    /// this set's part-of label; anything else (a user's object of the same name, an object
+    /// another tool took over) is left alone. Objects already gone are skipped.
+    ///
+    /// # Errors
+    /// API errors other than NotFound.
+    pub async fn prune(&self, namespace: &str, stale: &[InventoryEntry], applyset_id: &str) -> Result<(), ApplyError> {
+        for entry in stale {
+            let ar = match self.resource(&entry.api_version, &entry.kind).await {
+                Ok(ar) => ar,
+                // The kind is no longer served: nothing of it can remain.
+                Err(ApplyError::UnknownKind { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
+            let api_error = |source| ApplyError::Api {
+                kind: entry.kind.clone(),
+                name: entry.name.clone(),
+                source,
+            };
+            let Some(object) = api.get_opt(&entry.name).await.map_err(api_error)? else {
+                continue;
+            };
+            if object.labels().get(applyset::PART_OF_LABEL).map(String::as_str) != Some(applyset_id) {
+                continue;
+            }
+            tracing::info!(kind = %entry.kind, name = %entry.name, namespace, "pruning object no longer rendered");
+            match api.delete(&entry.name, &Default::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(api_error(e)),
+            }
+        }
+        Ok(())
     }
 }
 

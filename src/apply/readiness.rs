@@ -24,10 +24,7 @@ fn int(v: &Value, pointer: &str) -> Option<i64> {
 /// - Service: at once; `LoadBalancer` when an ingress address is assigned.
 /// - Anything else: its `Ready` or `Available` condition.
 pub fn readiness(object: &Value) -> Readiness {
-    let kind = object
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
     let not = |desired: i32, ready_replicas: i32| Readiness {
         ready: false,
         desired,
@@ -52,9 +49,7 @@ pub fn readiness(object: &Value) -> Readiness {
                     "/status/availableReplicas",
                 ]
             };
-            let all_counted = counts
-                .iter()
-                .all(|p| int(object, p) == Some(desired as i64));
+            let all_counted = counts.iter().all(|p| int(object, p) == Some(desired as i64));
             if desired >= 1 && generation_seen && all_counted {
                 Readiness {
                     ready: true,
@@ -77,12 +72,7 @@ pub fn readiness(object: &Value) -> Readiness {
                 ready_replicas: 0,
             }
         }
-        "ConfigMap"
-        | "Secret"
-        | "ServiceAccount"
-        | "Role"
-        | "RoleBinding"
-        | "PodDisruptionBudget" => Readiness {
+        "ConfigMap" | "Secret" | "ServiceAccount" | "Role" | "RoleBinding" | "PodDisruptionBudget" => Readiness {
             ready: true,
             desired: 0,
             ready_replicas: 0,
@@ -93,10 +83,8 @@ pub fn readiness(object: &Value) -> Readiness {
                 .and_then(Value::as_array)
                 .is_some_and(|cs| {
                     cs.iter().any(|c| {
-                        matches!(
-                            c.get("type").and_then(Value::as_str),
-                            Some("Ready" | "Available")
-                        ) && c.get("status").and_then(Value::as_str) == Some("True")
+                        matches!(c.get("type").and_then(Value::as_str), Some("Ready" | "Available"))
+                            && c.get("status").and_then(Value::as_str) == Some("True")
                     })
                 });
             Readiness {
@@ -172,8 +160,18 @@ mod tests {
         assert!(readiness(&json!({"kind": "Service", "spec": {"type": "ClusterIP"}})).ready);
         assert!(!readiness(&json!({"kind": "Service", "spec": {"type": "LoadBalancer"}})).ready);
         assert!(readiness(&json!({"kind": "Service", "spec": {"type": "LoadBalancer"}, "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}}})).ready);
-        assert!(readiness(&json!({"kind": "EtcdCluster", "status": {"conditions": [{"type": "Available", "status": "True"}]}})).ready);
-        assert!(!readiness(&json!({"kind": "EtcdCluster", "status": {"conditions": [{"type": "Ready", "status": "False"}]}})).ready);
+        assert!(
+            readiness(
+                &json!({"kind": "EtcdCluster", "status": {"conditions": [{"type": "Available", "status": "True"}]}})
+            )
+            .ready
+        );
+        assert!(
+            !readiness(
+                &json!({"kind": "EtcdCluster", "status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+            )
+            .ready
+        );
         assert!(!readiness(&json!({"kind": "EtcdCluster"})).ready);
     }
 }

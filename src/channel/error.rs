@@ -7,10 +7,7 @@ use crate::component::ComponentKind;
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum ChannelError {
     #[error("channel {requested:?} does not exist; available channels: {}", available.join(", "))]
-    UnknownChannel {
-        requested: String,
-        available: Vec<String>,
-    },
+    UnknownChannel { requested: String, available: Vec<String> },
     #[error("{component} version {requested:?} is not in channel {channel:?}; available: {}", available.join(", "))]
     UnknownVersion {
         channel: String,

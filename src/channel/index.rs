@@ -55,8 +55,7 @@ impl ChannelIndex {
     /// The compatibility entry for the minor of `kubernetes`.
     pub fn etcd_for(&self, kubernetes: &Version) -> Option<&Compatibility> {
         self.compatibility.iter().find(|c| {
-            RequestedVersion::parse(&c.kubernetes)
-                .is_some_and(|r| r.minor.is_some() && r.matches(kubernetes))
+            RequestedVersion::parse(&c.kubernetes).is_some_and(|r| r.minor.is_some() && r.matches(kubernetes))
         })
     }
 

@@ -52,8 +52,7 @@ pub fn load_channel_dir(dir: &Path) -> Result<Vec<Channel>, ChannelError> {
         return Ok(vec![read_one(dir)?]);
     }
     let mut channels = Vec::new();
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| unreadable(format!("cannot read directory: {e}")))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| unreadable(format!("cannot read directory: {e}")))?;
     let mut paths: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
     paths.sort();
     for path in paths {
@@ -62,9 +61,7 @@ pub fn load_channel_dir(dir: &Path) -> Result<Vec<Channel>, ChannelError> {
         }
     }
     if channels.is_empty() {
-        return Err(unreadable(
-            "no channel.yaml in it or in its subdirectories".into(),
-        ));
+        return Err(unreadable("no channel.yaml in it or in its subdirectories".into()));
     }
     Ok(channels)
 }
@@ -94,11 +91,10 @@ fn read_one(dir: &Path) -> Result<Channel, ChannelError> {
         {
             continue;
         }
-        let text =
-            std::fs::read_to_string(entry.path()).map_err(|e| ChannelError::InvalidChannel {
-                channel: name.clone(),
-                message: format!("{}: {e}", rel.display()),
-            })?;
+        let text = std::fs::read_to_string(entry.path()).map_err(|e| ChannelError::InvalidChannel {
+            channel: name.clone(),
+            message: format!("{}: {e}", rel.display()),
+        })?;
         files.push((rel.to_string_lossy().into_owned(), text));
     }
     Channel::from_files(&name, &dir.display().to_string(), files)

@@ -74,8 +74,8 @@ impl Channel {
             }
         }
         let index_source = index_source.ok_or_else(|| invalid("channel.yaml is missing".into()))?;
-        let index: ChannelIndex = serde_saphyr::from_str(&index_source)
-            .map_err(|e| invalid(format!("channel.yaml: {e}")))?;
+        let index: ChannelIndex =
+            serde_saphyr::from_str(&index_source).map_err(|e| invalid(format!("channel.yaml: {e}")))?;
         let mut templates = BTreeMap::new();
         for (component_name, listed) in &index.components {
             let kind = ComponentKind::from_name(component_name).ok_or_else(|| {
@@ -84,8 +84,7 @@ impl Channel {
                 ))
             })?;
             for v in &listed.versions {
-                let version = Version::parse(v)
-                    .map_err(|e| invalid(format!("{component_name} version {v:?}: {e}")))?;
+                let version = Version::parse(v).map_err(|e| invalid(format!("{component_name} version {v:?}: {e}")))?;
                 let mut files = by_dir
                     .remove(&(v.clone(), component_name.clone()))
                     .ok_or_else(|| invalid(format!("{v}/{component_name}/ has no templates")))?;
@@ -116,9 +115,7 @@ impl Channel {
 
     /// The templates of `kind` at `version`, sorted by path.
     pub fn templates(&self, kind: ComponentKind, version: &Version) -> Option<&[Template]> {
-        self.templates
-            .get(&(kind, version.clone()))
-            .map(Vec::as_slice)
+        self.templates.get(&(kind, version.clone())).map(Vec::as_slice)
     }
 
     /// Resolves a requested release of `kind` (design §3).
@@ -145,28 +142,21 @@ impl Channel {
                         Some(v) => v.clone(),
                         None => self.resolve(ComponentKind::ApiServer, None, None)?,
                     };
-                    self.index
-                        .etcd_for(&k8s)
-                        .map(|c| c.etcd.clone())
-                        .ok_or_else(|| ChannelError::NoEtcdForKubernetes {
+                    self.index.etcd_for(&k8s).map(|c| c.etcd.clone()).ok_or_else(|| {
+                        ChannelError::NoEtcdForKubernetes {
                             channel: self.name.clone(),
                             kubernetes: format!("{}.{}", k8s.major, k8s.minor),
-                            known: self
-                                .index
-                                .compatibility
-                                .iter()
-                                .map(|c| c.kubernetes.clone())
-                                .collect(),
-                        })?
+                            known: self.index.compatibility.iter().map(|c| c.kubernetes.clone()).collect(),
+                        }
+                    })?
                 }
                 _ => self.index.defaults.kubernetes.clone(),
             },
         };
-        let parsed =
-            RequestedVersion::parse(&wanted).ok_or_else(|| ChannelError::InvalidVersion {
-                component: kind,
-                requested: wanted.clone(),
-            })?;
+        let parsed = RequestedVersion::parse(&wanted).ok_or_else(|| ChannelError::InvalidVersion {
+            component: kind,
+            requested: wanted.clone(),
+        })?;
         self.versions(kind)
             .into_iter()
             .rev()
@@ -218,12 +208,10 @@ impl ChannelRegistry {
     /// # Errors
     /// [`ChannelError::UnknownChannel`] naming the channels that exist.
     pub fn get(&self, name: &str) -> Result<&Channel, ChannelError> {
-        self.channels
-            .get(name)
-            .ok_or_else(|| ChannelError::UnknownChannel {
-                requested: name.to_string(),
-                available: self.channels.keys().cloned().collect(),
-            })
+        self.channels.get(name).ok_or_else(|| ChannelError::UnknownChannel {
+            requested: name.to_string(),
+            available: self.channels.keys().cloned().collect(),
+        })
     }
 
     /// All channels, by name.

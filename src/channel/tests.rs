@@ -71,24 +71,9 @@ fn resolution_table() {
         (ComponentKind::ApiServer, Some("1"), None, Ok("1.36.3")),
         (ComponentKind::ApiServer, None, None, Ok("1.36.3")),
         (ComponentKind::ApiServer, Some("  "), None, Ok("1.36.3")),
-        (
-            ComponentKind::ApiServer,
-            Some("1.37"),
-            None,
-            Err("UnknownVersion"),
-        ),
-        (
-            ComponentKind::ApiServer,
-            Some("1.36.2"),
-            None,
-            Err("UnknownVersion"),
-        ),
-        (
-            ComponentKind::ApiServer,
-            Some("latest"),
-            None,
-            Err("InvalidVersion"),
-        ),
+        (ComponentKind::ApiServer, Some("1.37"), None, Err("UnknownVersion")),
+        (ComponentKind::ApiServer, Some("1.36.2"), None, Err("UnknownVersion")),
+        (ComponentKind::ApiServer, Some("latest"), None, Err("InvalidVersion")),
         (ComponentKind::Etcd, Some("3.6.8-0"), None, Ok("3.6.8")),
         (ComponentKind::Etcd, None, Some(&k136), Ok("3.6.8")),
         (ComponentKind::Etcd, None, Some(&k135), Ok("3.5.21")),
@@ -113,9 +98,7 @@ fn resolution_table() {
 #[test]
 fn unknown_version_error_lists_what_exists() {
     let ch = tiny_channel(&["1.36.1", "1.36.3"]);
-    let err = ch
-        .resolve(ComponentKind::ApiServer, Some("1.99"), None)
-        .unwrap_err();
+    let err = ch.resolve(ComponentKind::ApiServer, Some("1.99"), None).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("1.36.1") && msg.contains("1.36.3"), "{msg}");
 }
@@ -135,10 +118,7 @@ fn listed_version_without_templates_is_invalid() {
         "name: c\ncomponents:\n  etcd:\n    versions: [\"3.6.8\"]\ndefaults:\n  kubernetes: \"1.36.3\"\n".to_string(),
     )];
     let err = Channel::from_files("c", "test", files).unwrap_err();
-    assert!(
-        err.to_string().contains("3.6.8/etcd/ has no templates"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("3.6.8/etcd/ has no templates"), "{err}");
 }
 
 #[test]
@@ -146,16 +126,14 @@ fn unlisted_template_directory_is_invalid() {
     let files = vec![
         (
             "channel.yaml".to_string(),
-            "name: c\ncomponents:\n  etcd:\n    versions: [\"3.6.8\"]\ndefaults:\n  kubernetes: \"1.36.3\"\n".to_string(),
+            "name: c\ncomponents:\n  etcd:\n    versions: [\"3.6.8\"]\ndefaults:\n  kubernetes: \"1.36.3\"\n"
+                .to_string(),
         ),
         ("3.6.8/etcd/a.yaml".to_string(), "kind: ConfigMap".to_string()),
         ("3.6.9/etcd/a.yaml".to_string(), "kind: ConfigMap".to_string()),
     ];
     let err = Channel::from_files("c", "test", files).unwrap_err();
-    assert!(
-        err.to_string().contains("3.6.9/etcd/ is not listed"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("3.6.9/etcd/ is not listed"), "{err}");
 }
 
 #[test]
@@ -172,9 +150,6 @@ fn channel_dir_overrides_builtin_of_same_name() {
     let reg = ChannelRegistry::load(std::slice::from_ref(&dir)).unwrap();
     std::fs::remove_dir_all(&dir).ok();
     let ch = reg.get("stable").unwrap();
-    assert_eq!(
-        ch.versions(ComponentKind::Etcd),
-        vec![&Version::new(9, 9, 9)]
-    );
+    assert_eq!(ch.versions(ComponentKind::Etcd), vec![&Version::new(9, 9, 9)]);
     assert_ne!(ch.origin, "built-in");
 }

@@ -19,9 +19,7 @@ impl RequestedVersion {
         let s = s.strip_prefix('v').unwrap_or(s);
         // Image tags carry a build suffix (`3.6.8-0`); it names the same release.
         let s = match s.split_once('-') {
-            Some((head, tail)) if !tail.is_empty() && tail.chars().all(|c| c.is_ascii_digit()) => {
-                head
-            }
+            Some((head, tail)) if !tail.is_empty() && tail.chars().all(|c| c.is_ascii_digit()) => head,
             Some(_) => return None,
             None => s,
         };
@@ -42,18 +40,12 @@ impl RequestedVersion {
         if parts.next().is_some() || (minor.is_none() && patch.is_some()) {
             return None;
         }
-        Some(Self {
-            major,
-            minor,
-            patch,
-        })
+        Some(Self { major, minor, patch })
     }
 
     /// Whether `v` is a release this request accepts.
     pub fn matches(&self, v: &Version) -> bool {
-        v.major == self.major
-            && self.minor.is_none_or(|m| v.minor == m)
-            && self.patch.is_none_or(|p| v.patch == p)
+        v.major == self.major && self.minor.is_none_or(|m| v.minor == m) && self.patch.is_none_or(|p| v.patch == p)
     }
 }
 
@@ -116,11 +108,7 @@ mod tests {
             "-1",
             "1.36.3-",
         ] {
-            assert_eq!(
-                RequestedVersion::parse(bad),
-                None,
-                "{bad:?} should not parse"
-            );
+            assert_eq!(RequestedVersion::parse(bad), None, "{bad:?} should not parse");
         }
     }
 

@@ -156,11 +156,10 @@ pub async fn main() -> anyhow::Result<()> {
             let text = if args.file.as_os_str() == "-" {
                 std::io::read_to_string(std::io::stdin())?
             } else {
-                std::fs::read_to_string(&args.file)
-                    .with_context(|| format!("reading {}", args.file.display()))?
+                std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
             };
-            let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text)
-                .with_context(|| format!("parsing {}", args.file.display()))?;
+            let docs: Vec<serde_json::Value> =
+                serde_saphyr::from_multiple(&text).with_context(|| format!("parsing {}", args.file.display()))?;
             let objects = render_documents(&channels, docs, &args.super_cluster_dns_domain)?;
             print!("{}", to_yaml_stream(&objects)?);
             Ok(())
@@ -176,11 +175,7 @@ pub async fn main() -> anyhow::Result<()> {
             for channel in channels.iter() {
                 println!("{} ({})", channel.name, channel.origin);
                 for kind in crate::component::ComponentKind::ALL {
-                    let versions: Vec<String> = channel
-                        .versions(kind)
-                        .iter()
-                        .map(|v| v.to_string())
-                        .collect();
+                    let versions: Vec<String> = channel.versions(kind).iter().map(|v| v.to_string()).collect();
                     println!("  {:<20} {}", kind.as_str(), versions.join(", "));
                 }
             }

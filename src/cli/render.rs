@@ -36,10 +36,7 @@ fn find<K: ComponentResource>(docs: &[Value], name: &str) -> anyhow::Result<Opti
 
 /// The component of kind `K` for `ncp`: the one the file holds under the referenced name,
 /// else the default one the NestedControlPlane controller would create.
-fn component<K: ComponentResource>(
-    docs: &[Value],
-    ncp: &NestedControlPlane,
-) -> anyhow::Result<(K, bool)> {
+fn component<K: ComponentResource>(docs: &[Value], ncp: &NestedControlPlane) -> anyhow::Result<(K, bool)> {
     let name = K::reference(ncp)
         .map(str::to_string)
         .unwrap_or_else(|| format!("{}-{}", ncp.name_any(), K::KIND.as_str()));
@@ -82,6 +79,7 @@ fn plan_component<K: ComponentResource>(
         spec: component.component(),
         etcd_storage: component.etcd_storage(),
         owner: owner_of(component),
+        running: Default::default(),
     };
     plan(channels, cluster, &request, upstream).with_context(|| format!("{} {name}", K::kind(&())))
 }
@@ -106,16 +104,10 @@ pub fn render_documents(
     let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
     let mut out = Vec::new();
     for doc in &docs {
-        if kind_of(doc)
-            != (
-                NestedControlPlane::api_version(&()).as_ref(),
-                "NestedControlPlane",
-            )
-        {
+        if kind_of(doc) != (NestedControlPlane::api_version(&()).as_ref(), "NestedControlPlane") {
             continue;
         }
-        let mut ncp: NestedControlPlane =
-            serde_json::from_value(doc.clone()).context("NestedControlPlane")?;
+        let mut ncp: NestedControlPlane = serde_json::from_value(doc.clone()).context("NestedControlPlane")?;
         if ncp.namespace().is_none() {
             ncp.meta_mut().namespace = Some("default".into());
         }
@@ -125,18 +117,13 @@ pub fn render_documents(
                 && api_version.starts_with(&format!("{CAPI_GROUP}/"))
                 && d.pointer("/spec/controlPlaneRef/name") == Some(&Value::from(ncp.name_any()))
         });
-        let capi_cluster: Option<DynamicObject> = capi_cluster
-            .map(|c| serde_json::from_value(c.clone()))
-            .transpose()?;
+        let capi_cluster: Option<DynamicObject> =
+            capi_cluster.map(|c| serde_json::from_value(c.clone())).transpose()?;
         if let Some(c) = &capi_cluster
             && ncp.owner_references().is_empty()
         {
             ncp.meta_mut().owner_references = Some(vec![OwnerReference {
-                api_version: c
-                    .types
-                    .as_ref()
-                    .map(|t| t.api_version.clone())
-                    .unwrap_or_default(),
+                api_version: c.types.as_ref().map(|t| t.api_version.clone()).unwrap_or_default(),
                 kind: "Cluster".into(),
                 name: c.name_any(),
                 uid: c.uid().unwrap_or_default(),
@@ -177,12 +164,7 @@ pub fn render_documents(
             etcd_endpoints: etcd_plan.etcd_endpoints.clone(),
         };
         let apiserver_plan = plan_component(channels, &cluster, &apiserver, &upstream)?;
-        let cm_plan = plan_component(
-            channels,
-            &cluster,
-            &controller_manager,
-            &Upstream::default(),
-        )?;
+        let cm_plan = plan_component(channels, &cluster, &controller_manager, &Upstream::default())?;
         for p in [etcd_plan, apiserver_plan, cm_plan] {
             out.extend(p.objects);
         }

@@ -12,10 +12,10 @@ use super::{Context, ReconcileError};
 use crate::api::{NestedControlPlane, NestedEtcd, ServiceOutput};
 use crate::component::ComponentKind;
 use crate::pki::{
-    ApiServerSanInput, SecretNames, apiserver_etcd_client_leaf, apiserver_kubelet_client_leaf,
-    apiserver_leaf, front_proxy_client_leaf,
+    ApiServerSanInput, SecretNames, apiserver_etcd_client_leaf, apiserver_kubelet_client_leaf, apiserver_leaf,
+    front_proxy_client_leaf,
 };
-use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream};
+use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream, resolve};
 
 /// Open when the control plane's NestedEtcd is ready and has published endpoints
 /// (design §5: nothing of the apiserver exists before).
@@ -25,6 +25,7 @@ use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream};
 pub async fn gate(
     ctx: &Context,
     ncp: &NestedControlPlane,
+    cluster: &ClusterSettings,
     ns: &str,
 ) -> Result<Gate, ReconcileError> {
     let wait = |message: String| Gate::Wait {
@@ -38,10 +39,24 @@ pub async fn gate(
     let Some(etcd) = api.get_opt(&name).await? else {
         return Ok(wait(format!("NestedEtcd {name} does not exist")));
     };
+    // During an upgrade the apiserver follows only once etcd is ready on its new release.
+    let desired = resolve(&ctx.channels, cluster, ComponentKind::Etcd, &etcd.spec.component)
+        .ok()
+        .map(|r| r.version.to_string());
+    let generation = etcd.metadata.generation;
     match etcd.status {
-        Some(s) if s.ready && !s.endpoints.is_empty() => Ok(Gate::Open(Upstream {
-            etcd_endpoints: s.endpoints,
-        })),
+        Some(s)
+            if s.ready && !s.endpoints.is_empty() && s.observed_generation == generation && s.version == desired =>
+        {
+            Ok(Gate::Open(Upstream {
+                etcd_endpoints: s.endpoints,
+            }))
+        }
+        Some(s) if s.ready && s.version != desired => Ok(wait(format!(
+            "NestedEtcd {name} runs {} and is moving to {}",
+            s.version.unwrap_or_default(),
+            desired.unwrap_or_default()
+        ))),
         _ => Ok(wait(format!("NestedEtcd {name} is not ready"))),
     }
 }
@@ -57,10 +72,7 @@ fn cluster_ip(applied: &[serde_json::Value], service: &str) -> Option<String> {
 }
 
 /// The apiserver Service as published in status.
-pub fn service_output(
-    cluster: &ClusterSettings,
-    applied: &[serde_json::Value],
-) -> Option<ServiceOutput> {
+pub fn service_output(cluster: &ClusterSettings, applied: &[serde_json::Value]) -> Option<ServiceOutput> {
     let name = ComponentKind::ApiServer.object_name(&cluster.name);
     let ip = cluster_ip(applied, &name);
     applied
@@ -102,11 +114,7 @@ pub async fn ensure_certificates(
             message: format!("Service {service} has no ClusterIP yet"),
         });
     }
-    let endpoint_host = ncp
-        .spec
-        .control_plane_endpoint
-        .as_ref()
-        .map(|e| e.host.as_str());
+    let endpoint_host = ncp.spec.control_plane_endpoint.as_ref().map(|e| e.host.as_str());
     let serving = apiserver_leaf(ApiServerSanInput {
         cluster_name: &cluster.name,
         namespace: &cluster.namespace,
@@ -123,25 +131,13 @@ pub async fn ensure_certificates(
     })?;
     store.ensure_leaf(&names.apiserver, &ca, &serving).await?;
     store
-        .ensure_leaf(
-            &names.apiserver_etcd_client,
-            &etcd_ca,
-            &apiserver_etcd_client_leaf(),
-        )
+        .ensure_leaf(&names.apiserver_etcd_client, &etcd_ca, &apiserver_etcd_client_leaf())
         .await?;
     store
-        .ensure_leaf(
-            &names.apiserver_kubelet_client,
-            &ca,
-            &apiserver_kubelet_client_leaf(),
-        )
+        .ensure_leaf(&names.apiserver_kubelet_client, &ca, &apiserver_kubelet_client_leaf())
         .await?;
     store
-        .ensure_leaf(
-            &names.front_proxy_client,
-            &proxy_ca,
-            &front_proxy_client_leaf(),
-        )
+        .ensure_leaf(&names.front_proxy_client, &proxy_ca, &front_proxy_client_leaf())
         .await?;
     Ok(Gate::Open(Upstream::default()))
 }

@@ -12,9 +12,8 @@ use time::OffsetDateTime;
 use super::ReconcileError;
 use crate::apply::FIELD_MANAGER;
 use crate::pki::{
-    CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, key_pair_from_secret,
-    kubeconfig, kubeconfig_from_secret, kubeconfig_secret, needs_reissue, service_account_key_pair,
-    tls_secret,
+    CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, key_pair_from_secret, kubeconfig,
+    kubeconfig_from_secret, kubeconfig_secret, needs_reissue, service_account_key_pair, tls_secret,
 };
 
 /// What a CA lookup found.
@@ -64,15 +63,10 @@ impl<'a> CertificateStore<'a> {
             .metadata
             .labels
             .get_or_insert_with(Default::default)
-            .insert(
-                "app.kubernetes.io/managed-by".into(),
-                crate::plan::MANAGED_BY.into(),
-            );
+            .insert("app.kubernetes.io/managed-by".into(), crate::plan::MANAGED_BY.into());
         let name = secret.metadata.name.clone().unwrap_or_default();
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        self.api
-            .patch(&name, &params, &Patch::Apply(&secret))
-            .await?;
+        self.api.patch(&name, &params, &Patch::Apply(&secret)).await?;
         Ok(())
     }
 
@@ -83,10 +77,7 @@ impl<'a> CertificateStore<'a> {
             .metadata
             .labels
             .get_or_insert_with(Default::default)
-            .insert(
-                "app.kubernetes.io/managed-by".into(),
-                crate::plan::MANAGED_BY.into(),
-            );
+            .insert("app.kubernetes.io/managed-by".into(), crate::plan::MANAGED_BY.into());
         match self.api.create(&Default::default(), &secret).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
@@ -105,8 +96,8 @@ impl<'a> CertificateStore<'a> {
             None => Ok(CaLookup::Missing),
             Some(secret) => {
                 let pair = key_pair_from_secret(&secret).map_err(Self::pki_error(name))?;
-                let ca = CertificateAuthority::from_pem(&pair.cert_pem, &pair.key_pem)
-                    .map_err(Self::pki_error(name))?;
+                let ca =
+                    CertificateAuthority::from_pem(&pair.cert_pem, &pair.key_pem).map_err(Self::pki_error(name))?;
                 Ok(CaLookup::Found(ca))
             }
         }
@@ -129,17 +120,11 @@ impl<'a> CertificateStore<'a> {
             return Ok(ca);
         }
         if !may_create {
-            return Err(ReconcileError::CertificateAuthorityMissing(
-                name.to_string(),
-            ));
+            return Err(ReconcileError::CertificateAuthorityMissing(name.to_string()));
         }
         let ca = CertificateAuthority::generate(common_name, self.now, KeyAlgorithm::default())
             .map_err(Self::pki_error(name))?;
-        tracing::info!(
-            secret = name,
-            cluster = self.cluster,
-            "created certificate authority"
-        );
+        tracing::info!(secret = name, cluster = self.cluster, "created certificate authority");
         if self
             .create(tls_secret(name, self.namespace, self.cluster, ca.pem()))
             .await?
@@ -149,9 +134,7 @@ impl<'a> CertificateStore<'a> {
         // Someone else created it meanwhile: theirs is the CA.
         match self.lookup_ca(name).await? {
             CaLookup::Found(ca) => Ok(ca),
-            CaLookup::Missing => Err(ReconcileError::CertificateAuthorityMissing(
-                name.to_string(),
-            )),
+            CaLookup::Missing => Err(ReconcileError::CertificateAuthorityMissing(name.to_string())),
         }
     }
 
@@ -160,21 +143,14 @@ impl<'a> CertificateStore<'a> {
     ///
     /// # Errors
     /// As [`Self::ensure_ca`].
-    pub async fn ensure_service_account_key(
-        &self,
-        name: &str,
-        may_create: bool,
-    ) -> Result<(), ReconcileError> {
+    pub async fn ensure_service_account_key(&self, name: &str, may_create: bool) -> Result<(), ReconcileError> {
         if self.api.get_opt(name).await?.is_some() {
             return Ok(());
         }
         if !may_create {
-            return Err(ReconcileError::CertificateAuthorityMissing(
-                name.to_string(),
-            ));
+            return Err(ReconcileError::CertificateAuthorityMissing(name.to_string()));
         }
-        let pair =
-            service_account_key_pair(KeyAlgorithm::default()).map_err(Self::pki_error(name))?;
+        let pair = service_account_key_pair(KeyAlgorithm::default()).map_err(Self::pki_error(name))?;
         self.create(tls_secret(name, self.namespace, self.cluster, &pair))
             .await?;
         Ok(())
@@ -239,13 +215,8 @@ impl<'a> CertificateStore<'a> {
             server = server_url,
             "wrote kubeconfig"
         );
-        self.write(kubeconfig_secret(
-            name,
-            self.namespace,
-            self.cluster,
-            &config,
-        ))
-        .await?;
+        self.write(kubeconfig_secret(name, self.namespace, self.cluster, &config))
+            .await?;
         crate::pki::not_after(&client.cert_pem).map_err(Self::pki_error(name))
     }
 }
@@ -280,10 +251,7 @@ impl CertificateStore<'_> {
     ///
     /// # Errors
     /// As [`Self::lookup_ca`].
-    pub async fn require_ca(
-        &self,
-        name: &str,
-    ) -> Result<Option<CertificateAuthority>, ReconcileError> {
+    pub async fn require_ca(&self, name: &str) -> Result<Option<CertificateAuthority>, ReconcileError> {
         Ok(match self.lookup_ca(name).await? {
             CaLookup::Found(ca) => Some(ca),
             CaLookup::Missing => None,

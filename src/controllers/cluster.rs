@@ -52,10 +52,7 @@ fn error_policy(nc: Arc<NestedCluster>, error: &ReconcileError, _ctx: Arc<Contex
 ///
 /// # Errors
 /// Transient API errors.
-pub async fn reconcile(
-    nc: Arc<NestedCluster>,
-    ctx: Arc<Context>,
-) -> Result<Action, ReconcileError> {
+pub async fn reconcile(nc: Arc<NestedCluster>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     if nc.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -75,12 +72,8 @@ pub async fn reconcile(
         && nc.spec.control_plane_endpoint.as_ref() != Some(e)
     {
         let patch = serde_json::json!({"spec": {"controlPlaneEndpoint": e}});
-        api.patch(
-            &nc.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+        api.patch(&nc.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
     }
     let old = nc.status.clone().unwrap_or_default();
     let mut status = old.clone();
@@ -89,12 +82,7 @@ pub async fn reconcile(
     status.initialization = Some(InfrastructureInitialization { provisioned });
     status.observed_generation = nc.meta().generation;
     let update = if provisioned {
-        ConditionUpdate::new(
-            READY,
-            true,
-            "Provisioned",
-            "the control plane endpoint is known",
-        )
+        ConditionUpdate::new(READY, true, "Provisioned", "the control plane endpoint is known")
     } else {
         ConditionUpdate::new(
             READY,
@@ -103,12 +91,7 @@ pub async fn reconcile(
             format!("no NestedControlPlane of cluster {name} has an endpoint yet"),
         )
     };
-    set_condition(
-        &mut status.conditions,
-        update,
-        nc.meta().generation,
-        &now.k8s,
-    );
+    set_condition(&mut status.conditions, update, nc.meta().generation, &now.k8s);
     if status != old {
         let patch = serde_json::json!({
             "apiVersion": NestedCluster::api_version(&()),

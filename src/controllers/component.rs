@@ -22,18 +22,19 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::certificates::CertificateStore;
-use super::read::{
-    cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane,
-};
+use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane};
 use super::{Context, ReconcileError, apiserver, controller_manager, etcd, events};
 use crate::api::{
-    ComponentSpec, ComponentStatus, EtcdStorage, NestedAPIServer, NestedControlPlane,
+    ComponentSpec, ComponentStatus, EtcdStorage, InventoryEntry, NestedAPIServer, NestedControlPlane,
     NestedControllerManager, NestedEtcd, ServiceOutput,
+};
+use crate::apply::applyset::{
+    CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, contains_group_kinds, group_kind,
 };
 use crate::apply::{FIELD_MANAGER, apply_rank, readiness};
 use crate::component::ComponentKind;
-use crate::plan::{ClusterSettings, ComponentRequest, Plan, PlanError, Upstream, plan};
-use crate::status::{ConditionUpdate, READY, phase, set_condition};
+use crate::plan::{ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, component_applyset_id, plan};
+use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, phase, set_condition};
 
 /// A component custom resource.
 pub trait ComponentResource:
@@ -106,10 +107,7 @@ impl ComponentResource for NestedControllerManager {
         self.status.as_ref()
     }
     fn reference(ncp: &NestedControlPlane) -> Option<&str> {
-        ncp.spec
-            .controller_manager
-            .as_ref()
-            .map(|r| r.name.as_str())
+        ncp.spec.controller_manager.as_ref().map(|r| r.name.as_str())
     }
     const REFERENCE_FIELD: &'static str = "controllerManager";
     fn with_defaults(name: &str) -> Self {
@@ -120,10 +118,7 @@ impl ComponentResource for NestedControllerManager {
 /// Whether a component may proceed, and with which upstream outputs.
 pub enum Gate {
     Open(Upstream),
-    Wait {
-        reason: &'static str,
-        message: String,
-    },
+    Wait { reason: &'static str, message: String },
 }
 
 /// What one pass ended with.
@@ -203,11 +198,7 @@ pub async fn run<K: ComponentResource>(ctx: Arc<Context>) {
         .await;
 }
 
-fn error_policy<K: ComponentResource>(
-    object: Arc<K>,
-    error: &ReconcileError,
-    _ctx: Arc<Context>,
-) -> Action {
+fn error_policy<K: ComponentResource>(object: Arc<K>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
     tracing::warn!(kind = K::KIND.resource_kind(), name = %object.name_any(), reason = error.reason(), error = %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
@@ -217,10 +208,7 @@ fn error_policy<K: ComponentResource>(
 /// # Errors
 /// Transient errors (API, apply) for the controller to retry with backoff; bad input is
 /// not an error here but a condition on the resource.
-pub async fn reconcile<K: ComponentResource>(
-    object: Arc<K>,
-    ctx: Arc<Context>,
-) -> Result<Action, ReconcileError> {
+pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     if object.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -230,29 +218,31 @@ pub async fn reconcile<K: ComponentResource>(
     let old = object.component_status().cloned().unwrap_or_default();
     let mut status = old.clone();
     let generation = object.meta().generation;
+    // Once a component has been applied, its running pods keep serving while a later spec
+    // waits or is refused: `Ready` keeps describing them, `Synced` and `RollingOut` say why
+    // the new spec is not applied.
+    let running = old.version.is_some();
+    let mut set = |update: ConditionUpdate| set_condition(&mut status.conditions, update, generation, &now.k8s);
     let (action, result) = match outcome {
         Ok(Outcome::Paused) => return Ok(Action::await_change()),
         Ok(Outcome::Waiting { reason, message }) => {
-            status.ready = false;
-            status.phase = Some(phase::PENDING.into());
-            set_condition(
-                &mut status.conditions,
-                ConditionUpdate::new(READY, false, reason, message),
-                generation,
-                &now.k8s,
-            );
+            if running {
+                set(ConditionUpdate::new(ROLLING_OUT, true, reason, message));
+            } else {
+                set(ConditionUpdate::new(READY, false, reason, message));
+                status.ready = false;
+                status.phase = Some(phase::PENDING.into());
+            }
             (Action::requeue(Duration::from_secs(30)), Ok(()))
         }
         Ok(Outcome::Invalid(err)) => {
             // Bad input: nothing was applied; wait for the spec (or channel) to change.
-            status.ready = false;
-            status.phase = Some(phase::FAILED.into());
-            set_condition(
-                &mut status.conditions,
-                ConditionUpdate::new(READY, false, err.reason(), err.to_string()),
-                generation,
-                &now.k8s,
-            );
+            set(ConditionUpdate::new(SYNCED, false, err.reason(), err.to_string()));
+            if !running {
+                set(ConditionUpdate::new(READY, false, err.reason(), err.to_string()));
+                status.ready = false;
+                status.phase = Some(phase::FAILED.into());
+            }
             (Action::await_change(), Ok(()))
         }
         Ok(Outcome::Applied {
@@ -262,31 +252,30 @@ pub async fn reconcile<K: ComponentResource>(
             ready_replicas,
             service,
         }) => {
-            status.ready = ready;
-            status.phase = Some(
-                if ready {
-                    phase::READY
-                } else {
-                    phase::PROVISIONING
-                }
-                .into(),
-            );
-            let update = if ready {
-                ConditionUpdate::new(
-                    READY,
-                    true,
-                    "Ready",
-                    format!("{ready_replicas}/{desired} members ready"),
-                )
+            let members = format!("{ready_replicas}/{desired} members ready");
+            set(ConditionUpdate::new(
+                SYNCED,
+                true,
+                "Applied",
+                format!("{} {} from channel {}", K::KIND, plan.version, plan.channel),
+            ));
+            set(if ready {
+                ConditionUpdate::new(READY, true, "Ready", members.clone())
+            } else {
+                ConditionUpdate::new(READY, false, "Provisioning", members.clone())
+            });
+            set(if ready {
+                ConditionUpdate::new(ROLLING_OUT, false, "RolledOut", format!("running {}", plan.version))
             } else {
                 ConditionUpdate::new(
-                    READY,
-                    false,
-                    "Provisioning",
-                    format!("{ready_replicas}/{desired} members ready"),
+                    ROLLING_OUT,
+                    running,
+                    "RollingOut",
+                    format!("rolling out {}: {members}", plan.version),
                 )
-            };
-            set_condition(&mut status.conditions, update, generation, &now.k8s);
+            });
+            status.ready = ready;
+            status.phase = Some(if ready { phase::READY } else { phase::PROVISIONING }.into());
             status.version = Some(plan.version.to_string());
             status.channel = Some(plan.channel.clone());
             status.replicas = Some(desired);
@@ -298,21 +287,18 @@ pub async fn reconcile<K: ComponentResource>(
             (Action::requeue(Duration::from_secs(3600)), Ok(()))
         }
         Err(e) => {
-            status.ready = false;
-            set_condition(
-                &mut status.conditions,
-                ConditionUpdate::new(READY, false, e.reason(), e.to_string()),
-                generation,
-                &now.k8s,
-            );
+            set(ConditionUpdate::new(SYNCED, false, e.reason(), e.to_string()));
+            if !running {
+                set(ConditionUpdate::new(READY, false, e.reason(), e.to_string()));
+                status.ready = false;
+            }
             (Action::requeue(Duration::from_secs(5)), Err(e))
         }
     };
     status.observed_generation = generation;
     if status != old {
         write_status(&ctx, &*object, &ns, &status).await?;
-        events::publish_condition_changes(&ctx, &*object, &old.conditions, &status.conditions)
-            .await;
+        events::publish_condition_changes(&ctx, &*object, &old.conditions, &status.conditions).await;
     }
     result.map(|()| action)
 }
@@ -358,8 +344,8 @@ async fn drive<K: ComponentResource>(
     let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
     let upstream = match K::KIND {
         ComponentKind::Etcd => Gate::Open(Upstream::default()),
-        ComponentKind::ApiServer => apiserver::gate(ctx, &ncp, ns).await?,
-        ComponentKind::ControllerManager => controller_manager::gate(ctx, &ncp, ns).await?,
+        ComponentKind::ApiServer => apiserver::gate(ctx, &ncp, &cluster, ns).await?,
+        ComponentKind::ControllerManager => controller_manager::gate(ctx, &ncp, &cluster, ns).await?,
     };
     let upstream = match upstream {
         Gate::Open(u) => u,
@@ -375,6 +361,7 @@ async fn drive<K: ComponentResource>(
         spec: object.component(),
         etcd_storage: object.etcd_storage(),
         owner,
+        running: running_versions::<K>(ctx, object, &ncp, ns).await?,
     };
     let plan = match plan(&ctx.channels, &cluster, &request, &upstream) {
         Ok(p) => p,
@@ -391,42 +378,59 @@ async fn drive<K: ComponentResource>(
         return Err(ReconcileError::NoNamespace);
     };
     let store = CertificateStore::new(ctx.client.clone(), ns, &cluster.name, &ncp_owner, now.time);
+    let applyset = component_applyset_id(K::KIND, &object.name_any(), ns);
+    let previous = object
+        .component_status()
+        .map(|s| s.inventory.clone())
+        .unwrap_or_default();
+    let planned = plan.inventory();
+    // The parent lists the union of old and new group-kinds while both may exist (KEP-3659).
+    let kinds = |entries: &[InventoryEntry]| -> Vec<String> {
+        entries.iter().map(|e| group_kind(&e.api_version, &e.kind)).collect()
+    };
+    let union: Vec<String> = kinds(&previous).into_iter().chain(kinds(&planned)).collect();
+    update_applyset_parent(
+        ctx,
+        object,
+        ns,
+        &applyset,
+        &contains_group_kinds(union.iter().map(String::as_str)),
+    )
+    .await?;
     let mut ordered: Vec<&serde_json::Value> = plan.objects.iter().collect();
     ordered.sort_by_key(|o| apply_rank(o));
     let mut applied = Vec::with_capacity(ordered.len());
     let mut certificates_done = false;
     for object in ordered {
         if apply_rank(object) > 0 && !certificates_done {
-            if let Some(wait) =
-                ensure_certificates::<K>(&store, &cluster, &ncp, &plan, &applied).await?
-            {
+            if let Some(wait) = ensure_certificates::<K>(&store, &cluster, &ncp, &plan, &applied).await? {
                 return Ok(wait);
             }
             certificates_done = true;
         }
         applied.push(ctx.applier.apply(object).await?);
     }
-    if !certificates_done
-        && let Some(wait) =
-            ensure_certificates::<K>(&store, &cluster, &ncp, &plan, &applied).await?
-    {
+    if !certificates_done && let Some(wait) = ensure_certificates::<K>(&store, &cluster, &ncp, &plan, &applied).await? {
         return Ok(wait);
     }
+    // Prune only after every apply of the round succeeded.
+    let stale: Vec<InventoryEntry> = previous.into_iter().filter(|e| !planned.contains(e)).collect();
+    ctx.applier.prune(ns, &stale, &applyset).await?;
+    let planned_kinds = kinds(&planned);
+    update_applyset_parent(
+        ctx,
+        object,
+        ns,
+        &applyset,
+        &contains_group_kinds(planned_kinds.iter().map(String::as_str)),
+    )
+    .await?;
     // report
-    let workloads: Vec<_> = applied
-        .iter()
-        .filter(|o| apply_rank(o) == 2)
-        .map(readiness)
-        .collect();
-    let ready = !workloads.is_empty()
-        && workloads.iter().all(|r| r.ready)
-        && applied.iter().all(|o| readiness(o).ready);
+    let workloads: Vec<_> = applied.iter().filter(|o| apply_rank(o) == 2).map(readiness).collect();
+    let ready =
+        !workloads.is_empty() && workloads.iter().all(|r| r.ready) && applied.iter().all(|o| readiness(o).ready);
     let desired = workloads.iter().map(|r| r.desired).max().unwrap_or(0);
-    let ready_replicas = workloads
-        .iter()
-        .map(|r| r.ready_replicas)
-        .min()
-        .unwrap_or(0);
+    let ready_replicas = workloads.iter().map(|r| r.ready_replicas).min().unwrap_or(0);
     let service = match K::KIND {
         ComponentKind::ApiServer => apiserver::service_output(&cluster, &applied),
         _ => None,
@@ -440,6 +444,76 @@ async fn drive<K: ComponentResource>(
     })
 }
 
+/// Labels and annotates the component resource as the parent of its ApplySet; sends
+/// nothing when it already says so.
+async fn update_applyset_parent<K: ComponentResource>(
+    ctx: &Context,
+    object: &K,
+    ns: &str,
+    id: &str,
+    group_kinds: &str,
+) -> Result<(), ReconcileError> {
+    let tooling = format!("capn/v{}", env!("CARGO_PKG_VERSION"));
+    let has =
+        |map: &std::collections::BTreeMap<String, String>, k: &str, v: &str| map.get(k).map(String::as_str) == Some(v);
+    if has(object.labels(), ID_LABEL, id)
+        && has(object.annotations(), TOOLING_ANNOTATION, &tooling)
+        && has(object.annotations(), CONTAINS_GROUP_KINDS_ANNOTATION, group_kinds)
+    {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "metadata": {
+            "name": object.name_any(),
+            "labels": {ID_LABEL: id},
+            "annotations": {TOOLING_ANNOTATION: tooling, CONTAINS_GROUP_KINDS_ANNOTATION: group_kinds},
+        },
+    });
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    api.patch(
+        &object.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The releases running now: this component's and the sibling the skew rules compare it with.
+async fn running_versions<K: ComponentResource>(
+    ctx: &Context,
+    object: &K,
+    ncp: &NestedControlPlane,
+    ns: &str,
+) -> Result<Running, ReconcileError> {
+    let parse = |s: Option<&ComponentStatus>| {
+        s.and_then(|s| s.version.as_deref())
+            .and_then(|v| semver::Version::parse(v).ok())
+    };
+    let mut running = Running {
+        current: parse(object.component_status()),
+        ..Running::default()
+    };
+    match K::KIND {
+        ComponentKind::ApiServer => {
+            if let Some(name) = NestedControllerManager::reference(ncp) {
+                let api: Api<NestedControllerManager> = Api::namespaced(ctx.client.clone(), ns);
+                running.controller_manager = parse(api.get_opt(name).await?.and_then(|c| c.status).as_ref());
+            }
+        }
+        ComponentKind::ControllerManager => {
+            if let Some(name) = NestedAPIServer::reference(ncp) {
+                let api: Api<NestedAPIServer> = Api::namespaced(ctx.client.clone(), ns);
+                running.apiserver = parse(api.get_opt(name).await?.and_then(|c| c.status).as_ref());
+            }
+        }
+        ComponentKind::Etcd => {}
+    }
+    Ok(running)
+}
+
 async fn ensure_certificates<K: ComponentResource>(
     store: &CertificateStore<'_>,
     cluster: &ClusterSettings,
@@ -449,12 +523,8 @@ async fn ensure_certificates<K: ComponentResource>(
 ) -> Result<Option<Outcome>, ReconcileError> {
     let gate = match K::KIND {
         ComponentKind::Etcd => etcd::ensure_certificates(store, cluster, plan).await?,
-        ComponentKind::ApiServer => {
-            apiserver::ensure_certificates(store, cluster, ncp, applied).await?
-        }
-        ComponentKind::ControllerManager => {
-            controller_manager::ensure_certificates(store, cluster).await?
-        }
+        ComponentKind::ApiServer => apiserver::ensure_certificates(store, cluster, ncp, applied).await?,
+        ComponentKind::ControllerManager => controller_manager::ensure_certificates(store, cluster).await?,
     };
     Ok(match gate {
         Gate::Open(_) => None,

@@ -16,19 +16,18 @@ use super::component::{ComponentResource, Now};
 use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster};
 use super::{Context, ReconcileError, events};
 use crate::api::{
-    ApiEndpoint, CLUSTER_NAME_LABEL, ComponentSummary, ComponentsStatus,
-    ControlPlaneInitialization, NestedAPIServer, NestedControlPlane, NestedControlPlaneStatus,
-    NestedControllerManager, NestedEtcd,
+    ApiEndpoint, CLUSTER_NAME_LABEL, ComponentSummary, ComponentsStatus, ControlPlaneInitialization, NestedAPIServer,
+    NestedControlPlane, NestedControlPlaneStatus, NestedControllerManager, NestedEtcd,
 };
 use crate::apply::FIELD_MANAGER;
 use crate::pki::{
-    CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, SecretNames,
-    admin_leaf, admin_user, apiserver_service_host, not_after, server_url,
+    CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, SecretNames, admin_leaf, admin_user,
+    apiserver_service_host, not_after, server_url,
 };
 use crate::plan::{APISERVER_PORT, ClusterSettings};
 use crate::status::{
-    APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ConditionUpdate,
-    ETCD_READY, PAUSED, READY, is_true, set_condition,
+    APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ConditionUpdate, ETCD_READY, PAUSED,
+    READY, ROLLING_OUT, is_true, set_condition,
 };
 
 /// Runs the NestedControlPlane controller until the stream ends.
@@ -57,11 +56,7 @@ pub async fn run(ctx: Arc<Context>) {
         .await;
 }
 
-fn error_policy(
-    ncp: Arc<NestedControlPlane>,
-    error: &ReconcileError,
-    _ctx: Arc<Context>,
-) -> Action {
+fn error_policy(ncp: Arc<NestedControlPlane>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
     tracing::warn!(name = %ncp.name_any(), reason = error.reason(), error = %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
@@ -71,10 +66,7 @@ fn error_policy(
 /// # Errors
 /// Transient API errors, retried with backoff. A missing CA after initialization is a
 /// condition, not a retry storm.
-pub async fn reconcile(
-    ncp: Arc<NestedControlPlane>,
-    ctx: Arc<Context>,
-) -> Result<Action, ReconcileError> {
+pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     if ncp.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -130,9 +122,7 @@ pub async fn reconcile(
     }
     match result {
         // A missing CA needs a human; look again now and then, without a retry storm.
-        Err(ReconcileError::CertificateAuthorityMissing(_)) => {
-            Ok(Action::requeue(Duration::from_secs(300)))
-        }
+        Err(ReconcileError::CertificateAuthorityMissing(_)) => Ok(Action::requeue(Duration::from_secs(300))),
         other => other,
     }
 }
@@ -155,18 +145,12 @@ async fn drive(
     // 1. CAs and the service-account key: created once; after that a missing one is an
     //    error for a human, never a silent re-mint (design §6).
     let may_create = !status.initialized && !is_true(&status.conditions, CERTIFICATES_AVAILABLE);
-    let ca = store
-        .ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create)
-        .await?;
-    let etcd_ca = store
-        .ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create)
-        .await?;
+    let ca = store.ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create).await?;
+    let etcd_ca = store.ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create).await?;
     let proxy_ca = store
         .ensure_ca(&names.proxy_ca, FRONT_PROXY_CA_COMMON_NAME, may_create)
         .await?;
-    store
-        .ensure_service_account_key(&names.sa, may_create)
-        .await?;
+    store.ensure_service_account_key(&names.sa, may_create).await?;
     set_condition(
         &mut status.conditions,
         ConditionUpdate::new(
@@ -178,17 +162,15 @@ async fn drive(
         generation,
         &now.k8s,
     );
-    let mut expiry: Vec<time::OffsetDateTime> =
-        [ca.cert_pem(), etcd_ca.cert_pem(), proxy_ca.cert_pem()]
-            .into_iter()
-            .filter_map(|pem| not_after(pem).ok())
-            .collect();
+    let mut expiry: Vec<time::OffsetDateTime> = [ca.cert_pem(), etcd_ca.cert_pem(), proxy_ca.cert_pem()]
+        .into_iter()
+        .filter_map(|pem| not_after(pem).ok())
+        .collect();
 
     // 2. The components: created with defaults or adopted.
     let mut refs = serde_json::Map::new();
     let etcd = ensure_component::<NestedEtcd>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
-    let apiserver =
-        ensure_component::<NestedAPIServer>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
+    let apiserver = ensure_component::<NestedAPIServer>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
     let controller_manager =
         ensure_component::<NestedControllerManager>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
 
@@ -313,13 +295,9 @@ async fn drive(
         };
         set_condition(&mut status.conditions, update, generation, &now.k8s);
     }
-    let all_ready = [
-        &components.etcd,
-        &components.apiserver,
-        &components.controller_manager,
-    ]
-    .iter()
-    .all(|c| c.as_ref().is_some_and(|c| c.ready));
+    let all_ready = [&components.etcd, &components.apiserver, &components.controller_manager]
+        .iter()
+        .all(|c| c.as_ref().is_some_and(|c| c.ready));
     let apiserver_ready = components.apiserver.as_ref().is_some_and(|c| c.ready);
     status.ready = all_ready;
     // Initialization is a milestone: once reached it stays (CAPI contract).
@@ -360,6 +338,31 @@ async fn drive(
         )
     };
     set_condition(&mut status.conditions, available, generation, &now.k8s);
+    let rolling: Vec<String> = [
+        etcd.as_ref().and_then(|c| c.status.as_ref()),
+        apiserver.as_ref().and_then(|c| c.status.as_ref()),
+        controller_manager.as_ref().and_then(|c| c.status.as_ref()),
+    ]
+    .into_iter()
+    .flatten()
+    .flat_map(|s| {
+        s.conditions
+            .iter()
+            .filter(|c| c.type_ == ROLLING_OUT && c.status == "True")
+    })
+    .map(|c| c.message.clone())
+    .collect();
+    let rolling_out = if rolling.is_empty() {
+        ConditionUpdate::new(
+            ROLLING_OUT,
+            false,
+            "NotRollingOut",
+            "every component runs its desired release",
+        )
+    } else {
+        ConditionUpdate::new(ROLLING_OUT, true, "RollingOut", rolling.join("; "))
+    };
+    set_condition(&mut status.conditions, rolling_out, generation, &now.k8s);
     status.components = Some(components);
     // Re-check certificates well before any expires.
     Ok(Action::requeue(Duration::from_secs(3600)))
@@ -391,16 +394,12 @@ async fn ensure_component<K: ComponentResource>(
             let component = match existing {
                 Some(c) => c,
                 None => {
-                    let mut fresh =
-                        K::with_defaults(&format!("{}-{}", ncp.name_any(), K::KIND.as_str()));
+                    let mut fresh = K::with_defaults(&format!("{}-{}", ncp.name_any(), K::KIND.as_str()));
                     fresh.meta_mut().owner_references = Some(vec![owner.clone()]);
-                    fresh.meta_mut().labels =
-                        Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into());
+                    fresh.meta_mut().labels = Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into());
                     match api.create(&PostParams::default(), &fresh).await {
                         Ok(c) => c,
-                        Err(kube::Error::Api(s)) if s.code == 409 => {
-                            api.get(&fresh.name_any()).await?
-                        }
+                        Err(kube::Error::Api(s)) if s.code == 409 => api.get(&fresh.name_any()).await?,
                         Err(e) => return Err(e.into()),
                     }
                 }
@@ -418,10 +417,7 @@ async fn ensure_component<K: ComponentResource>(
     // Adopt: like a ReplicaSet re-associating with its Deployment, unless another
     // controller owns it.
     if !component.owner_references().iter().any(|o| o.uid == uid)
-        && !component
-            .owner_references()
-            .iter()
-            .any(|o| o.controller == Some(true))
+        && !component.owner_references().iter().any(|o| o.controller == Some(true))
     {
         let mut owners = component.owner_references().to_vec();
         owners.push(owner);
@@ -430,11 +426,7 @@ async fn ensure_component<K: ComponentResource>(
             "resourceVersion": component.resource_version(),
         }});
         let adopted = api
-            .patch(
-                &component.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .patch(&component.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         tracing::info!(kind = K::KIND.resource_kind(), name = %adopted.name_any(), "adopted component");
         return Ok(Some(adopted));

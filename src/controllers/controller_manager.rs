@@ -8,11 +8,9 @@ use super::certificates::{CertificateStore, waiting_for_ca};
 use super::component::Gate;
 use super::{Context, ReconcileError};
 use crate::api::{NestedAPIServer, NestedControlPlane};
-use crate::pki::{
-    CONTROLLER_MANAGER_USER, SecretNames, apiserver_service_host, controller_manager_leaf,
-    server_url,
-};
-use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream};
+use crate::component::ComponentKind;
+use crate::pki::{CONTROLLER_MANAGER_USER, SecretNames, apiserver_service_host, controller_manager_leaf, server_url};
+use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream, resolve};
 
 /// Open when the control plane's NestedAPIServer is ready (design §5 order).
 ///
@@ -21,6 +19,7 @@ use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream};
 pub async fn gate(
     ctx: &Context,
     ncp: &NestedControlPlane,
+    cluster: &ClusterSettings,
     ns: &str,
 ) -> Result<Gate, ReconcileError> {
     let wait = |message: String| Gate::Wait {
@@ -28,17 +27,33 @@ pub async fn gate(
         message,
     };
     let Some(name) = ncp.spec.apiserver.as_ref().map(|r| r.name.clone()) else {
-        return Ok(wait(
-            "the NestedControlPlane has no NestedAPIServer yet".into(),
-        ));
+        return Ok(wait("the NestedControlPlane has no NestedAPIServer yet".into()));
     };
     let api: Api<NestedAPIServer> = Api::namespaced(ctx.client.clone(), ns);
-    match api.get_opt(&name).await? {
-        Some(a) if a.status.as_ref().is_some_and(|s| s.ready) => {
+    let Some(apiserver) = api.get_opt(&name).await? else {
+        return Ok(wait(format!("NestedAPIServer {name} does not exist")));
+    };
+    // During an upgrade the controller-manager follows only once the apiserver is ready on
+    // its new release (it may never be newer than the apiserver).
+    let desired = resolve(
+        &ctx.channels,
+        cluster,
+        ComponentKind::ApiServer,
+        &apiserver.spec.component,
+    )
+    .ok()
+    .map(|r| r.version.to_string());
+    let generation = apiserver.metadata.generation;
+    match apiserver.status {
+        Some(s) if s.ready && s.observed_generation == generation && s.version == desired => {
             Ok(Gate::Open(Upstream::default()))
         }
-        Some(_) => Ok(wait(format!("NestedAPIServer {name} is not ready"))),
-        None => Ok(wait(format!("NestedAPIServer {name} does not exist"))),
+        Some(s) if s.ready => Ok(wait(format!(
+            "NestedAPIServer {name} runs {} and is moving to {}",
+            s.version.unwrap_or_default(),
+            desired.unwrap_or_default()
+        ))),
+        _ => Ok(wait(format!("NestedAPIServer {name} is not ready"))),
     }
 }
 

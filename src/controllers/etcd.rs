@@ -22,14 +22,7 @@ pub async fn ensure_certificates(
         return Ok(waiting_for_ca(&names.etcd_ca));
     };
     let replicas = u32::try_from(plan.replicas).unwrap_or(1);
-    let leaf = etcd_server_leaf(
-        &cluster.name,
-        &cluster.namespace,
-        &cluster.super_dns_domain,
-        replicas,
-    );
-    store
-        .ensure_leaf(&names.etcd_server, &etcd_ca, &leaf)
-        .await?;
+    let leaf = etcd_server_leaf(&cluster.name, &cluster.namespace, &cluster.super_dns_domain, replicas);
+    store.ensure_leaf(&names.etcd_server, &etcd_ca, &leaf).await?;
     Ok(Gate::Open(Upstream::default()))
 }

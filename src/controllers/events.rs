@@ -8,22 +8,12 @@ use super::Context;
 
 /// Publishes one Event on `object`. Failures are logged, never fatal: an Event is a
 /// courtesy, the status is the record.
-pub(crate) async fn publish<K>(
-    ctx: &Context,
-    object: &K,
-    warning: bool,
-    reason: &str,
-    note: String,
-    action: &str,
-) where
+pub(crate) async fn publish<K>(ctx: &Context, object: &K, warning: bool, reason: &str, note: String, action: &str)
+where
     K: Resource<DynamicType = ()>,
 {
     let event = Event {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
+        type_: if warning { EventType::Warning } else { EventType::Normal },
         reason: reason.to_string(),
         note: Some(note),
         action: action.to_string(),
@@ -36,12 +26,8 @@ pub(crate) async fn publish<K>(
 
 /// Publishes an Event for every condition whose status or reason changed between `old`
 /// and `new` (Normal when it became True, Warning when a failure reason appeared).
-pub(crate) async fn publish_condition_changes<K>(
-    ctx: &Context,
-    object: &K,
-    old: &[Condition],
-    new: &[Condition],
-) where
+pub(crate) async fn publish_condition_changes<K>(ctx: &Context, object: &K, old: &[Condition], new: &[Condition])
+where
     K: Resource<DynamicType = ()>,
 {
     for c in new {
@@ -49,8 +35,7 @@ pub(crate) async fn publish_condition_changes<K>(
         if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
             continue;
         }
-        let warning =
-            c.status != "True" && !c.reason.starts_with("Waiting") && c.reason != "Provisioning";
+        let warning = c.status != "True" && !c.reason.starts_with("Waiting") && c.reason != "Provisioning";
         let note = format!("{} is {}: {}", c.type_, c.status, c.message);
         publish(ctx, object, warning, &c.reason, note, "Reconcile").await;
     }

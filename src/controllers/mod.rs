@@ -107,19 +107,15 @@ pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Setti
         tasks.push(tokio::spawn(control_plane::run(ctx.clone())));
     }
     if enabled.etcd {
-        tasks.push(tokio::spawn(component::run::<crate::api::NestedEtcd>(
-            ctx.clone(),
-        )));
+        tasks.push(tokio::spawn(component::run::<crate::api::NestedEtcd>(ctx.clone())));
     }
     if enabled.apiserver {
-        tasks.push(tokio::spawn(component::run::<crate::api::NestedAPIServer>(
-            ctx.clone(),
-        )));
+        tasks.push(tokio::spawn(component::run::<crate::api::NestedAPIServer>(ctx.clone())));
     }
     if enabled.controller_manager {
-        tasks.push(tokio::spawn(component::run::<
-            crate::api::NestedControllerManager,
-        >(ctx.clone())));
+        tasks.push(tokio::spawn(component::run::<crate::api::NestedControllerManager>(
+            ctx.clone(),
+        )));
     }
     if enabled.cluster {
         tasks.push(tokio::spawn(cluster::run(ctx.clone())));

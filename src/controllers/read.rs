@@ -8,9 +8,7 @@ use kube::{Resource, ResourceExt};
 
 use super::{Context, ReconcileError};
 use crate::api::{CONTROL_PLANE_GROUP, NestedControlPlane};
-use crate::plan::{
-    ClusterSettings, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR,
-};
+use crate::plan::{ClusterSettings, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR};
 
 /// API group of Cluster API's core types.
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
@@ -46,9 +44,11 @@ pub async fn owning_control_plane<K: Resource>(
     object: &K,
     namespace: &str,
 ) -> Result<Option<NestedControlPlane>, ReconcileError> {
-    let Some(owner) = object.owner_references().iter().find(|o| {
-        o.kind == "NestedControlPlane" && group_of(&o.api_version) == CONTROL_PLANE_GROUP
-    }) else {
+    let Some(owner) = object
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "NestedControlPlane" && group_of(&o.api_version) == CONTROL_PLANE_GROUP)
+    else {
         return Ok(None);
     };
     let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), namespace);
@@ -60,8 +60,7 @@ pub async fn owning_control_plane<K: Resource>(
 /// it, or `spec.paused` on its CAPI Cluster (CAPI contract).
 pub fn is_paused(ncp: &NestedControlPlane, cluster: Option<&DynamicObject>) -> bool {
     ncp.annotations().contains_key(PAUSED_ANNOTATION)
-        || cluster
-            .is_some_and(|c| c.data.pointer("/spec/paused").and_then(|p| p.as_bool()) == Some(true))
+        || cluster.is_some_and(|c| c.data.pointer("/spec/paused").and_then(|p| p.as_bool()) == Some(true))
 }
 
 /// Reads the CAPI Cluster that owns `ncp`, when one does. A Cluster that cannot be found
@@ -69,18 +68,11 @@ pub fn is_paused(ncp: &NestedControlPlane, cluster: Option<&DynamicObject>) -> b
 ///
 /// # Errors
 /// Transient API errors other than NotFound.
-pub async fn owning_cluster(
-    ctx: &Context,
-    ncp: &NestedControlPlane,
-) -> Result<Option<DynamicObject>, ReconcileError> {
+pub async fn owning_cluster(ctx: &Context, ncp: &NestedControlPlane) -> Result<Option<DynamicObject>, ReconcileError> {
     let Some(owner) = capi_cluster_owner(ncp) else {
         return Ok(None);
     };
-    let version = owner
-        .api_version
-        .split_once('/')
-        .map(|(_, v)| v)
-        .unwrap_or("v1beta2");
+    let version = owner.api_version.split_once('/').map(|(_, v)| v).unwrap_or("v1beta2");
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(CAPI_GROUP, version, "Cluster"));
     let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
@@ -154,24 +146,15 @@ mod tests {
     fn cluster_name_is_the_capi_cluster_or_the_control_plane() {
         assert_eq!(cluster_name(&ncp_with_owner(None)), "cp");
         assert_eq!(
-            cluster_name(&ncp_with_owner(Some((
-                "cluster.x-k8s.io/v1beta2",
-                "Cluster"
-            )))),
+            cluster_name(&ncp_with_owner(Some(("cluster.x-k8s.io/v1beta2", "Cluster")))),
             "capi-cluster"
         );
         assert_eq!(
-            cluster_name(&ncp_with_owner(Some((
-                "cluster.x-k8s.io/v1beta1",
-                "Cluster"
-            )))),
+            cluster_name(&ncp_with_owner(Some(("cluster.x-k8s.io/v1beta1", "Cluster")))),
             "capi-cluster"
         );
         // Another group's "Cluster" is not Cluster API's.
-        assert_eq!(
-            cluster_name(&ncp_with_owner(Some(("example.com/v1", "Cluster")))),
-            "cp"
-        );
+        assert_eq!(cluster_name(&ncp_with_owner(Some(("example.com/v1", "Cluster")))), "cp");
     }
 
     #[test]

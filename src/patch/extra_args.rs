@@ -31,10 +31,7 @@ use super::PatchError;
 /// [`PatchError::InvalidExtraArg`] when a key is empty, starts with `-` (keys are flag names
 /// without dashes: `v`, not `--v`), or contains `=` or whitespace; or when a workload's main
 /// container has a `command` or `args` that is not a list.
-pub fn apply_extra_args(
-    objects: &mut [Value],
-    extra_args: &BTreeMap<String, String>,
-) -> Result<(), PatchError> {
+pub fn apply_extra_args(objects: &mut [Value], extra_args: &BTreeMap<String, String>) -> Result<(), PatchError> {
     for flag in extra_args.keys() {
         validate_flag(flag)?;
     }
@@ -44,9 +41,7 @@ pub fn apply_extra_args(
     let mut work = objects.to_vec();
     for object in &mut work {
         let label = super::describe(object);
-        if let Some(Value::Object(container)) =
-            object.pointer_mut("/spec/template/spec/containers/0")
-        {
+        if let Some(Value::Object(container)) = object.pointer_mut("/spec/template/spec/containers/0") {
             override_flags(container, extra_args, &label)?;
         }
     }
@@ -84,9 +79,7 @@ fn override_flags(
 ) -> Result<(), PatchError> {
     let not_a_list = |flag: &str, field: &str| PatchError::InvalidExtraArg {
         flag: flag.to_string(),
-        message: format!(
-            "{label}: the main container's {field} is not a list of arguments, so flags cannot be set"
-        ),
+        message: format!("{label}: the main container's {field} is not a list of arguments, so flags cannot be set"),
     };
     for (flag, value) in extra_args {
         let mut found = false;

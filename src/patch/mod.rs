@@ -293,9 +293,7 @@ fn parse(patch: &Value) -> Result<(Target<'_>, Form<'_>), String> {
             }
             return Ok((target, Form::Merge(merge)));
         }
-        return Err(format!(
-            "has a target but neither jsonPatch nor mergePatch; {FORMS}"
-        ));
+        return Err(format!("has a target but neither jsonPatch nor mergePatch; {FORMS}"));
     }
     if has_json || has_merge {
         let key = if has_json { "jsonPatch" } else { "mergePatch" };
@@ -330,10 +328,7 @@ fn parse(patch: &Value) -> Result<(Target<'_>, Form<'_>), String> {
 fn parse_target(target: &Value) -> Result<Target<'_>, String> {
     const SHAPE: &str = "target is {kind, name} with optional apiVersion and namespace";
     let Value::Object(map) = target else {
-        return Err(format!(
-            "target is {}, not an object; {SHAPE}",
-            type_name(target)
-        ));
+        return Err(format!("target is {}, not an object; {SHAPE}", type_name(target)));
     };
     if let Some(key) = map
         .keys()
@@ -374,9 +369,9 @@ fn find_target(objects: &[Value], index: usize, target: &Target<'_>) -> Result<u
         .filter(|(_, o)| {
             str_at(o, "/kind") == Some(target.kind)
                 && str_at(o, "/metadata/name") == Some(target.name)
-                && target.api_version.is_none_or(|want| {
-                    str_at(o, "/apiVersion").is_some_and(|have| group(have) == group(want))
-                })
+                && target
+                    .api_version
+                    .is_none_or(|want| str_at(o, "/apiVersion").is_some_and(|have| group(have) == group(want)))
         })
         .map(|(i, _)| i)
         .collect();

@@ -95,10 +95,7 @@ fn join(path: &str, key: &str) -> String {
 
 /// Rejects the strategic merge directives this implementation does not support.
 fn check_key(key: &str, path: &str) -> Result<(), String> {
-    if key == "$retainKeys"
-        || key.starts_with("$setElementOrder/")
-        || key.starts_with("$deleteFromPrimitiveList/")
-    {
+    if key == "$retainKeys" || key.starts_with("$setElementOrder/") || key.starts_with("$deleteFromPrimitiveList/") {
         return Err(format!(
             "{}: the strategic merge directive {key} is not supported; only `$patch: delete|replace|merge` is (use a jsonPatch for finer list edits)",
             if path.is_empty() { "the patch" } else { path }
@@ -136,11 +133,7 @@ fn fresh_value(value: &Value, path: &str) -> Result<Value, String> {
     })
 }
 
-fn merge_map(
-    object: &mut Map<String, Value>,
-    patch: &Map<String, Value>,
-    path: &str,
-) -> Result<(), String> {
+fn merge_map(object: &mut Map<String, Value>, patch: &Map<String, Value>, path: &str) -> Result<(), String> {
     for (key, value) in patch {
         if key == PATCH {
             continue;
@@ -186,34 +179,22 @@ fn is_replace_marker(element: &Value) -> bool {
 /// replaced as a whole.
 fn merge_key(field: &str, original: &[Value], patch: &[&Value]) -> Option<&'static str> {
     match field {
-        "containers"
-        | "initContainers"
-        | "ephemeralContainers"
-        | "volumes"
-        | "env"
-        | "imagePullSecrets" => Some("name"),
+        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets" => {
+            Some("name")
+        }
         "volumeMounts" => Some("mountPath"),
         "ports" => {
             let container_ports = original
                 .iter()
                 .chain(patch.iter().copied())
                 .any(|e| e.get("containerPort").is_some());
-            Some(if container_ports {
-                "containerPort"
-            } else {
-                "port"
-            })
+            Some(if container_ports { "containerPort" } else { "port" })
         }
         _ => None,
     }
 }
 
-fn merge_list(
-    field: &str,
-    original: Option<&Value>,
-    patch: &[Value],
-    path: &str,
-) -> Result<Vec<Value>, String> {
+fn merge_list(field: &str, original: Option<&Value>, patch: &[Value], path: &str) -> Result<Vec<Value>, String> {
     let original: &[Value] = match original {
         Some(Value::Array(items)) => items,
         _ => &[],

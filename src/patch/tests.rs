@@ -94,9 +94,7 @@ fn strategic_merge_table() {
     let cases = vec![
         Case {
             name: "merge an existing container by name",
-            patch: pod_patch(
-                json!({"containers": [{"name": "kube-apiserver", "image": "my/apiserver:1"}]}),
-            ),
+            patch: pod_patch(json!({"containers": [{"name": "kube-apiserver", "image": "my/apiserver:1"}]})),
             expect: vec![
                 (c0("/image"), Some(json!("my/apiserver:1"))),
                 (c0("/command"), Some(json!(["kube-apiserver"]))),
@@ -148,10 +146,7 @@ fn strategic_merge_table() {
             patch: pod_patch(
                 json!({"containers": [{"name": "kube-apiserver", "env": [{"name": "LOG", "$patch": "delete"}]}]}),
             ),
-            expect: vec![
-                (c0("/env/0/name"), Some(json!("POD_IP"))),
-                (c0("/env/1"), None),
-            ],
+            expect: vec![(c0("/env/0/name"), Some(json!("POD_IP"))), (c0("/env/1"), None)],
         },
         Case {
             name: "containers: $patch: delete removes a container",
@@ -163,9 +158,7 @@ fn strategic_merge_table() {
         },
         Case {
             name: "volumes: merge by name keeps the other fields",
-            patch: pod_patch(
-                json!({"volumes": [{"name": "ca", "secret": {"secretName": "my-ca"}}]}),
-            ),
+            patch: pod_patch(json!({"volumes": [{"name": "ca", "secret": {"secretName": "my-ca"}}]})),
             expect: vec![
                 (
                     at("/0/spec/template/spec/volumes/0/secret"),
@@ -182,10 +175,7 @@ fn strategic_merge_table() {
             name: "volumes: add one by name",
             patch: pod_patch(json!({"volumes": [{"name": "audit", "emptyDir": {}}]})),
             expect: vec![
-                (
-                    at("/0/spec/template/spec/volumes/1/name"),
-                    Some(json!("sa")),
-                ),
+                (at("/0/spec/template/spec/volumes/1/name"), Some(json!("sa"))),
                 (
                     at("/0/spec/template/spec/volumes/2"),
                     Some(json!({"name": "audit", "emptyDir": {}})),
@@ -194,29 +184,23 @@ fn strategic_merge_table() {
         },
         Case {
             name: "volumeMounts: merge by mountPath (the name may change)",
-            patch: pod_patch(
-                json!({"containers": [{"name": "kube-apiserver", "volumeMounts": [
-                    {"mountPath": "/etc/kubernetes/pki/sa", "name": "sa2", "readOnly": false}
-                ]}]}),
-            ),
+            patch: pod_patch(json!({"containers": [{"name": "kube-apiserver", "volumeMounts": [
+                {"mountPath": "/etc/kubernetes/pki/sa", "name": "sa2", "readOnly": false}
+            ]}]})),
             expect: vec![
                 (c0("/volumeMounts/0/name"), Some(json!("ca"))),
                 (
                     c0("/volumeMounts/1"),
-                    Some(
-                        json!({"name": "sa2", "mountPath": "/etc/kubernetes/pki/sa", "readOnly": false}),
-                    ),
+                    Some(json!({"name": "sa2", "mountPath": "/etc/kubernetes/pki/sa", "readOnly": false})),
                 ),
                 (c0("/volumeMounts/2"), None),
             ],
         },
         Case {
             name: "volumeMounts: add one by mountPath",
-            patch: pod_patch(
-                json!({"containers": [{"name": "kube-apiserver", "volumeMounts": [
-                    {"mountPath": "/var/log/audit", "name": "audit"}
-                ]}]}),
-            ),
+            patch: pod_patch(json!({"containers": [{"name": "kube-apiserver", "volumeMounts": [
+                {"mountPath": "/var/log/audit", "name": "audit"}
+            ]}]})),
             expect: vec![
                 (c0("/volumeMounts/1/name"), Some(json!("sa"))),
                 (
@@ -245,10 +229,7 @@ fn strategic_merge_table() {
             ),
             expect: vec![
                 (c0("/ports/0/name"), Some(json!("https"))),
-                (
-                    c0("/ports/1"),
-                    Some(json!({"containerPort": 8080, "name": "metrics"})),
-                ),
+                (c0("/ports/1"), Some(json!({"containerPort": 8080, "name": "metrics"}))),
             ],
         },
         Case {
@@ -270,16 +251,12 @@ fn strategic_merge_table() {
         },
         Case {
             name: "args patch replaces the whole list",
-            patch: pod_patch(
-                json!({"containers": [{"name": "kube-apiserver", "args": ["--v=5"]}]}),
-            ),
+            patch: pod_patch(json!({"containers": [{"name": "kube-apiserver", "args": ["--v=5"]}]})),
             expect: vec![(c0("/args"), Some(json!(["--v=5"])))],
         },
         Case {
             name: "command patch replaces the whole list",
-            patch: pod_patch(
-                json!({"containers": [{"name": "kube-apiserver", "command": ["/bin/sh", "-c"]}]}),
-            ),
+            patch: pod_patch(json!({"containers": [{"name": "kube-apiserver", "command": ["/bin/sh", "-c"]}]})),
             expect: vec![(c0("/command"), Some(json!(["/bin/sh", "-c"])))],
         },
         Case {
@@ -318,15 +295,10 @@ fn strategic_merge_table() {
         },
         Case {
             name: "a scalar and a new map field are set, $patch: merge is the default",
-            patch: sts_patch(
-                json!({"replicas": 3, "updateStrategy": {"$patch": "merge", "type": "OnDelete"}}),
-            ),
+            patch: sts_patch(json!({"replicas": 3, "updateStrategy": {"$patch": "merge", "type": "OnDelete"}})),
             expect: vec![
                 (at("/0/spec/replicas"), Some(json!(3))),
-                (
-                    at("/0/spec/updateStrategy"),
-                    Some(json!({"type": "OnDelete"})),
-                ),
+                (at("/0/spec/updateStrategy"), Some(json!({"type": "OnDelete"}))),
             ],
         },
         Case {
@@ -343,8 +315,7 @@ fn strategic_merge_table() {
     ];
     for case in cases {
         let mut objects = rendered();
-        apply_patches(&mut objects, std::slice::from_ref(&case.patch))
-            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        apply_patches(&mut objects, std::slice::from_ref(&case.patch)).unwrap_or_else(|e| panic!("{}: {e}", case.name));
         for (pointer, expected) in &case.expect {
             assert_eq!(
                 objects.pointer(pointer).cloned(),
@@ -444,10 +415,7 @@ fn json_patch_failed_test_operation_is_an_error_and_undoes_earlier_operations() 
         ]),
     );
     let err = apply_patches(&mut objects, &[patch]).unwrap_err();
-    assert!(
-        matches!(err, PatchError::JsonPatch { index: 0, .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, PatchError::JsonPatch { index: 0, .. }), "{err:?}");
     assert_eq!(objects, before);
 }
 
@@ -461,10 +429,7 @@ fn merge_patch_null_removes_a_field_and_lists_are_replaced() {
     );
     apply_patches(&mut objects, &[patch]).unwrap();
     assert_eq!(objects.pointer("/0/spec/podManagementPolicy"), None);
-    assert_eq!(
-        objects.pointer("/0/spec/serviceName"),
-        Some(&json!("c1-apiserver"))
-    );
+    assert_eq!(objects.pointer("/0/spec/serviceName"), Some(&json!("c1-apiserver")));
     assert_eq!(
         objects.pointer("/0/spec/template/spec/volumes"),
         Some(&json!([{"name": "only", "emptyDir": {}}]))
@@ -480,11 +445,7 @@ fn target_with_matching_api_version_group_is_patched() {
             "mergePatch": {"spec": {"replicas": 3}}
         });
         apply_patches(&mut objects, &[patch]).unwrap();
-        assert_eq!(
-            objects.pointer("/0/spec/replicas"),
-            Some(&json!(3)),
-            "{api_version}"
-        );
+        assert_eq!(objects.pointer("/0/spec/replicas"), Some(&json!(3)), "{api_version}");
     }
 }
 
@@ -566,11 +527,7 @@ fn changing_identity_is_an_error() {
         ),
         (
             "merge patch removing the namespace (cluster-scoped)",
-            targeted(
-                "StatefulSet",
-                "mergePatch",
-                json!({"metadata": {"namespace": null}}),
-            ),
+            targeted("StatefulSet", "mergePatch", json!({"metadata": {"namespace": null}})),
             "metadata.namespace",
         ),
         (
@@ -607,11 +564,7 @@ fn changing_identity_is_an_error() {
         ),
         (
             "merge patch renaming",
-            targeted(
-                "Service",
-                "mergePatch",
-                json!({"metadata": {"name": "other"}}),
-            ),
+            targeted("Service", "mergePatch", json!({"metadata": {"name": "other"}})),
             "metadata.name",
         ),
         (
@@ -645,10 +598,7 @@ fn changing_identity_is_an_error() {
             "{name}: {err:?}"
         );
         assert_eq!(err.reason(), "PatchChangesIdentity", "{name}");
-        assert!(
-            err.to_string().starts_with("patch 1: changes "),
-            "{name}: {err}"
-        );
+        assert!(err.to_string().starts_with("patch 1: changes "), "{name}: {err}");
         assert_eq!(objects, before, "{name}");
     }
 }
@@ -778,12 +728,10 @@ fn ambiguous_target_without_api_version_is_rejected() {
         "apiVersion": "example.com/v1", "kind": "StatefulSet",
         "metadata": {"name": "c1-apiserver", "namespace": NS}
     }));
-    let patch = json!({"target": {"kind": "StatefulSet", "name": "c1-apiserver"}, "mergePatch": {"spec": {"replicas": 2}}});
+    let patch =
+        json!({"target": {"kind": "StatefulSet", "name": "c1-apiserver"}, "mergePatch": {"spec": {"replicas": 2}}});
     let err = apply_patches(&mut objects, std::slice::from_ref(&patch)).unwrap_err();
-    assert!(
-        matches!(err, PatchError::InvalidPatch { index: 0, .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, PatchError::InvalidPatch { index: 0, .. }), "{err:?}");
     assert!(err.to_string().contains("give target.apiVersion"), "{err}");
 
     let chosen = json!({"target": {"kind": "StatefulSet", "name": "c1-apiserver", "apiVersion": "example.com/v1"}, "mergePatch": {"spec": {"replicas": 2}}});
@@ -816,18 +764,13 @@ fn all_or_nothing_a_failing_patch_undoes_the_earlier_ones() {
     let before = objects.clone();
     let patches = [
         sts_patch(json!({"replicas": 3})),
-        targeted(
-            "Service",
-            "mergePatch",
-            json!({"spec": {"type": "NodePort"}}),
-        ),
+        targeted("Service", "mergePatch", json!({"spec": {"type": "NodePort"}})),
         json!({"target": {"kind": "ConfigMap", "name": "missing"}, "mergePatch": {}}),
     ];
     let err = apply_patches(&mut objects, &patches).unwrap_err();
     assert_eq!(err.index(), Some(2));
     assert!(
-        err.to_string()
-            .starts_with("patch 2: target ConfigMap/missing "),
+        err.to_string().starts_with("patch 2: target ConfigMap/missing "),
         "{err}"
     );
     assert_eq!(objects, before);
@@ -920,10 +863,7 @@ fn workload(kind: &str, command: Value, args: Option<Value>) -> Value {
 }
 
 fn extra(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 #[test]
@@ -957,17 +897,9 @@ fn extra_args_table() {
             name: "appends new flags to args in sorted key order",
             command: json!(["kcm"]),
             args: Some(json!(["--v=2"])),
-            extra: extra(&[
-                ("v", "4"),
-                ("zeta", "z"),
-                ("controllers", "*,-tokencleaner"),
-            ]),
+            extra: extra(&[("v", "4"), ("zeta", "z"), ("controllers", "*,-tokencleaner")]),
             command_after: json!(["kcm"]),
-            args_after: Some(json!([
-                "--v=4",
-                "--controllers=*,-tokencleaner",
-                "--zeta=z"
-            ])),
+            args_after: Some(json!(["--v=4", "--controllers=*,-tokencleaner", "--zeta=z"])),
         },
         Case {
             name: "key foo does not touch --foo-bar",
@@ -1049,16 +981,10 @@ fn extra_args_table() {
                 json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "w", "namespace": NS}, "spec": {"ports": [{"port": 1}]}}),
             ];
             let service = objects[1].clone();
-            apply_extra_args(&mut objects, &case.extra)
-                .unwrap_or_else(|e| panic!("{kind} {}: {e}", case.name));
+            apply_extra_args(&mut objects, &case.extra).unwrap_or_else(|e| panic!("{kind} {}: {e}", case.name));
             let main = &objects[0]["spec"]["template"]["spec"]["containers"][0];
             assert_eq!(main["command"], case.command_after, "{kind} {}", case.name);
-            assert_eq!(
-                main.get("args"),
-                case.args_after.as_ref(),
-                "{kind} {}",
-                case.name
-            );
+            assert_eq!(main.get("args"), case.args_after.as_ref(), "{kind} {}", case.name);
             let sidecar = &objects[0]["spec"]["template"]["spec"]["containers"][1];
             assert_eq!(
                 sidecar["args"],
@@ -1083,10 +1009,7 @@ fn extra_args_apply_to_the_rendered_apiserver() {
         objects.pointer(&format!("{C0}/command")),
         Some(&json!(["kube-apiserver"]))
     );
-    assert_eq!(
-        objects.pointer("/0/spec/template/spec/containers/1/args"),
-        None
-    );
+    assert_eq!(objects.pointer("/0/spec/template/spec/containers/1/args"), None);
     assert_eq!(objects[1], rendered()[1]);
 }
 

@@ -5,8 +5,8 @@ use std::fmt;
 use std::net::IpAddr;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
 };
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
@@ -16,9 +16,7 @@ use x509_parser::prelude::FromDer;
 use x509_parser::x509::SubjectPublicKeyInfo;
 
 use super::keys::{generate_key, key_matches_spki, parse_private_key_pem, random_serial};
-use super::{
-    CA_VALIDITY, KeyAlgorithm, KeyPairPem, LEAF_VALIDITY, LeafSpec, NOT_BEFORE_BACKDATE, PkiError,
-};
+use super::{CA_VALIDITY, KeyAlgorithm, KeyPairPem, LEAF_VALIDITY, LeafSpec, NOT_BEFORE_BACKDATE, PkiError};
 
 /// A certificate authority able to sign leaf certificates: the CA certificate, its private key
 /// and both as PEM.
@@ -57,11 +55,7 @@ impl CertificateAuthority {
     ///
     /// Errors: [`PkiError::Generate`] when key generation or signing fails (for example a
     /// common name rcgen cannot encode).
-    pub fn generate(
-        common_name: &str,
-        now: OffsetDateTime,
-        alg: KeyAlgorithm,
-    ) -> Result<Self, PkiError> {
+    pub fn generate(common_name: &str, now: OffsetDateTime, alg: KeyAlgorithm) -> Result<Self, PkiError> {
         let key = generate_key(alg)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = distinguished_name(common_name, None);
@@ -102,8 +96,7 @@ impl CertificateAuthority {
     /// [`PkiError::KeyMismatch`] when the key is not the certificate's.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, PkiError> {
         let cert_der = first_certificate_der(cert_pem, "CA certificate")?;
-        let cert =
-            parse_der_cert(&cert_der).map_err(|e| PkiError::invalid_pem("CA certificate", e))?;
+        let cert = parse_der_cert(&cert_der).map_err(|e| PkiError::invalid_pem("CA certificate", e))?;
         let is_ca = cert
             .basic_constraints()
             .map_err(|e| PkiError::invalid_pem("CA certificate", e))?
@@ -159,16 +152,10 @@ impl CertificateAuthority {
     ///
     /// Errors: [`PkiError::Generate`] when key generation or signing fails, for example a DNS
     /// name that is not ASCII.
-    pub fn issue(
-        &self,
-        leaf: &LeafSpec,
-        now: OffsetDateTime,
-        alg: KeyAlgorithm,
-    ) -> Result<KeyPairPem, PkiError> {
+    pub fn issue(&self, leaf: &LeafSpec, now: OffsetDateTime, alg: KeyAlgorithm) -> Result<KeyPairPem, PkiError> {
         let key = generate_key(alg)?;
         let mut params = CertificateParams::default();
-        params.distinguished_name =
-            distinguished_name(&leaf.common_name, leaf.organization.as_deref());
+        params.distinguished_name = distinguished_name(&leaf.common_name, leaf.organization.as_deref());
         params.is_ca = IsCa::ExplicitNoCa;
         params.use_authority_key_identifier_extension = true;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -176,20 +163,17 @@ impl CertificateAuthority {
             params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
         }
         if leaf.server {
-            params
-                .extended_key_usages
-                .push(ExtendedKeyUsagePurpose::ServerAuth);
+            params.extended_key_usages.push(ExtendedKeyUsagePurpose::ServerAuth);
         }
         if leaf.client {
-            params
-                .extended_key_usages
-                .push(ExtendedKeyUsagePurpose::ClientAuth);
+            params.extended_key_usages.push(ExtendedKeyUsagePurpose::ClientAuth);
         }
         let mut sans = Vec::with_capacity(leaf.dns_names.len() + leaf.ip_addresses.len());
         for name in &leaf.dns_names {
-            let ia5 = name.clone().try_into().map_err(|e| {
-                PkiError::Generate(format!("DNS name {name:?} of {:?}: {e}", leaf.common_name))
-            })?;
+            let ia5 = name
+                .clone()
+                .try_into()
+                .map_err(|e| PkiError::Generate(format!("DNS name {name:?} of {:?}: {e}", leaf.common_name)))?;
             sans.push(SanType::DnsName(ia5));
         }
         sans.extend(leaf.ip_addresses.iter().map(|ip| SanType::IpAddress(*ip)));
@@ -212,8 +196,7 @@ impl CertificateAuthority {
         let Ok(ca) = parse_der_cert(&self.cert_der) else {
             return false;
         };
-        cert.issuer().as_raw() == ca.subject().as_raw()
-            && cert.verify_signature(Some(ca.public_key())).is_ok()
+        cert.issuer().as_raw() == ca.subject().as_raw() && cert.verify_signature(Some(ca.public_key())).is_ok()
     }
 }
 
@@ -226,12 +209,7 @@ impl CertificateAuthority {
 ///   DNS letter case ignored).
 ///
 /// Otherwise false. The key algorithm is not compared: a key of another algorithm stays valid.
-pub fn needs_reissue(
-    existing: &KeyPairPem,
-    ca: &CertificateAuthority,
-    wanted: &LeafSpec,
-    now: OffsetDateTime,
-) -> bool {
+pub fn needs_reissue(existing: &KeyPairPem, ca: &CertificateAuthority, wanted: &LeafSpec, now: OffsetDateTime) -> bool {
     let Ok(der) = first_certificate_der(&existing.cert_pem, "certificate") else {
         return true;
     };
@@ -301,11 +279,7 @@ fn subject_and_usages_match(cert: &X509Certificate<'_>, wanted: &LeafSpec) -> bo
         Ok(None) => {}
         Err(_) => return false,
     }
-    let wanted_dns: BTreeSet<String> = wanted
-        .dns_names
-        .iter()
-        .map(|n| n.to_ascii_lowercase())
-        .collect();
+    let wanted_dns: BTreeSet<String> = wanted.dns_names.iter().map(|n| n.to_ascii_lowercase()).collect();
     let wanted_ips: BTreeSet<IpAddr> = wanted.ip_addresses.iter().copied().collect();
     dns == wanted_dns && ips == wanted_ips
 }
@@ -376,9 +350,8 @@ pub fn verify_service_account_key_pair(pair: &KeyPairPem) -> Result<(), PkiError
             break;
         }
     }
-    let spki_der = spki_der.ok_or_else(|| {
-        PkiError::invalid_pem("service-account public key", "no PUBLIC KEY block found")
-    })?;
+    let spki_der =
+        spki_der.ok_or_else(|| PkiError::invalid_pem("service-account public key", "no PUBLIC KEY block found"))?;
     let (_, spki) = SubjectPublicKeyInfo::from_der(&spki_der)
         .map_err(|e| PkiError::invalid_pem("service-account public key", e))?;
     if key_matches_spki(&key, &spki) {

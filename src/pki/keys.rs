@@ -91,27 +91,18 @@ pub(crate) fn parse_private_key_pem(pem: &str, what: &str) -> Result<KeyPair, Pk
         };
         match block.label.as_str() {
             "PRIVATE KEY" => {
-                return KeyPair::try_from(block.contents.as_slice()).map_err(|_| {
-                    unsupported("PKCS#8 key is not RSA, ECDSA P-256/P-384 or Ed25519")
-                });
+                return KeyPair::try_from(block.contents.as_slice())
+                    .map_err(|_| unsupported("PKCS#8 key is not RSA, ECDSA P-256/P-384 or Ed25519"));
             }
             "RSA PRIVATE KEY" => {
                 let pkcs8 = pkcs8_wrap(&RSA_ALGORITHM_IDENTIFIER, &block.contents);
-                return KeyPair::from_pkcs8_der_and_sign_algo(
-                    &pkcs8.as_slice().into(),
-                    &PKCS_RSA_SHA256,
-                )
-                .map_err(|_| {
-                    unsupported("PKCS#1 RSA key rejected (malformed, or outside 2048..8192 bits)")
-                });
+                return KeyPair::from_pkcs8_der_and_sign_algo(&pkcs8.as_slice().into(), &PKCS_RSA_SHA256)
+                    .map_err(|_| unsupported("PKCS#1 RSA key rejected (malformed, or outside 2048..8192 bits)"));
             }
             "EC PRIVATE KEY" => {
                 // ring only reads PKCS#8; wrap the SEC1 structure with each supported curve's
                 // algorithm identifier in turn (ring checks the curve against the key).
-                for alg_id in [
-                    &EC_P256_ALGORITHM_IDENTIFIER[..],
-                    &EC_P384_ALGORITHM_IDENTIFIER[..],
-                ] {
+                for alg_id in [&EC_P256_ALGORITHM_IDENTIFIER[..], &EC_P384_ALGORITHM_IDENTIFIER[..]] {
                     let pkcs8 = pkcs8_wrap(alg_id, &block.contents);
                     if let Ok(key) = KeyPair::try_from(pkcs8.as_slice()) {
                         return Ok(key);
@@ -132,10 +123,7 @@ pub(crate) fn parse_private_key_pem(pem: &str, what: &str) -> Result<KeyPair, Pk
 
 /// Whether `key` is the private half of the public key `spki` (a SubjectPublicKeyInfo):
 /// compares the raw public key bits.
-pub(crate) fn key_matches_spki(
-    key: &KeyPair,
-    spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
-) -> bool {
+pub(crate) fn key_matches_spki(key: &KeyPair, spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> bool {
     spki.subject_public_key.data.as_ref() == key.der_bytes()
 }
 
@@ -147,15 +135,14 @@ const RSA_ALGORITHM_IDENTIFIER: [u8; 15] = [
 /// DER `AlgorithmIdentifier` for id-ecPublicKey (1.2.840.10045.2.1) on prime256v1
 /// (1.2.840.10045.3.1.7).
 const EC_P256_ALGORITHM_IDENTIFIER: [u8; 21] = [
-    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86, 0x48,
-    0xce, 0x3d, 0x03, 0x01, 0x07,
+    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03,
+    0x01, 0x07,
 ];
 
 /// DER `AlgorithmIdentifier` for id-ecPublicKey (1.2.840.10045.2.1) on secp384r1
 /// (1.3.132.0.34).
 const EC_P384_ALGORITHM_IDENTIFIER: [u8; 18] = [
-    0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81, 0x04,
-    0x00, 0x22,
+    0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22,
 ];
 
 /// Wraps a raw private key structure into PKCS#8 `PrivateKeyInfo` (RFC 5208):
@@ -208,8 +195,7 @@ mod tests {
     fn rejects_garbage_and_encrypted_keys() {
         let err = parse_private_key_pem("not a pem", "k").unwrap_err();
         assert_eq!(err.reason(), "InvalidPEM");
-        let enc =
-            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        let enc = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n";
         let err = parse_private_key_pem(enc, "k").unwrap_err();
         assert_eq!(err.reason(), "UnsupportedKey");
     }
@@ -240,11 +226,9 @@ mod tests {
         let pem = pem_block("RSA PRIVATE KEY", pkcs1.as_bytes());
         let parsed = parse_private_key_pem(&pem, "k").unwrap();
         assert_eq!(parsed.algorithm(), &PKCS_RSA_SHA256);
-        let pkcs8 = KeyPair::from_pkcs8_der_and_sign_algo(
-            &key.to_pkcs8_der().unwrap().as_bytes().into(),
-            &PKCS_RSA_SHA256,
-        )
-        .unwrap();
+        let pkcs8 =
+            KeyPair::from_pkcs8_der_and_sign_algo(&key.to_pkcs8_der().unwrap().as_bytes().into(), &PKCS_RSA_SHA256)
+                .unwrap();
         assert_eq!(parsed.public_key_raw(), pkcs8.public_key_raw());
     }
 

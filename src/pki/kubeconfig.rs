@@ -47,13 +47,7 @@ pub fn server_url(host: &str, port: u16) -> String {
 /// user `<c>-admin`, context `<c>-admin@<c>`), kubeadm's kubeconfig layout.
 ///
 /// The result contains the private key: store it only in a Secret.
-pub fn kubeconfig(
-    cluster_name: &str,
-    user: &str,
-    server_url: &str,
-    ca_cert_pem: &str,
-    client: &KeyPairPem,
-) -> String {
+pub fn kubeconfig(cluster_name: &str, user: &str, server_url: &str, ca_cert_pem: &str, client: &KeyPairPem) -> String {
     let context = format!("{user}@{cluster_name}");
     let config = Config {
         api_version: "v1",

@@ -32,18 +32,16 @@ pub use cert::{
     verify_service_account_key_pair,
 };
 pub use kubeconfig::{
-    APISERVER_PORT, CONTROLLER_MANAGER_USER, admin_user, apiserver_service_host, kubeconfig,
-    server_url,
+    APISERVER_PORT, CONTROLLER_MANAGER_USER, admin_user, apiserver_service_host, kubeconfig, server_url,
 };
 pub use sans::{
-    ApiServerSanInput, CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME,
-    admin_leaf, apiserver_etcd_client_leaf, apiserver_kubelet_client_leaf, apiserver_leaf,
-    controller_manager_leaf, etcd_healthcheck_client_leaf, etcd_member_hosts, etcd_server_leaf,
-    front_proxy_client_leaf, service_cidr_first_ips,
+    ApiServerSanInput, CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, admin_leaf,
+    apiserver_etcd_client_leaf, apiserver_kubelet_client_leaf, apiserver_leaf, controller_manager_leaf,
+    etcd_healthcheck_client_leaf, etcd_member_hosts, etcd_server_leaf, front_proxy_client_leaf, service_cidr_first_ips,
 };
 pub use secret::{
-    CLUSTER_NAME_LABEL, KUBECONFIG_KEY, SECRET_TYPE, SecretNames, TLS_CERT_KEY, TLS_KEY_KEY,
-    key_pair_from_secret, kubeconfig_from_secret, kubeconfig_secret, tls_secret,
+    CLUSTER_NAME_LABEL, KUBECONFIG_KEY, SECRET_TYPE, SecretNames, TLS_CERT_KEY, TLS_KEY_KEY, key_pair_from_secret,
+    kubeconfig_from_secret, kubeconfig_secret, tls_secret,
 };
 
 /// Validity of a certificate authority: 10 years (3650 days), as kubeadm

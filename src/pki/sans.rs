@@ -119,9 +119,7 @@ pub fn service_cidr_first_ips(service_cidr: &str) -> Result<Vec<IpAddr>, PkiErro
             .parse()
             .map_err(|e: ipnet::AddrParseError| invalid(&format!("{part:?}: {e}")))?;
         if net.max_prefix_len() - net.prefix_len() < 2 {
-            return Err(invalid(&format!(
-                "{part:?} has no room for a first host address"
-            )));
+            return Err(invalid(&format!("{part:?} has no room for a first host address")));
         }
         let first = match net.network() {
             IpAddr::V4(a) => IpAddr::V4((u32::from(a) + 1).into()),
@@ -154,12 +152,7 @@ pub fn etcd_member_hosts(cluster_name: &str, namespace: &str, replicas: u32) -> 
 /// at all depths") and `localhost`. IP: `127.0.0.1`. A replica count change therefore changes
 /// the certificate. Names are lower-cased and not otherwise validated (they derive from
 /// Kubernetes object names).
-pub fn etcd_server_leaf(
-    cluster_name: &str,
-    namespace: &str,
-    super_dns_domain: &str,
-    replicas: u32,
-) -> LeafSpec {
+pub fn etcd_server_leaf(cluster_name: &str, namespace: &str, super_dns_domain: &str, replicas: u32) -> LeafSpec {
     let c = cluster_name;
     let ns = namespace;
     let sd = super_dns_domain.trim_end_matches('.');
@@ -179,11 +172,7 @@ pub fn etcd_server_leaf(
     names.dns(format!("{svc}.{ns}.svc.{sd}"));
     names.dns("localhost".to_string());
     names.ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
-    names.dns = names
-        .dns
-        .into_iter()
-        .map(|n| n.to_ascii_lowercase())
-        .collect();
+    names.dns = names.dns.into_iter().map(|n| n.to_ascii_lowercase()).collect();
     LeafSpec {
         common_name: svc,
         organization: None,

@@ -90,12 +90,7 @@ impl SecretNames {
     }
 }
 
-fn secret(
-    name: &str,
-    namespace: &str,
-    cluster_name: &str,
-    data: BTreeMap<String, ByteString>,
-) -> Secret {
+fn secret(name: &str, namespace: &str, cluster_name: &str, data: BTreeMap<String, ByteString>) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -121,14 +116,8 @@ pub fn tls_secret(name: &str, namespace: &str, cluster_name: &str, pair: &KeyPai
         namespace,
         cluster_name,
         BTreeMap::from([
-            (
-                TLS_CERT_KEY.to_string(),
-                ByteString(pair.cert_pem.as_bytes().to_vec()),
-            ),
-            (
-                TLS_KEY_KEY.to_string(),
-                ByteString(pair.key_pem.as_bytes().to_vec()),
-            ),
+            (TLS_CERT_KEY.to_string(), ByteString(pair.cert_pem.as_bytes().to_vec())),
+            (TLS_KEY_KEY.to_string(), ByteString(pair.key_pem.as_bytes().to_vec())),
         ]),
     )
 }
@@ -136,20 +125,12 @@ pub fn tls_secret(name: &str, namespace: &str, cluster_name: &str, pair: &KeyPai
 /// A Secret holding `kubeconfig` under the single key `value`, of type [`SECRET_TYPE`] and
 /// labelled [`CLUSTER_NAME_LABEL`]`: <cluster_name>` (Cluster API's `<c>-kubeconfig`
 /// convention, design.md §6). No owner reference: the caller sets it.
-pub fn kubeconfig_secret(
-    name: &str,
-    namespace: &str,
-    cluster_name: &str,
-    kubeconfig: &str,
-) -> Secret {
+pub fn kubeconfig_secret(name: &str, namespace: &str, cluster_name: &str, kubeconfig: &str) -> Secret {
     secret(
         name,
         namespace,
         cluster_name,
-        BTreeMap::from([(
-            KUBECONFIG_KEY.to_string(),
-            ByteString(kubeconfig.as_bytes().to_vec()),
-        )]),
+        BTreeMap::from([(KUBECONFIG_KEY.to_string(), ByteString(kubeconfig.as_bytes().to_vec()))]),
     )
 }
 
@@ -174,8 +155,7 @@ fn value(secret: &Secret, key: &str) -> Result<String, PkiError> {
             secret: name.clone(),
             key: key.to_string(),
         })?;
-    String::from_utf8(bytes)
-        .map_err(|_| PkiError::invalid_pem(&format!("secret {name:?} key {key:?}"), "not UTF-8"))
+    String::from_utf8(bytes).map_err(|_| PkiError::invalid_pem(&format!("secret {name:?} key {key:?}"), "not UTF-8"))
 }
 
 /// The PEM pair stored in a Secret's `tls.crt` and `tls.key` (CA, leaf or service-account

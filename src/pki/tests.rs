@@ -51,9 +51,7 @@ fn ips(v: &[&str]) -> BTreeSet<IpAddr> {
 /// Whether `leaf_pem` is signed by the key of `ca_pem`'s certificate.
 fn verifies(leaf_pem: &str, ca_pem: &str) -> bool {
     with_cert(ca_pem, |ca| {
-        with_cert(leaf_pem, |leaf| {
-            leaf.verify_signature(Some(ca.public_key())).is_ok()
-        })
+        with_cert(leaf_pem, |leaf| leaf.verify_signature(Some(ca.public_key())).is_ok())
     })
 }
 
@@ -88,11 +86,7 @@ fn cert_sans() -> Vec<String> {
     ]
 }
 
-fn input<'a>(
-    endpoint: Option<&'a str>,
-    cidr: &'a str,
-    sans: &'a [String],
-) -> ApiServerSanInput<'a> {
+fn input<'a>(endpoint: Option<&'a str>, cidr: &'a str, sans: &'a [String]) -> ApiServerSanInput<'a> {
     ApiServerSanInput {
         cluster_name: "demo",
         namespace: "tenants",
@@ -124,16 +118,8 @@ const APISERVER_DNS: [&str; 11] = [
 fn assert_no_duplicates(leaf: &LeafSpec) {
     let dns: BTreeSet<_> = leaf.dns_names.iter().collect();
     let ipset: BTreeSet<_> = leaf.ip_addresses.iter().collect();
-    assert_eq!(
-        dns.len(),
-        leaf.dns_names.len(),
-        "duplicate DNS SAN in {leaf:?}"
-    );
-    assert_eq!(
-        ipset.len(),
-        leaf.ip_addresses.len(),
-        "duplicate IP SAN in {leaf:?}"
-    );
+    assert_eq!(dns.len(), leaf.dns_names.len(), "duplicate DNS SAN in {leaf:?}");
+    assert_eq!(ipset.len(), leaf.ip_addresses.len(), "duplicate IP SAN in {leaf:?}");
 }
 
 #[test]
@@ -149,10 +135,10 @@ fn ca_has_the_rules_of_reference_md() {
         assert!(ku.key_cert_sign() && ku.crl_sign() && ku.digital_signature());
         assert_eq!(ts(&c.validity().not_before), t0() - Duration::minutes(5));
         assert_eq!(ts(&c.validity().not_after), t0() + Duration::days(3650));
-        assert!(c.iter_extensions().any(|e| matches!(
-            e.parsed_extension(),
-            ParsedExtension::SubjectKeyIdentifier(_)
-        )));
+        assert!(
+            c.iter_extensions()
+                .any(|e| matches!(e.parsed_extension(), ParsedExtension::SubjectKeyIdentifier(_)))
+        );
         // Self-signed.
         assert!(c.verify_signature(None).is_ok());
         assert!(c.raw_serial()[0] < 0x80, "serial must be positive");
@@ -163,8 +149,7 @@ fn ca_has_the_rules_of_reference_md() {
 #[test]
 fn leaf_verifies_against_its_ca_and_not_another() {
     let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
-    let other =
-        CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
+    let other = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
     let now = t0() + Duration::hours(3);
     let sans = cert_sans();
     let spec = apiserver_leaf(input(Some("203.0.113.10"), "10.96.0.0/12", &sans)).unwrap();
@@ -198,17 +183,15 @@ fn leaf_verifies_against_its_ca_and_not_another() {
         let aki = c
             .iter_extensions()
             .find_map(|e| match e.parsed_extension() {
-                ParsedExtension::AuthorityKeyIdentifier(a) => {
-                    a.key_identifier.as_ref().map(|k| k.0.to_vec())
-                }
+                ParsedExtension::AuthorityKeyIdentifier(a) => a.key_identifier.as_ref().map(|k| k.0.to_vec()),
                 _ => None,
             })
             .expect("leaf has an AuthorityKeyIdentifier");
         assert_eq!(aki, ca_ski);
-        assert!(c.iter_extensions().any(|e| matches!(
-            e.parsed_extension(),
-            ParsedExtension::SubjectKeyIdentifier(_)
-        )));
+        assert!(
+            c.iter_extensions()
+                .any(|e| matches!(e.parsed_extension(), ParsedExtension::SubjectKeyIdentifier(_)))
+        );
         let (dns, ipset) = san_sets(c);
         assert_eq!(dns, strings(&APISERVER_DNS));
         assert_eq!(
@@ -223,38 +206,27 @@ fn leaf_verifies_against_its_ca_and_not_another() {
             ])
         );
     });
-    assert_eq!(
-        not_after(&leaf.cert_pem).unwrap(),
-        now + Duration::days(365)
-    );
+    assert_eq!(not_after(&leaf.cert_pem).unwrap(), now + Duration::days(365));
 }
 
 #[test]
 fn serials_differ_and_are_positive() {
     let ca = CertificateAuthority::generate("etcd-ca", t0(), KeyAlgorithm::EcdsaP256).unwrap();
-    let a = ca
-        .issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256)
-        .unwrap();
-    let b = ca
-        .issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256)
-        .unwrap();
+    let a = ca.issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256).unwrap();
+    let b = ca.issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256).unwrap();
     let sa = with_cert(&a.cert_pem, |c| c.raw_serial().to_vec());
     let sb = with_cert(&b.cert_pem, |c| c.raw_serial().to_vec());
     let sca = with_cert(ca.cert_pem(), |c| c.raw_serial().to_vec());
     assert_ne!(sa, sb);
     assert_ne!(sa, sca);
     for s in [&sa, &sb, &sca] {
-        assert!(
-            s[0] < 0x80 && s.iter().any(|b| *b != 0),
-            "serial {s:?} not positive"
-        );
+        assert!(s[0] < 0x80 && s.iter().any(|b| *b != 0), "serial {s:?} not positive");
     }
 }
 
 #[test]
 fn ca_round_trips_through_pem_and_still_signs() {
-    let ca =
-        CertificateAuthority::generate("front-proxy-ca", t0(), KeyAlgorithm::EcdsaP256).unwrap();
+    let ca = CertificateAuthority::generate("front-proxy-ca", t0(), KeyAlgorithm::EcdsaP256).unwrap();
     let loaded = CertificateAuthority::from_pem(&ca.pem().cert_pem, &ca.pem().key_pem).unwrap();
     assert_eq!(loaded.pem(), ca.pem());
     assert_eq!(loaded.cert_der(), ca.cert_der());
@@ -276,15 +248,12 @@ fn ca_round_trips_through_pem_and_still_signs() {
 #[test]
 fn from_pem_rejects_bad_input() {
     let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
-    let other =
-        CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
+    let other = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
     let err = CertificateAuthority::from_pem(ca.cert_pem(), &other.pem().key_pem).unwrap_err();
     assert!(matches!(err, PkiError::KeyMismatch { .. }), "{err:?}");
     assert_eq!(err.reason(), "KeyMismatch");
 
-    let leaf = ca
-        .issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256)
-        .unwrap();
+    let leaf = ca.issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256).unwrap();
     let err = CertificateAuthority::from_pem(&leaf.cert_pem, &leaf.key_pem).unwrap_err();
     assert!(matches!(err, PkiError::NotCa { .. }), "{err:?}");
 
@@ -344,12 +313,7 @@ fn apiserver_sans_with_ipv6_endpoint_and_service_cidr() {
             "fd00:99::1"
         ])
     );
-    assert!(
-        !leaf
-            .dns_names
-            .iter()
-            .any(|n| n.contains('[') || n.contains(':'))
-    );
+    assert!(!leaf.dns_names.iter().any(|n| n.contains('[') || n.contains(':')));
     assert_no_duplicates(&leaf);
 
     // Unbracketed IPv6 endpoint: same IP SAN.
@@ -391,23 +355,11 @@ fn apiserver_sans_reject_invalid_input() {
 
 #[test]
 fn first_service_ips() {
-    assert_eq!(
-        service_cidr_first_ips("10.96.0.0/12").unwrap(),
-        vec![ip("10.96.0.1")]
-    );
-    assert_eq!(
-        service_cidr_first_ips("fd00::/108").unwrap(),
-        vec![ip("fd00::1")]
-    );
-    assert_eq!(
-        service_cidr_first_ips("172.20.0.0/16").unwrap(),
-        vec![ip("172.20.0.1")]
-    );
+    assert_eq!(service_cidr_first_ips("10.96.0.0/12").unwrap(), vec![ip("10.96.0.1")]);
+    assert_eq!(service_cidr_first_ips("fd00::/108").unwrap(), vec![ip("fd00::1")]);
+    assert_eq!(service_cidr_first_ips("172.20.0.0/16").unwrap(), vec![ip("172.20.0.1")]);
     // Host bits are ignored, as kubeadm does.
-    assert_eq!(
-        service_cidr_first_ips("10.96.7.9/12").unwrap(),
-        vec![ip("10.96.0.1")]
-    );
+    assert_eq!(service_cidr_first_ips("10.96.7.9/12").unwrap(), vec![ip("10.96.0.1")]);
     assert_eq!(
         service_cidr_first_ips("10.96.0.0/12, fd00::/108").unwrap(),
         vec![ip("10.96.0.1"), ip("fd00::1")]
@@ -462,10 +414,7 @@ fn etcd_sans_cover_every_member() {
     ] {
         expected.insert(name.to_string());
     }
-    assert_eq!(
-        leaf.dns_names.iter().cloned().collect::<BTreeSet<_>>(),
-        expected
-    );
+    assert_eq!(leaf.dns_names.iter().cloned().collect::<BTreeSet<_>>(), expected);
     assert_eq!(leaf.ip_addresses, vec![ip("127.0.0.1")]);
     assert_no_duplicates(&leaf);
 
@@ -485,28 +434,16 @@ fn etcd_sans_cover_every_member() {
 #[test]
 fn client_identities_match_reference_md() {
     let cases = [
-        (
-            apiserver_etcd_client_leaf(),
-            "kube-apiserver-etcd-client",
-            None,
-        ),
+        (apiserver_etcd_client_leaf(), "kube-apiserver-etcd-client", None),
         (
             apiserver_kubelet_client_leaf(),
             "kube-apiserver-kubelet-client",
             Some("system:masters"),
         ),
         (front_proxy_client_leaf(), "front-proxy-client", None),
-        (
-            controller_manager_leaf(),
-            "system:kube-controller-manager",
-            None,
-        ),
+        (controller_manager_leaf(), "system:kube-controller-manager", None),
         (admin_leaf(), "kubernetes-admin", Some("system:masters")),
-        (
-            etcd_healthcheck_client_leaf(),
-            "kube-etcd-healthcheck-client",
-            None,
-        ),
+        (etcd_healthcheck_client_leaf(), "kube-etcd-healthcheck-client", None),
     ];
     for (leaf, cn, o) in cases {
         assert_eq!(leaf.common_name, cn);
@@ -515,20 +452,10 @@ fn client_identities_match_reference_md() {
         assert!(leaf.dns_names.is_empty() && leaf.ip_addresses.is_empty());
     }
     let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
-    let pair = ca
-        .issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256)
-        .unwrap();
+    let pair = ca.issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256).unwrap();
     with_cert(&pair.cert_pem, |c| {
-        let o: Vec<_> = c
-            .subject()
-            .iter_organization()
-            .map(|a| a.as_str().unwrap())
-            .collect();
-        let cn: Vec<_> = c
-            .subject()
-            .iter_common_name()
-            .map(|a| a.as_str().unwrap())
-            .collect();
+        let o: Vec<_> = c.subject().iter_organization().map(|a| a.as_str().unwrap()).collect();
+        let cn: Vec<_> = c.subject().iter_common_name().map(|a| a.as_str().unwrap()).collect();
         assert_eq!(o, ["system:masters"]);
         assert_eq!(cn, ["kubernetes-admin"]);
         assert!(c.subject_alternative_name().unwrap().is_none());
@@ -538,8 +465,7 @@ fn client_identities_match_reference_md() {
 #[test]
 fn needs_reissue_cases() {
     let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
-    let other =
-        CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
+    let other = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
     let sans = cert_sans();
     let wanted = apiserver_leaf(input(Some("203.0.113.10"), "10.96.0.0/12", &sans)).unwrap();
     let now = t0() + Duration::days(1);
@@ -558,12 +484,7 @@ fn needs_reissue_cases() {
     assert!(needs_reissue(&fresh, &ca, &changed, now));
     let mut ip_changed = input(Some("203.0.113.10"), "10.96.0.0/12", &sans);
     ip_changed.service_cluster_ip = Some(ip("10.43.0.18"));
-    assert!(needs_reissue(
-        &fresh,
-        &ca,
-        &apiserver_leaf(ip_changed).unwrap(),
-        now
-    ));
+    assert!(needs_reissue(&fresh, &ca, &apiserver_leaf(ip_changed).unwrap(), now));
     // CN, O and usages.
     let mut cn = wanted.clone();
     cn.common_name = "other".to_string();
@@ -588,18 +509,8 @@ fn needs_reissue_cases() {
         .unwrap();
     assert!(!needs_reissue(&younger, &ca, &wanted, now), "165 days left");
     // Expired, and not yet valid.
-    assert!(needs_reissue(
-        &fresh,
-        &ca,
-        &wanted,
-        now + Duration::days(400)
-    ));
-    assert!(needs_reissue(
-        &fresh,
-        &ca,
-        &wanted,
-        now - Duration::hours(1)
-    ));
+    assert!(needs_reissue(&fresh, &ca, &wanted, now + Duration::days(400)));
+    assert!(needs_reissue(&fresh, &ca, &wanted, now - Duration::hours(1)));
 
     // Broken pairs.
     let garbage = KeyPairPem {
@@ -652,9 +563,7 @@ fn service_account_public_key_matches_private_key() {
 #[test]
 fn debug_never_prints_keys() {
     let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
-    let pair = ca
-        .issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256)
-        .unwrap();
+    let pair = ca.issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256).unwrap();
     let sa = service_account_key_pair(KeyAlgorithm::EcdsaP256).unwrap();
     for (debug, key_pem) in [
         (format!("{pair:?}"), &pair.key_pem),
@@ -682,18 +591,13 @@ fn fingerprint_is_sha256_of_der() {
     assert_eq!(fp, expected);
     assert_eq!(fp.len(), 64);
     assert!(fingerprint_sha256("nope").is_err());
-    assert_eq!(
-        not_after(ca.cert_pem()).unwrap(),
-        t0() + Duration::days(3650)
-    );
+    assert_eq!(not_after(ca.cert_pem()).unwrap(), t0() + Duration::days(3650));
 }
 
 #[test]
 fn kubeconfig_parses_back() {
     let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
-    let admin = ca
-        .issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256)
-        .unwrap();
+    let admin = ca.issue(&admin_leaf(), t0(), KeyAlgorithm::EcdsaP256).unwrap();
     let url = server_url("fd00::1", 6443);
     let text = kubeconfig("demo", &admin_user("demo"), &url, ca.cert_pem(), &admin);
     // Plain one-line scalars: a folded block (`>`) wrapped at whitespace would be harmless,
@@ -703,18 +607,13 @@ fn kubeconfig_parses_back() {
     assert_eq!(v["apiVersion"], "v1");
     assert_eq!(v["kind"], "Config");
     assert_eq!(v["clusters"][0]["name"], "demo");
-    assert_eq!(
-        v["clusters"][0]["cluster"]["server"],
-        "https://[fd00::1]:6443"
-    );
+    assert_eq!(v["clusters"][0]["cluster"]["server"], "https://[fd00::1]:6443");
     assert_eq!(v["users"][0]["name"], "demo-admin");
     assert_eq!(v["contexts"][0]["name"], "demo-admin@demo");
     assert_eq!(v["contexts"][0]["context"]["cluster"], "demo");
     assert_eq!(v["contexts"][0]["context"]["user"], "demo-admin");
     assert_eq!(v["current-context"], "demo-admin@demo");
-    let decode = |s: &serde_json::Value| {
-        String::from_utf8(STANDARD.decode(s.as_str().unwrap()).unwrap()).unwrap()
-    };
+    let decode = |s: &serde_json::Value| String::from_utf8(STANDARD.decode(s.as_str().unwrap()).unwrap()).unwrap();
     assert_eq!(
         decode(&v["clusters"][0]["cluster"]["certificate-authority-data"]),
         ca.pem().cert_pem
@@ -723,10 +622,7 @@ fn kubeconfig_parses_back() {
         decode(&v["users"][0]["user"]["client-certificate-data"]),
         admin.cert_pem
     );
-    assert_eq!(
-        decode(&v["users"][0]["user"]["client-key-data"]),
-        admin.key_pem
-    );
+    assert_eq!(decode(&v["users"][0]["user"]["client-key-data"]), admin.key_pem);
 
     // Controller-manager flavour: a user name with a colon.
     let text = kubeconfig(
@@ -747,16 +643,10 @@ fn kubeconfig_parses_back() {
 
 #[test]
 fn server_urls() {
-    assert_eq!(
-        server_url("203.0.113.10", 6443),
-        "https://203.0.113.10:6443"
-    );
+    assert_eq!(server_url("203.0.113.10", 6443), "https://203.0.113.10:6443");
     assert_eq!(server_url("fd00::1", 443), "https://[fd00::1]:443");
     assert_eq!(server_url("[fd00::1]", 443), "https://[fd00::1]:443");
-    assert_eq!(
-        server_url("cp.example.org", 6443),
-        "https://cp.example.org:6443"
-    );
+    assert_eq!(server_url("cp.example.org", 6443), "https://cp.example.org:6443");
 }
 
 #[test]
@@ -799,18 +689,12 @@ fn secrets_encode_and_decode() {
     }
     let mut empty = s.clone();
     empty.data = None;
-    assert_eq!(
-        key_pair_from_secret(&empty).unwrap_err().reason(),
-        "MissingSecretKey"
-    );
+    assert_eq!(key_pair_from_secret(&empty).unwrap_err().reason(), "MissingSecretKey");
 
     let k = kubeconfig_secret(&names.kubeconfig, "tenants", "demo", "apiVersion: v1\n");
     assert_eq!(k.metadata.name.as_deref(), Some("demo-kubeconfig"));
     assert_eq!(k.type_.as_deref(), Some("cluster.x-k8s.io/secret"));
-    assert_eq!(
-        k.data.as_ref().unwrap().keys().collect::<Vec<_>>(),
-        ["value"]
-    );
+    assert_eq!(k.data.as_ref().unwrap().keys().collect::<Vec<_>>(), ["value"]);
     assert_eq!(kubeconfig_from_secret(&k).unwrap(), "apiVersion: v1\n");
 }
 
@@ -826,10 +710,7 @@ fn secret_names_follow_design_table() {
     assert_eq!(n.etcd_server, "demo-etcd-server");
     assert_eq!(n.apiserver_kubelet_client, "demo-apiserver-kubelet-client");
     assert_eq!(n.front_proxy_client, "demo-front-proxy-client");
-    assert_eq!(
-        n.controller_manager_kubeconfig,
-        "demo-controller-manager-kubeconfig"
-    );
+    assert_eq!(n.controller_manager_kubeconfig, "demo-controller-manager-kubeconfig");
     assert_eq!(n.kubeconfig, "demo-kubeconfig");
     assert_eq!(n.all().iter().collect::<BTreeSet<_>>().len(), 11);
 }
@@ -856,9 +737,7 @@ fn rsa_ca_and_leaves() {
     assert!(!needs_reissue(&leaf, &ca, &controller_manager_leaf(), t0()));
     // An ECDSA CA signs RSA leaves with keyEncipherment.
     let ec = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::EcdsaP256).unwrap();
-    let leaf = ec
-        .issue(&admin_leaf(), t0(), KeyAlgorithm::Rsa2048)
-        .unwrap();
+    let leaf = ec.issue(&admin_leaf(), t0(), KeyAlgorithm::Rsa2048).unwrap();
     assert!(verifies(&leaf.cert_pem, ec.cert_pem()));
     with_cert(&leaf.cert_pem, |c| {
         let ku = c.key_usage().unwrap().unwrap().value;

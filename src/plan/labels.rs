@@ -14,14 +14,8 @@ pub const MANAGED_BY: &str = "capn";
 /// `app.kubernetes.io/name` (the component) and `app.kubernetes.io/instance` (the cluster).
 pub fn selector_labels(kind: ComponentKind, cluster: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
-        (
-            "app.kubernetes.io/name".to_string(),
-            kind.as_str().to_string(),
-        ),
-        (
-            "app.kubernetes.io/instance".to_string(),
-            cluster.to_string(),
-        ),
+        ("app.kubernetes.io/name".to_string(), kind.as_str().to_string()),
+        ("app.kubernetes.io/instance".to_string(), cluster.to_string()),
     ])
 }
 
@@ -64,9 +58,7 @@ pub fn finalize_object(
             ));
         }
     }
-    let existing = metadata
-        .entry("labels")
-        .or_insert_with(|| serde_json::json!({}));
+    let existing = metadata.entry("labels").or_insert_with(|| serde_json::json!({}));
     if let Some(map) = existing.as_object_mut() {
         for (k, v) in labels {
             map.insert(k.clone(), v.clone().into());

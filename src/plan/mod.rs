@@ -7,15 +7,18 @@
 
 mod context;
 mod labels;
+mod rules;
 
 pub use context::*;
 pub use labels::{MANAGED_BY, selector_labels, standard_labels};
+pub use rules::{Resolved, Running, SkewError, check, resolve};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use semver::Version;
 
 use crate::api::{ComponentSpec, EtcdStorage, InventoryEntry};
-use crate::channel::{ChannelError, ChannelRegistry, DEFAULT_CHANNEL};
+use crate::apply::applyset::{PART_OF_LABEL, applyset_id};
+use crate::channel::{ChannelError, ChannelRegistry};
 use crate::component::ComponentKind;
 use crate::patch::{PatchError, apply_extra_args, apply_patches};
 use crate::pki::SecretNames;
@@ -61,6 +64,8 @@ pub struct ComponentRequest<'a> {
     pub etcd_storage: Option<&'a EtcdStorage>,
     /// Controller reference to the component resource, put on every object.
     pub owner: OwnerReference,
+    /// Releases running now, which the version rules compare against.
+    pub running: Running,
 }
 
 /// Outputs of earlier components that a later one is rendered against.
@@ -120,6 +125,8 @@ pub enum PlanError {
     Render(#[from] RenderError),
     #[error(transparent)]
     Patch(#[from] PatchError),
+    #[error(transparent)]
+    Skew(#[from] SkewError),
     #[error("replicas must be at least 1, got {0}")]
     InvalidReplicas(i32),
     #[error("the apiserver needs the etcd endpoints, and NestedEtcd has published none yet")]
@@ -139,11 +146,22 @@ impl PlanError {
             Self::Channel(e) => e.reason(),
             Self::Render(e) => e.reason(),
             Self::Patch(e) => e.reason(),
+            Self::Skew(e) => e.reason(),
             Self::InvalidReplicas(_) => "InvalidReplicas",
             Self::NoEtcdEndpoints => "WaitingForEtcd",
             Self::InvalidObject { .. } => "InvalidObject",
         }
     }
+}
+
+/// The ApplySet id of a component resource (its objects' `applyset.kubernetes.io/part-of`).
+pub fn component_applyset_id(kind: ComponentKind, resource_name: &str, namespace: &str) -> String {
+    applyset_id(
+        resource_name,
+        namespace,
+        kind.resource_kind(),
+        crate::api::CONTROL_PLANE_GROUP,
+    )
 }
 
 /// The etcd members of `cluster` with `replicas` members (reference.md: per-member names
@@ -177,25 +195,9 @@ pub fn plan(
 ) -> Result<Plan, PlanError> {
     let kind = request.kind;
     let spec = request.spec;
-    let channel_name = spec
-        .channel
-        .as_deref()
-        .or(cluster.channel.as_deref())
-        .filter(|c| !c.is_empty())
-        .unwrap_or(DEFAULT_CHANNEL);
-    let channel = channels.get(channel_name)?;
-    let kubernetes = channel.resolve(
-        ComponentKind::ApiServer,
-        cluster.kubernetes_version.as_deref(),
-        None,
-    )?;
-    let version = match kind {
-        ComponentKind::Etcd => channel.resolve(kind, spec.version.as_deref(), Some(&kubernetes))?,
-        _ => match spec.version.as_deref().filter(|v| !v.trim().is_empty()) {
-            Some(v) => channel.resolve(kind, Some(v), None)?,
-            None => channel.resolve(kind, Some(&kubernetes.to_string()), None)?,
-        },
-    };
+    let resolved = rules::resolve(channels, cluster, kind, spec)?;
+    rules::check(kind, &resolved, &request.running)?;
+    let (channel, version) = (resolved.channel, resolved.version);
     let replicas = spec.replicas.unwrap_or(1);
     if replicas < 1 {
         return Err(PlanError::InvalidReplicas(replicas));
@@ -212,28 +214,26 @@ pub fn plan(
         }
         _ => upstream.etcd_endpoints.clone(),
     };
-    let context = build_context(
-        cluster,
-        request,
-        &version,
-        replicas,
-        members,
-        endpoints_for_templates,
+    let mut context = build_context(cluster, request, &version, replicas, members, endpoints_for_templates);
+    // Every object is a member of the component's ApplySet (KEP-3659): pruning and kubectl
+    // both find the set by this label.
+    context.labels.insert(
+        PART_OF_LABEL.to_string(),
+        component_applyset_id(request.kind, request.resource_name, &cluster.namespace),
     );
     let templates = channel.templates(kind, &version).unwrap_or_default();
     let mut objects = render_templates(templates, &context)?;
     apply_extra_args(&mut objects, &spec.extra_args)?;
     apply_patches(&mut objects, &spec.patches)?;
     for object in &mut objects {
-        labels::finalize_object(object, &cluster.namespace, &context.labels, &request.owner)
-            .map_err(|message| {
-                let entry = inventory_entry(object);
-                PlanError::InvalidObject {
-                    kind: entry.kind,
-                    name: entry.name,
-                    message,
-                }
-            })?;
+        labels::finalize_object(object, &cluster.namespace, &context.labels, &request.owner).map_err(|message| {
+            let entry = inventory_entry(object);
+            PlanError::InvalidObject {
+                kind: entry.kind,
+                name: entry.name,
+                message,
+            }
+        })?;
     }
     Ok(Plan {
         kind,
@@ -301,10 +301,7 @@ fn build_context(
             ("etcd_server", secrets.etcd_server),
             ("apiserver_kubelet_client", secrets.apiserver_kubelet_client),
             ("front_proxy_client", secrets.front_proxy_client),
-            (
-                "controller_manager_kubeconfig",
-                secrets.controller_manager_kubeconfig,
-            ),
+            ("controller_manager_kubeconfig", secrets.controller_manager_kubeconfig),
             ("kubeconfig", secrets.kubeconfig),
         ]
         .into_iter()

@@ -33,11 +33,7 @@ fn owner(kind: ComponentKind) -> OwnerReference {
     }
 }
 
-fn plan_of(
-    kind: ComponentKind,
-    spec: &ComponentSpec,
-    upstream: &Upstream,
-) -> Result<Plan, PlanError> {
+fn plan_of(kind: ComponentKind, spec: &ComponentSpec, upstream: &Upstream) -> Result<Plan, PlanError> {
     plan(
         &registry(),
         &cluster(),
@@ -47,6 +43,7 @@ fn plan_of(
             spec,
             etcd_storage: None,
             owner: owner(kind),
+            running: Running::default(),
         },
         upstream,
     )
@@ -109,19 +106,11 @@ fn etcd_initial_cluster_lists_every_member_with_its_peer_url() {
 
 #[test]
 fn etcd_statefulset_is_parallel_with_claims_and_probes_on_the_pod() {
-    let p = plan_of(
-        ComponentKind::Etcd,
-        &ComponentSpec::default(),
-        &Upstream::default(),
-    )
-    .unwrap();
+    let p = plan_of(ComponentKind::Etcd, &ComponentSpec::default(), &Upstream::default()).unwrap();
     let sts = find(&p, "StatefulSet");
     assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel");
     assert_eq!(sts["spec"]["serviceName"], "demo-etcd");
-    assert_eq!(
-        sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
-        "data"
-    );
+    assert_eq!(sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"], "data");
     assert_eq!(
         sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"],
         "1Gi"
@@ -134,10 +123,7 @@ fn etcd_statefulset_is_parallel_with_claims_and_probes_on_the_pod() {
             "{probe} must dial the pod itself"
         );
     }
-    assert_eq!(
-        container["image"],
-        format!("registry.k8s.io/etcd:{}-0", p.version)
-    );
+    assert_eq!(container["image"], format!("registry.k8s.io/etcd:{}-0", p.version));
     let svc = find(&p, "Service");
     assert_eq!(svc["spec"]["clusterIP"], "None");
     assert_eq!(svc["spec"]["publishNotReadyAddresses"], true);
@@ -166,45 +152,30 @@ fn ephemeral_etcd_uses_empty_dir_and_no_claims() {
             spec: &spec,
             etcd_storage: Some(&storage),
             owner: owner(ComponentKind::Etcd),
+            running: Running::default(),
         },
         &Upstream::default(),
     )
     .unwrap();
     let sts = find(&p, "StatefulSet");
     assert!(sts["spec"].get("volumeClaimTemplates").is_none());
-    let volumes = sts["spec"]["template"]["spec"]["volumes"]
-        .as_array()
-        .unwrap();
-    assert!(
-        volumes
-            .iter()
-            .any(|v| v["name"] == "data" && v["emptyDir"].is_object())
-    );
+    let volumes = sts["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    assert!(volumes.iter().any(|v| v["name"] == "data" && v["emptyDir"].is_object()));
 }
 
 #[test]
 fn apiserver_lists_every_etcd_member_and_has_a_cluster_ip_service() {
-    let p = plan_of(
-        ComponentKind::ApiServer,
-        &ComponentSpec::default(),
-        &three_endpoints(),
-    )
-    .unwrap();
+    let p = plan_of(ComponentKind::ApiServer, &ComponentSpec::default(), &three_endpoints()).unwrap();
     let sts = find(&p, "StatefulSet");
     let servers = flag(sts, "etcd-servers").unwrap();
     assert_eq!(servers.split(',').count(), 3);
     for i in 0..3 {
         assert!(
-            servers.contains(&format!(
-                "https://demo-etcd-{i}.demo-etcd.tenant-a.svc:2379"
-            )),
+            servers.contains(&format!("https://demo-etcd-{i}.demo-etcd.tenant-a.svc:2379")),
             "{servers}"
         );
     }
-    assert_eq!(
-        flag(sts, "service-cluster-ip-range").as_deref(),
-        Some("10.96.0.0/12")
-    );
+    assert_eq!(flag(sts, "service-cluster-ip-range").as_deref(), Some("10.96.0.0/12"));
     assert_eq!(
         flag(sts, "service-account-issuer").as_deref(),
         Some("https://kubernetes.default.svc.cluster.local")
@@ -219,13 +190,8 @@ fn apiserver_lists_every_etcd_member_and_has_a_cluster_ip_service() {
     );
     assert!(container["readinessProbe"]["httpGet"].get("host").is_none());
     // The CA secrets are mounted without their private keys.
-    let volumes = sts["spec"]["template"]["spec"]["volumes"]
-        .as_array()
-        .unwrap();
-    let ca = volumes
-        .iter()
-        .find(|v| v["secret"]["secretName"] == "demo-ca")
-        .unwrap();
+    let volumes = sts["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
+    let ca = volumes.iter().find(|v| v["secret"]["secretName"] == "demo-ca").unwrap();
     assert_eq!(
         ca["secret"]["items"],
         serde_json::json!([{"key": "tls.crt", "path": "tls.crt"}])
@@ -245,12 +211,7 @@ fn apiserver_waits_for_etcd_endpoints() {
 
 #[test]
 fn controller_manager_uses_its_own_identity_the_ca_for_signing_and_the_same_service_cidr() {
-    let api = plan_of(
-        ComponentKind::ApiServer,
-        &ComponentSpec::default(),
-        &three_endpoints(),
-    )
-    .unwrap();
+    let api = plan_of(ComponentKind::ApiServer, &ComponentSpec::default(), &three_endpoints()).unwrap();
     let one = plan_of(
         ComponentKind::ControllerManager,
         &ComponentSpec::default(),
@@ -262,26 +223,15 @@ fn controller_manager_uses_its_own_identity_the_ca_for_signing_and_the_same_serv
         flag(sts, "kubeconfig").as_deref(),
         Some("/etc/kubernetes/controller-manager/kubeconfig")
     );
-    let volumes = sts["spec"]["template"]["spec"]["volumes"]
-        .as_array()
-        .unwrap();
+    let volumes = sts["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
     let kubeconfig = volumes.iter().find(|v| v["name"] == "kubeconfig").unwrap();
-    assert_eq!(
-        kubeconfig["secret"]["secretName"],
-        "demo-controller-manager-kubeconfig"
-    );
+    assert_eq!(kubeconfig["secret"]["secretName"], "demo-controller-manager-kubeconfig");
     let signing = flag(sts, "cluster-signing-cert-file").unwrap();
-    let ca_volume = volumes
-        .iter()
-        .find(|v| v["secret"]["secretName"] == "demo-ca")
-        .unwrap();
+    let ca_volume = volumes.iter().find(|v| v["secret"]["secretName"] == "demo-ca").unwrap();
     let mounts = sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
         .as_array()
         .unwrap();
-    let ca_mount = mounts
-        .iter()
-        .find(|m| m["name"] == ca_volume["name"])
-        .unwrap();
+    let ca_mount = mounts.iter().find(|m| m["name"] == ca_volume["name"]).unwrap();
     assert!(
         signing.starts_with(ca_mount["mountPath"].as_str().unwrap()),
         "signing cert {signing} is not the cluster CA"
@@ -344,8 +294,7 @@ fn every_object_is_labelled_owned_and_in_the_cluster_namespace() {
         assert!(!p.objects.is_empty());
         for o in &p.objects {
             assert_eq!(o["metadata"]["namespace"], "tenant-a");
-            let labels: BTreeMap<String, String> =
-                serde_json::from_value(o["metadata"]["labels"].clone()).unwrap();
+            let labels: BTreeMap<String, String> = serde_json::from_value(o["metadata"]["labels"].clone()).unwrap();
             for (k, v) in standard_labels(kind, "demo") {
                 assert_eq!(labels.get(&k), Some(&v), "{kind}: {} lacks {k}", o["kind"]);
             }
@@ -375,18 +324,8 @@ fn unknown_version_and_channel_are_reported_with_what_exists() {
 
 #[test]
 fn planning_is_deterministic() {
-    let a = plan_of(
-        ComponentKind::ApiServer,
-        &ComponentSpec::default(),
-        &three_endpoints(),
-    )
-    .unwrap();
-    let b = plan_of(
-        ComponentKind::ApiServer,
-        &ComponentSpec::default(),
-        &three_endpoints(),
-    )
-    .unwrap();
+    let a = plan_of(ComponentKind::ApiServer, &ComponentSpec::default(), &three_endpoints()).unwrap();
+    let b = plan_of(ComponentKind::ApiServer, &ComponentSpec::default(), &three_endpoints()).unwrap();
     assert_eq!(a, b);
 }
 
@@ -407,12 +346,8 @@ fn golden_rendered_manifests() {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(&path, &rendered).unwrap();
         }
-        let golden = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}; run UPDATE_GOLDEN=1 cargo test --lib golden",
-                path.display()
-            )
-        });
+        let golden = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; run UPDATE_GOLDEN=1 cargo test --lib golden", path.display()));
         assert_eq!(
             rendered,
             golden,

@@ -71,11 +71,10 @@ pub fn render_templates<C: Serialize>(
             .template_from_named_str(&t.path, &t.source)
             .map_err(template_error)?;
         let text = tmpl.render(&ctx).map_err(template_error)?;
-        let docs: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&text).map_err(|e| RenderError::Yaml {
-                path: t.path.clone(),
-                message: e.to_string(),
-            })?;
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).map_err(|e| RenderError::Yaml {
+            path: t.path.clone(),
+            message: e.to_string(),
+        })?;
         for (i, doc) in docs.into_iter().enumerate() {
             if doc.is_null() {
                 continue;
@@ -92,11 +91,7 @@ pub fn render_templates<C: Serialize>(
 }
 
 fn check_object(doc: &serde_json::Value) -> Result<(), String> {
-    let field = |p: &str| {
-        doc.pointer(p)
-            .and_then(|v| v.as_str())
-            .filter(|s| !s.is_empty())
-    };
+    let field = |p: &str| doc.pointer(p).and_then(|v| v.as_str()).filter(|s| !s.is_empty());
     if !doc.is_object() {
         return Err("is not a mapping".into());
     }
@@ -164,10 +159,7 @@ mod tests {
 
     #[test]
     fn document_without_name_is_rejected() {
-        let ts = [t(
-            "d.yaml",
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n",
-        )];
+        let ts = [t("d.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n")];
         let err = render_templates(&ts, &json!({})).unwrap_err();
         assert!(err.to_string().contains("metadata.name"), "{err}");
     }

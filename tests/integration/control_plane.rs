@@ -27,13 +27,7 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
     .await;
     // etcd and its secrets come first.
     make_ready_precondition(&client, &ns).await;
-    for name in [
-        "demo-ca",
-        "demo-etcd",
-        "demo-proxy",
-        "demo-sa",
-        "demo-etcd-server",
-    ] {
+    for name in ["demo-ca", "demo-etcd", "demo-proxy", "demo-sa", "demo-etcd-server"] {
         assert!(
             secret(&client, &ns, name).await.is_some(),
             "secret {name} exists before etcd runs"
@@ -66,26 +60,18 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
     let ncp = control_plane(&client, &ns, "demo").await;
     assert!(!ncp.status.as_ref().is_some_and(|s| s.ready));
 
-    mark_statefulset_ready(&client, &ns, "demo-etcd")
-        .await
-        .unwrap();
+    mark_statefulset_ready(&client, &ns, "demo-etcd").await.unwrap();
     wait_until("NestedEtcd is ready", STEP, || async {
         etcd_ready(&client, &ns, "demo-etcd").await.then_some(())
     })
     .await;
     wait_until("the apiserver StatefulSet exists", STEP, || async {
-        statefulset(&client, &ns, "demo-apiserver")
-            .await
-            .map(|_| ())
+        statefulset(&client, &ns, "demo-apiserver").await.map(|_| ())
     })
     .await;
     // Nothing of the controller-manager until the apiserver is ready.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        statefulset(&client, &ns, "demo-controller-manager")
-            .await
-            .is_none()
-    );
+    assert!(statefulset(&client, &ns, "demo-controller-manager").await.is_none());
     assert!(
         secret(&client, &ns, "demo-controller-manager-kubeconfig")
             .await
@@ -97,9 +83,7 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
         "not ready before the apiserver is"
     );
 
-    mark_statefulset_ready(&client, &ns, "demo-apiserver")
-        .await
-        .unwrap();
+    mark_statefulset_ready(&client, &ns, "demo-apiserver").await.unwrap();
     make_ready(&client, &ns, "demo-controller-manager").await;
     let ncp = wait_until("the NestedControlPlane is ready", STEP, || async {
         let ncp = control_plane(&client, &ns, "demo").await;
@@ -121,10 +105,7 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
         assert!(c.version.is_some());
     }
     assert_eq!(status.version.as_deref(), Some("1.36.3"));
-    let endpoint = ncp
-        .spec
-        .control_plane_endpoint
-        .expect("endpoint filled by capn");
+    let endpoint = ncp.spec.control_plane_endpoint.expect("endpoint filled by capn");
     assert_eq!(endpoint.host, format!("demo-apiserver.{ns}.svc"));
     assert_eq!(endpoint.port, 6443);
     capn.stop().await;
@@ -151,14 +132,10 @@ async fn kubeconfig_secret_follows_cluster_api_layout_and_trusts_the_serving_cer
     .await;
     assert_eq!(secret.type_.as_deref(), Some("cluster.x-k8s.io/secret"));
     assert_eq!(
-        secret
-            .labels()
-            .get("cluster.x-k8s.io/cluster-name")
-            .map(String::as_str),
+        secret.labels().get("cluster.x-k8s.io/cluster-name").map(String::as_str),
         Some("demo")
     );
-    let config =
-        kube::config::Kubeconfig::from_yaml(&secret_value(&secret, "value")).expect("a kubeconfig");
+    let config = kube::config::Kubeconfig::from_yaml(&secret_value(&secret, "value")).expect("a kubeconfig");
     assert_eq!(config.current_context.as_deref(), Some("demo-admin@demo"));
     let cluster_entry = config.clusters[0].cluster.as_ref().unwrap();
     assert_eq!(
@@ -170,9 +147,7 @@ async fn kubeconfig_secret_follows_cluster_api_layout_and_trusts_the_serving_cer
     ))
     .unwrap();
     let serving = secret_value(
-        &crate::harness::secret(&client, &ns, "demo-apiserver")
-            .await
-            .unwrap(),
+        &crate::harness::secret(&client, &ns, "demo-apiserver").await.unwrap(),
         "tls.crt",
     );
     assert!(
@@ -181,20 +156,14 @@ async fn kubeconfig_secret_follows_cluster_api_layout_and_trusts_the_serving_cer
     );
     // The admin identity is in system:masters, signed by the same CA.
     let user = config.auth_infos[0].auth_info.as_ref().unwrap();
-    let client_pem = String::from_utf8(base64_decode(
-        user.client_certificate_data.as_deref().unwrap(),
-    ))
-    .unwrap();
+    let client_pem = String::from_utf8(base64_decode(user.client_certificate_data.as_deref().unwrap())).unwrap();
     assert!(signed_by(&pem_to_der(&client_pem), &pem_to_der(&ca_pem)));
     // The controller-manager has its own identity, not the admin one.
     let kcm = crate::harness::secret(&client, &ns, "demo-controller-manager-kubeconfig")
         .await
         .unwrap();
     let kcm_config = kube::config::Kubeconfig::from_yaml(&secret_value(&kcm, "value")).unwrap();
-    assert_eq!(
-        kcm_config.auth_infos[0].name,
-        "system:kube-controller-manager"
-    );
+    assert_eq!(kcm_config.auth_infos[0].name, "system:kube-controller-manager");
     capn.stop().await;
 }
 
@@ -235,10 +204,7 @@ async fn three_member_etcd_is_listed_everywhere_and_every_dialled_host_is_certif
     let expected: Vec<String> = (0..3)
         .map(|i| format!("big-etcd-{i}=https://big-etcd-{i}.big-etcd.{ns}.svc:2380"))
         .collect();
-    assert_eq!(
-        members,
-        expected.iter().map(String::as_str).collect::<Vec<_>>()
-    );
+    assert_eq!(members, expected.iter().map(String::as_str).collect::<Vec<_>>());
     let etcd = Api::<NestedEtcd>::namespaced(client.clone(), &ns)
         .get("big-etcd")
         .await
@@ -294,15 +260,19 @@ async fn apiserver_certificate_names_every_address_clients_dial() {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
     let capn = Capn::start(&client, &ns);
-    apply_doc(&client, &ns, json!({
-        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-        "metadata": {"name": "sans"},
-        "spec": {
-            "certSANs": ["api.example.com", "192.0.2.10"],
-            "controlPlaneEndpoint": {"host": "192.0.2.20", "port": 6443},
-            "clusterNetwork": {"services": {"cidrBlocks": ["10.100.0.0/16"]}, "serviceDomain": "tenant.local"}
-        }
-    }))
+    apply_doc(
+        &client,
+        &ns,
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+            "metadata": {"name": "sans"},
+            "spec": {
+                "certSANs": ["api.example.com", "192.0.2.10"],
+                "controlPlaneEndpoint": {"host": "192.0.2.20", "port": 6443},
+                "clusterNetwork": {"services": {"cidrBlocks": ["10.100.0.0/16"]}, "serviceDomain": "tenant.local"}
+            }
+        }),
+    )
     .await;
     make_ready(&client, &ns, "sans-etcd").await;
     let cert = wait_until("the apiserver certificate exists", STEP, || async {
@@ -336,10 +306,7 @@ async fn apiserver_certificate_names_every_address_clients_dial() {
         "192.0.2.10",
         "192.0.2.20",
     ] {
-        assert!(
-            ips.contains(&ip.to_string()),
-            "IP SAN {ip} missing: {ips:?}"
-        );
+        assert!(ips.contains(&ip.to_string()), "IP SAN {ip} missing: {ips:?}");
     }
     capn.stop().await;
 }
@@ -481,29 +448,29 @@ async fn a_read_error_on_the_ca_secret_does_not_mint_a_new_ca() {
         ]
     }))
     .await;
-    apply_doc(&admin, &ns, json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "no-secret-get"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-secret-get"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "capn-without-secret-reads"}]
-    }))
+    apply_doc(
+        &admin,
+        &ns,
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "no-secret-get"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-secret-get"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "capn-without-secret-reads"}]
+        }),
+    )
     .await;
     let mut config = cluster().config();
     config.auth_info.impersonate = Some("capn-without-secret-reads".into());
     let restricted = kube::Client::try_from(config).unwrap();
     let capn = Capn::start(&restricted, &ns);
     apply_example(&admin, &ns, "examples/nestedcontrolplane.yaml").await;
-    let ncp = wait_until(
-        "the control plane reports the failed read",
-        STEP,
-        || async {
-            let ncp = control_plane(&admin, &ns, "demo").await;
-            ncp.status
-                .as_ref()
-                .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "APIError"))
-                .then_some(ncp)
-        },
-    )
+    let ncp = wait_until("the control plane reports the failed read", STEP, || async {
+        let ncp = control_plane(&admin, &ns, "demo").await;
+        ncp.status
+            .as_ref()
+            .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "APIError"))
+            .then_some(ncp)
+    })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     capn.stop().await;
@@ -518,12 +485,9 @@ async fn a_read_error_on_the_ca_secret_does_not_mint_a_new_ca() {
 async fn a_user_supplied_ca_is_used_as_is() {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let ca = capn::pki::CertificateAuthority::generate(
-        "my-own-ca",
-        time::OffsetDateTime::now_utc(),
-        Default::default(),
-    )
-    .unwrap();
+    let ca =
+        capn::pki::CertificateAuthority::generate("my-own-ca", time::OffsetDateTime::now_utc(), Default::default())
+            .unwrap();
     let user_secret = capn::pki::tls_secret("demo-ca", &ns, "demo", ca.pem());
     let created = Api::<Secret>::namespaced(client.clone(), &ns)
         .create(&Default::default(), &user_secret)
@@ -539,10 +503,7 @@ async fn a_user_supplied_ca_is_used_as_is() {
         after.owner_references().is_empty(),
         "capn took ownership of the user's CA"
     );
-    let serving = secret_value(
-        &secret(&client, &ns, "demo-apiserver").await.unwrap(),
-        "tls.crt",
-    );
+    let serving = secret_value(&secret(&client, &ns, "demo-apiserver").await.unwrap(), "tls.crt");
     assert!(signed_by(&pem_to_der(&serving), ca.cert_der()));
 }
 

@@ -93,9 +93,7 @@ pub async fn make_ready(client: &Client, ns: &str, name: &str) {
         statefulset(client, ns, name).await.map(|_| ())
     })
     .await;
-    crate::support::mark_statefulset_ready(client, ns, name)
-        .await
-        .unwrap();
+    crate::support::mark_statefulset_ready(client, ns, name).await.unwrap();
 }
 
 pub async fn control_plane(client: &Client, ns: &str, name: &str) -> NestedControlPlane {
@@ -148,10 +146,7 @@ pub async fn secret_fingerprints(client: &Client, ns: &str) -> BTreeMap<String, 
 
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The first certificate of a PEM string, as DER.
@@ -186,11 +181,7 @@ pub fn sans(der: &[u8]) -> (Vec<String>, Vec<String>) {
 /// Extended key usages (server, client) of a certificate.
 pub fn usages(der: &[u8]) -> (bool, bool) {
     let (_, cert) = X509Certificate::from_der(der).unwrap();
-    let eku = cert
-        .extended_key_usage()
-        .unwrap()
-        .expect("extended key usage")
-        .value;
+    let eku = cert.extended_key_usage().unwrap().expect("extended key usage").value;
     (eku.server_auth, eku.client_auth)
 }
 
@@ -230,15 +221,7 @@ pub async fn components(client: &Client, ns: &str) -> Vec<(String, String)> {
 
 /// The `--name=value` flags of a StatefulSet's first container.
 pub fn flags(sts: &StatefulSet) -> BTreeMap<String, String> {
-    let c = &sts
-        .spec
-        .as_ref()
-        .unwrap()
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .containers[0];
+    let c = &sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
     c.args
         .iter()
         .flatten()

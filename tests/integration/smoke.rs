@@ -5,14 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Secret,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
@@ -36,10 +32,7 @@ async fn test_namespaces_are_distinct_and_exist() {
     assert_ne!(first, second);
     for name in [&first, &second] {
         assert!(name.starts_with("capn-test-"), "{name}");
-        Api::<Namespace>::all(client.clone())
-            .get(name)
-            .await
-            .unwrap();
+        Api::<Namespace>::all(client.clone()).get(name).await.unwrap();
     }
 }
 
@@ -68,10 +61,7 @@ async fn kubeconfig_file_reaches_the_cluster_as_admin() {
         .unwrap();
     let client = kube::Client::try_from(config).unwrap();
     // Only an admin may list Secrets in every namespace.
-    Api::<Secret>::all(client)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
+    Api::<Secret>::all(client).list(&ListParams::default()).await.unwrap();
 }
 
 #[tokio::test]
@@ -90,12 +80,9 @@ async fn garbage_collector_deletes_a_configmap_whose_owner_is_deleted() {
         uid: owner.metadata.uid.unwrap(),
         ..OwnerReference::default()
     };
-    api.create(
-        &PostParams::default(),
-        &config_map("dependent", Some(owner_reference)),
-    )
-    .await
-    .unwrap();
+    api.create(&PostParams::default(), &config_map("dependent", Some(owner_reference)))
+        .await
+        .unwrap();
 
     api.delete("owner", &DeleteParams::default()).await.unwrap();
 
@@ -117,9 +104,7 @@ async fn mark_statefulset_ready_writes_what_the_statefulset_controller_reports()
         .await
         .unwrap();
 
-    mark_statefulset_ready(&client, &namespace, "demo-etcd")
-        .await
-        .unwrap();
+    mark_statefulset_ready(&client, &namespace, "demo-etcd").await.unwrap();
 
     let status = api.get_status("demo-etcd").await.unwrap().status.unwrap();
     let revision = status.update_revision.clone().unwrap();
@@ -147,9 +132,7 @@ async fn mark_statefulset_ready_writes_what_the_statefulset_controller_reports()
     assert_eq!(later, status);
 
     // The revision names the template, so marking again changes nothing.
-    mark_statefulset_ready(&client, &namespace, "demo-etcd")
-        .await
-        .unwrap();
+    mark_statefulset_ready(&client, &namespace, "demo-etcd").await.unwrap();
     let again = api.get_status("demo-etcd").await.unwrap().status.unwrap();
     assert_eq!(again, status);
 }

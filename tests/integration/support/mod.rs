@@ -112,11 +112,7 @@ pub async fn test_namespace(client: &kube::Client) -> String {
 ///
 /// # Errors
 /// Whatever the apiserver answers to the read or the patch (for example NotFound).
-pub async fn mark_statefulset_ready(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-) -> kube::Result<()> {
+pub async fn mark_statefulset_ready(client: &kube::Client, namespace: &str, name: &str) -> kube::Result<()> {
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
     let statefulset = api.get(name).await?;
     let spec = statefulset.spec.unwrap_or_default();
@@ -139,8 +135,7 @@ pub async fn mark_statefulset_ready(
         field_manager: Some(STATEFULSET_STATUS_MANAGER.to_owned()),
         ..PatchParams::default()
     };
-    api.patch_status(name, &params, &Patch::Merge(&status))
-        .await?;
+    api.patch_status(name, &params, &Patch::Merge(&status)).await?;
     Ok(())
 }
 

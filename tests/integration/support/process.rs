@@ -23,15 +23,9 @@ impl Process {
     /// The child gets `PR_SET_PDEATHSIG(SIGKILL)`. Linux sends that signal when the *thread*
     /// that forked the child ends, not the process, so call this only from a thread that lives
     /// as long as the test binary (see `start::start`).
-    pub fn spawn(
-        name: &'static str,
-        binary: &Path,
-        args: &[String],
-        dir: &Path,
-    ) -> Result<Self, String> {
+    pub fn spawn(name: &'static str, binary: &Path, args: &[String], dir: &Path) -> Result<Self, String> {
         let log = dir.join(format!("{name}.log"));
-        let stdout =
-            File::create(&log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let stdout = File::create(&log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
         let stderr = stdout
             .try_clone()
             .map_err(|e| format!("cannot duplicate {}: {e}", log.display()))?;

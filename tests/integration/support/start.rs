@@ -64,9 +64,9 @@ pub(super) fn start() -> Result<TestCluster, String> {
             }
         })
         .map_err(|e| format!("cannot start the test cluster thread: {e}"))?;
-    receiver.recv().map_err(|_| {
-        "the test cluster start-up thread panicked (see its message above)".to_owned()
-    })?
+    receiver
+        .recv()
+        .map_err(|_| "the test cluster start-up thread panicked (see its message above)".to_owned())?
 }
 
 /// The assets directory from `KUBEBUILDER_ASSETS`, checked to hold the three binaries.
@@ -80,19 +80,13 @@ fn assets_dir() -> Result<PathBuf, String> {
     let dir = PathBuf::from(dir);
     for binary in ["etcd", "kube-apiserver", "kube-controller-manager"] {
         if !dir.join(binary).is_file() {
-            return Err(format!(
-                "{ASSETS_VARIABLE}={} has no {binary}: {HINT}",
-                dir.display()
-            ));
+            return Err(format!("{ASSETS_VARIABLE}={} has no {binary}: {HINT}", dir.display()));
         }
     }
     Ok(dir)
 }
 
-fn start_on_this_thread(
-    assets: PathBuf,
-    processes: &mut Vec<Process>,
-) -> Result<TestCluster, String> {
+fn start_on_this_thread(assets: PathBuf, processes: &mut Vec<Process>) -> Result<TestCluster, String> {
     let started = Instant::now();
     // What was up when, for the start-up line: shows which binary got slow.
     let mut milestones: Vec<(&str, Duration)> = Vec::new();
@@ -103,12 +97,7 @@ fn start_on_this_thread(
         .keep();
     // Logs must survive a failed start; the at-exit hook removes the directory after a good one.
     let in_dir = |what: String| format!("{what}\n(test cluster directory: {})", dir.display());
-    let [
-        etcd_port,
-        etcd_peer_port,
-        apiserver_port,
-        controller_manager_port,
-    ] = free_ports().map_err(in_dir)?;
+    let [etcd_port, etcd_peer_port, apiserver_port, controller_manager_port] = free_ports().map_err(in_dir)?;
 
     let files = write_credentials(&dir).map_err(in_dir)?;
 
@@ -133,8 +122,7 @@ fn start_on_this_thread(
     let kubeconfig = dir.join("kubeconfig");
     let server = format!("https://127.0.0.1:{apiserver_port}");
     let kubeconfig_text = kubeconfig_yaml(&server, &ca, &files.token);
-    std::fs::write(&kubeconfig, &kubeconfig_text)
-        .map_err(|e| format!("cannot write {}: {e}", kubeconfig.display()))?;
+    std::fs::write(&kubeconfig, &kubeconfig_text).map_err(|e| format!("cannot write {}: {e}", kubeconfig.display()))?;
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -165,20 +153,11 @@ fn start_on_this_thread(
         &controller_manager_args(&kubeconfig, controller_manager_port, &files),
         &dir,
     )?);
-    runtime.block_on(wait_for_controller_manager(
-        &mut processes[2],
-        controller_manager_port,
-    ))?;
+    runtime.block_on(wait_for_controller_manager(&mut processes[2], controller_manager_port))?;
     milestones.push(("kube-controller-manager", started.elapsed()));
 
-    let pids = processes
-        .iter()
-        .map(|p| p.child.id() as libc::pid_t)
-        .collect();
-    register_at_exit(Running {
-        pids,
-        dir: dir.clone(),
-    });
+    let pids = processes.iter().map(|p| p.child.id() as libc::pid_t).collect();
+    register_at_exit(Running { pids, dir: dir.clone() });
     let milestones: Vec<String> = milestones
         .iter()
         .map(|(what, when)| format!("{what} {when:.1?}"))
@@ -223,10 +202,7 @@ fn apiserver_args(etcd_url: &str, port: u16, cert_dir: &Path, files: &Credential
         // No serving certificate given: the apiserver self-signs one into this directory.
         format!("--cert-dir={}", cert_dir.display()),
         format!("--service-account-key-file={}", files.public_key.display()),
-        format!(
-            "--service-account-signing-key-file={}",
-            files.private_key.display()
-        ),
+        format!("--service-account-signing-key-file={}", files.private_key.display()),
         "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
         "--authorization-mode=RBAC".to_owned(),
         format!("--token-auth-file={}", files.tokens.display()),
@@ -243,10 +219,7 @@ fn controller_manager_args(kubeconfig: &Path, port: u16, files: &Credentials) ->
         "--leader-elect=false".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),
         format!("--secure-port={port}"),
-        format!(
-            "--service-account-private-key-file={}",
-            files.private_key.display()
-        ),
+        format!("--service-account-private-key-file={}", files.private_key.display()),
     ]
 }
 
@@ -282,8 +255,7 @@ fn write_credentials(dir: &Path) -> Result<Credentials, String> {
             .map(|()| path.clone())
             .map_err(|e| format!("cannot write {}: {e}", path.display()))
     };
-    let key = rcgen::KeyPair::generate()
-        .map_err(|e| format!("cannot generate the service-account key: {e}"))?;
+    let key = rcgen::KeyPair::generate().map_err(|e| format!("cannot generate the service-account key: {e}"))?;
     let private_key = write("service-account.key", &key.serialize_pem())?;
     let public_key = write("service-account.pub", &key.public_key_pem())?;
     let token = random_token()?;
@@ -328,9 +300,7 @@ fn wait_for_etcd(etcd: &mut Process, port: u16) -> Result<(), String> {
             Err(e) => e.to_string(),
         };
         if Instant::now() > deadline {
-            return Err(etcd.failure(&format!(
-                "was not healthy after {ETCD_TIMEOUT:?} (last answer: {last})"
-            )));
+            return Err(etcd.failure(&format!("was not healthy after {ETCD_TIMEOUT:?} (last answer: {last})")));
         }
         thread::sleep(POLL);
     }
@@ -432,10 +402,7 @@ async fn install_crds(client: &kube::Client) -> Result<(), String> {
     for crd in &crds {
         let name = crd.metadata.name.as_deref().unwrap_or_default();
         loop {
-            let current = api
-                .get(name)
-                .await
-                .map_err(|e| format!("reading {name}: {e}"))?;
+            let current = api.get(name).await.map_err(|e| format!("reading {name}: {e}"))?;
             if is_established(&current) {
                 break;
             }
@@ -466,17 +433,14 @@ fn is_established(crd: &CustomResourceDefinition) -> bool {
 ///
 /// Its serving certificate is generated in memory and never written anywhere, so this one
 /// probe skips certificate verification; `/healthz` needs no credentials.
-async fn wait_for_controller_manager(
-    controller_manager: &mut Process,
-    port: u16,
-) -> Result<(), String> {
+async fn wait_for_controller_manager(controller_manager: &mut Process, port: u16) -> Result<(), String> {
     let url = format!("https://127.0.0.1:{port}")
         .parse()
         .map_err(|e| format!("bad controller manager URL: {e}"))?;
     let mut config = kube::Config::new(url);
     config.accept_invalid_certs = true;
-    let client = kube::Client::try_from(config)
-        .map_err(|e| format!("cannot build a client for the controller manager: {e}"))?;
+    let client =
+        kube::Client::try_from(config).map_err(|e| format!("cannot build a client for the controller manager: {e}"))?;
     let deadline = Instant::now() + CONTROLLER_MANAGER_TIMEOUT;
     loop {
         controller_manager.check_running()?;
