@@ -33,7 +33,9 @@ use crate::apply::applyset::{
 };
 use crate::apply::{FIELD_MANAGER, apply_rank, readiness};
 use crate::component::ComponentKind;
-use crate::plan::{ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, component_applyset_id, plan};
+use crate::plan::{
+    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, check, component_applyset_id, plan, resolve,
+};
 use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, phase, set_condition};
 
 /// A component custom resource.
@@ -342,6 +344,14 @@ async fn drive<K: ComponentResource>(
         return Ok(Outcome::Paused);
     }
     let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
+    // The version rules come before waiting for a predecessor: a refused upgrade must say
+    // so at once, not wait for an etcd that will never move.
+    let running = running_versions::<K>(ctx, object, &ncp, ns).await?;
+    if let Err(e) = resolve(&ctx.channels, &cluster, K::KIND, object.component())
+        .and_then(|r| check(K::KIND, &r, &running).map_err(PlanError::from))
+    {
+        return Ok(Outcome::Invalid(e));
+    }
     let upstream = match K::KIND {
         ComponentKind::Etcd => Gate::Open(Upstream::default()),
         ComponentKind::ApiServer => apiserver::gate(ctx, &ncp, &cluster, ns).await?,
@@ -361,7 +371,7 @@ async fn drive<K: ComponentResource>(
         spec: object.component(),
         etcd_storage: object.etcd_storage(),
         owner,
-        running: running_versions::<K>(ctx, object, &ncp, ns).await?,
+        running,
     };
     let plan = match plan(&ctx.channels, &cluster, &request, &upstream) {
         Ok(p) => p,
@@ -503,13 +513,12 @@ async fn running_versions<K: ComponentResource>(
                 running.controller_manager = parse(api.get_opt(name).await?.and_then(|c| c.status).as_ref());
             }
         }
-        ComponentKind::ControllerManager => {
+        ComponentKind::ControllerManager | ComponentKind::Etcd => {
             if let Some(name) = NestedAPIServer::reference(ncp) {
                 let api: Api<NestedAPIServer> = Api::namespaced(ctx.client.clone(), ns);
                 running.apiserver = parse(api.get_opt(name).await?.and_then(|c| c.status).as_ref());
             }
         }
-        ComponentKind::Etcd => {}
     }
     Ok(running)
 }

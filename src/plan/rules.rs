@@ -5,7 +5,7 @@ use semver::Version;
 
 use super::{ClusterSettings, PlanError};
 use crate::api::ComponentSpec;
-use crate::channel::{Channel, ChannelRegistry, DEFAULT_CHANNEL};
+use crate::channel::{Channel, ChannelError, ChannelRegistry, DEFAULT_CHANNEL, RequestedVersion};
 use crate::component::ComponentKind;
 
 /// A component's resolved channel and release.
@@ -36,7 +36,7 @@ pub fn resolve<'a>(
         .filter(|c| !c.is_empty())
         .unwrap_or(DEFAULT_CHANNEL);
     let channel = channels.get(channel_name)?;
-    let kubernetes = channel.resolve(ComponentKind::ApiServer, cluster.kubernetes_version.as_deref(), None)?;
+    let kubernetes = kubernetes_release(channel, cluster)?;
     let own = spec.version.as_deref().filter(|v| !v.trim().is_empty());
     let version = match (kind, own) {
         (ComponentKind::Etcd, _) => channel.resolve(kind, own, Some(&kubernetes))?,
@@ -48,6 +48,25 @@ pub fn resolve<'a>(
         version,
         kubernetes,
     })
+}
+
+/// The control plane's Kubernetes release as the component's channel sees it. A channel that
+/// carries no apiserver (say, an etcd-only provider channel) takes the requested release
+/// literally, missing parts as 0, so that etcd can still follow the Kubernetes minor.
+fn kubernetes_release(channel: &Channel, cluster: &ClusterSettings) -> Result<Version, PlanError> {
+    if !channel.versions(ComponentKind::ApiServer).is_empty() {
+        return Ok(channel.resolve(ComponentKind::ApiServer, cluster.kubernetes_version.as_deref(), None)?);
+    }
+    let wanted = cluster
+        .kubernetes_version
+        .as_deref()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or(&channel.index.defaults.kubernetes);
+    let r = RequestedVersion::parse(wanted).ok_or_else(|| ChannelError::InvalidVersion {
+        component: ComponentKind::ApiServer,
+        requested: wanted.to_string(),
+    })?;
+    Ok(Version::new(r.major, r.minor.unwrap_or(0), r.patch.unwrap_or(0)))
 }
 
 /// A change of release that capn refuses. Terminal: running workloads stay as they are
@@ -109,7 +128,8 @@ impl SkewError {
 pub struct Running {
     /// The component's own running release (`status.version`).
     pub current: Option<Version>,
-    /// The apiserver's running release (checked for the controller-manager).
+    /// The apiserver's running release (checked for the controller-manager, and for etcd,
+    /// which must not start an upgrade the apiserver would refuse).
     pub apiserver: Option<Version>,
     /// The controller-manager's running release (checked for the apiserver).
     pub controller_manager: Option<Version>,
@@ -170,6 +190,28 @@ pub fn check(kind: ComponentKind, resolved: &Resolved<'_>, running: &Running) ->
             }
         }
         ComponentKind::Etcd => {
+            // etcd moves first in an upgrade: it must not start one the apiserver will refuse.
+            if let Some(api) = &running.apiserver {
+                let (cur, want) = (minor(api), minor(&resolved.kubernetes));
+                if want.0 > cur.0 || want.1 > cur.1 + 1 || want < cur {
+                    let next = format!("{}.{}", cur.0, cur.1 + 1);
+                    return Err(if want < cur {
+                        SkewError::MinorDowngrade {
+                            component: ComponentKind::ApiServer,
+                            from: api.clone(),
+                            to: resolved.kubernetes.clone(),
+                            from_minor: format!("{}.{}", cur.0, cur.1),
+                        }
+                    } else {
+                        SkewError::SkippedMinor {
+                            component: ComponentKind::ApiServer,
+                            from: api.clone(),
+                            to: resolved.kubernetes.clone(),
+                            next,
+                        }
+                    });
+                }
+            }
             if let Some(compat) = resolved.channel.index.etcd_for(&resolved.kubernetes)
                 && !compat.etcd_minors.is_empty()
                 && !compat

@@ -26,11 +26,25 @@ pub struct Capn(tokio::task::JoinHandle<()>);
 impl Capn {
     /// Starts every controller for `namespace`.
     pub fn start(client: &Client, namespace: &str) -> Self {
+        Self::start_with_channels(client, namespace, &[])
+    }
+
+    /// Starts every controller for `namespace`, with extra channel directories (paths
+    /// relative to `tests/integration/channels`).
+    pub fn start_with_channels(client: &Client, namespace: &str, dirs: &[&str]) -> Self {
         let settings = Settings {
             namespace: Some(namespace.to_string()),
             ..Settings::default()
         };
-        let channels = Arc::new(ChannelRegistry::load(&[]).expect("built-in channels"));
+        let dirs: Vec<std::path::PathBuf> = dirs
+            .iter()
+            .map(|d| {
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/integration/channels")
+                    .join(d)
+            })
+            .collect();
+        let channels = Arc::new(ChannelRegistry::load(&dirs).expect("channels load"));
         Self(tokio::spawn(run(client.clone(), channels, settings)))
     }
 

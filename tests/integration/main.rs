@@ -2,6 +2,7 @@
 //! binary; run with `KUBEBUILDER_ASSETS` set (`export KUBEBUILDER_ASSETS=$(hack/kube-assets.sh)`).
 
 mod control_plane;
+mod engine;
 mod harness;
 mod smoke;
 mod support;

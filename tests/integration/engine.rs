@@ -1,0 +1,320 @@
+//! Issue "Versions, channels, patches and swappable providers": pruning, failing patches,
+//! ordered upgrades and refused ones, on the real apiserver.
+
+use std::time::Duration;
+
+use capn::api::{NestedAPIServer, NestedControllerManager, NestedEtcd};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::harness::*;
+use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
+
+fn image(sts: &StatefulSet) -> String {
+    sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap()
+}
+
+fn has_condition(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == status && c.reason == reason)
+}
+
+#[tokio::test]
+async fn switching_channel_versions_prunes_what_is_no_longer_rendered_and_nothing_else() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start_with_channels(&client, &ns, &["prune-test"]);
+    apply_doc(
+        &client,
+        &ns,
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+            "metadata": {"name": "p-etcd"}, "spec": {"channel": "prune-test", "version": "3.6.8"}
+        }),
+    )
+    .await;
+    apply_doc(
+        &client,
+        &ns,
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+            "metadata": {"name": "p"}, "spec": {"etcd": {"name": "p-etcd"}}
+        }),
+    )
+    .await;
+    // A user's ConfigMap with capn's labels but not in the set must survive.
+    apply_doc(&client, &ns, json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "users-own", "labels": {"app.kubernetes.io/managed-by": "capn", "cluster.x-k8s.io/cluster-name": "p"}}
+    }))
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    wait_until("3.6.8 renders its extra ConfigMap", STEP, || async {
+        cms.get_opt("p-etcd-extra").await.unwrap()
+    })
+    .await;
+    let etcd_api: Api<NestedEtcd> = Api::namespaced(client.clone(), &ns);
+    let parent = etcd_api.get("p-etcd").await.unwrap();
+    assert_eq!(
+        parent
+            .annotations()
+            .get("applyset.kubernetes.io/contains-group-kinds")
+            .map(String::as_str),
+        Some("ConfigMap,Service,StatefulSet.apps")
+    );
+    etcd_api
+        .patch(
+            "p-etcd",
+            &PatchParams::apply("kubectl"),
+            &Patch::Apply(json!({
+                "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+                "metadata": {"name": "p-etcd"}, "spec": {"channel": "prune-test", "version": "3.6.9"}
+            })),
+        )
+        .await
+        .unwrap();
+    wait_until("the ConfigMap 3.6.9 no longer renders is pruned", STEP, || async {
+        cms.get_opt("p-etcd-extra").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(
+        cms.get_opt("users-own").await.unwrap().is_some(),
+        "pruning deleted an object that is not in the set"
+    );
+    let sts = statefulset(&client, &ns, "p-etcd")
+        .await
+        .expect("the StatefulSet is still rendered");
+    assert_eq!(image(&sts), "registry.k8s.io/etcd:3.6.9-0");
+    let parent = etcd_api.get("p-etcd").await.unwrap();
+    assert_eq!(
+        parent
+            .annotations()
+            .get("applyset.kubernetes.io/contains-group-kinds")
+            .map(String::as_str),
+        Some("Service,StatefulSet.apps")
+    );
+    capn.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_patch_leaves_every_existing_object_unchanged() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    bring_up(&client, &ns, "demo").await;
+    let versions = || async {
+        let mut v: Vec<(String, Option<String>)> = Vec::new();
+        for s in Api::<StatefulSet>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+        {
+            v.push((s.name_any(), s.resource_version()));
+        }
+        v
+    };
+    let before = versions().await;
+    // The first patch is fine, the second targets nothing: neither may be applied.
+    let api: Api<NestedAPIServer> = Api::namespaced(client.clone(), &ns);
+    api.patch("demo-apiserver", &PatchParams::default(), &Patch::Merge(json!({"spec": {"patches": [
+        {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "demo-apiserver", "annotations": {"x": "y"}}},
+        {"target": {"kind": "ConfigMap", "name": "nope"}, "mergePatch": {"data": {"a": "b"}}}
+    ]}})))
+    .await
+    .unwrap();
+    let apiserver = wait_until("the apiserver reports the failing patch", STEP, || async {
+        let a = api.get("demo-apiserver").await.unwrap();
+        a.status
+            .as_ref()
+            .is_some_and(|s| has_condition(&s.conditions, "Synced", "False", "PatchTargetNotFound"))
+            .then_some(a)
+    })
+    .await;
+    let status = apiserver.status.unwrap();
+    let synced = status.conditions.iter().find(|c| c.type_ == "Synced").unwrap();
+    assert!(
+        synced.message.contains("patch 1") && synced.message.contains("ConfigMap/nope"),
+        "{}",
+        synced.message
+    );
+    assert!(status.ready, "the running apiserver still counts as ready");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(versions().await, before, "an object changed although a patch failed");
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("PatchTargetNotFound") && e.type_.as_deref() == Some("Warning")),
+        "no Warning Event says why"
+    );
+    capn.stop().await;
+}
+
+#[tokio::test]
+async fn an_upgrade_from_1_36_to_1_37_rolls_etcd_then_apiserver_then_controller_manager() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    bring_up(&client, &ns, "demo").await;
+    let sts = |name: &'static str| {
+        let client = client.clone();
+        let ns = ns.clone();
+        async move { statefulset(&client, &ns, name).await.unwrap() }
+    };
+    assert_eq!(
+        image(&sts("demo-apiserver").await),
+        "registry.k8s.io/kube-apiserver:v1.36.3"
+    );
+    apply_doc(
+        &client,
+        &ns,
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+            "metadata": {"name": "demo"}, "spec": {"version": "1.37"}
+        }),
+    )
+    .await;
+    // etcd first: kubeadm's etcd for 1.37 is 3.7.0.
+    wait_until("etcd rolls to 3.7.0", STEP, || async {
+        (image(&sts("demo-etcd").await) == "registry.k8s.io/etcd:3.7.0-0").then_some(())
+    })
+    .await;
+    wait_until("the control plane reports RollingOut", STEP, || async {
+        let ncp = control_plane(&client, &ns, "demo").await;
+        ncp.status
+            .filter(|s| capn::status::is_true(&s.conditions, "RollingOut"))
+            .map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        image(&sts("demo-apiserver").await),
+        "registry.k8s.io/kube-apiserver:v1.36.3",
+        "apiserver waits for etcd"
+    );
+    mark_statefulset_ready(&client, &ns, "demo-etcd").await.unwrap();
+    wait_until("the apiserver rolls to 1.37.2", STEP, || async {
+        (image(&sts("demo-apiserver").await) == "registry.k8s.io/kube-apiserver:v1.37.2").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        image(&sts("demo-controller-manager").await),
+        "registry.k8s.io/kube-controller-manager:v1.36.3",
+        "the controller-manager waits for the apiserver"
+    );
+    mark_statefulset_ready(&client, &ns, "demo-apiserver").await.unwrap();
+    wait_until("the controller-manager rolls to 1.37.2", STEP, || async {
+        (image(&sts("demo-controller-manager").await) == "registry.k8s.io/kube-controller-manager:v1.37.2")
+            .then_some(())
+    })
+    .await;
+    mark_statefulset_ready(&client, &ns, "demo-controller-manager")
+        .await
+        .unwrap();
+    let status = wait_until("the control plane is ready on 1.37.2", STEP, || async {
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        (s.ready && s.version.as_deref() == Some("1.37.2") && !capn::status::is_true(&s.conditions, "RollingOut"))
+            .then_some(s)
+    })
+    .await;
+    assert_eq!(
+        status.components.unwrap().etcd.unwrap().version.as_deref(),
+        Some("3.7.0")
+    );
+    capn.stop().await;
+}
+
+#[tokio::test]
+async fn an_upgrade_skipping_a_minor_is_refused_and_touches_nothing() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    apply_doc(
+        &client,
+        &ns,
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+            "metadata": {"name": "demo"}, "spec": {"version": "1.35"}
+        }),
+    )
+    .await;
+    bring_up(&client, &ns, "demo").await;
+    let before: Vec<(String, Option<String>)> = Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| (s.name_any(), s.resource_version()))
+        .collect();
+    apply_doc(
+        &client,
+        &ns,
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+            "metadata": {"name": "demo"}, "spec": {"version": "1.37"}
+        }),
+    )
+    .await;
+    let refused = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
+        has_condition(conditions, "Synced", "False", "UpgradeNotAllowed")
+    };
+    let etcd_api: Api<NestedEtcd> = Api::namespaced(client.clone(), &ns);
+    let api_api: Api<NestedAPIServer> = Api::namespaced(client.clone(), &ns);
+    let message = wait_until("etcd and the apiserver refuse the upgrade", STEP, || async {
+        let e = etcd_api.get("demo-etcd").await.unwrap().status?;
+        let a = api_api.get("demo-apiserver").await.unwrap().status?;
+        (refused(&e.conditions) && refused(&a.conditions)).then(|| {
+            a.conditions
+                .iter()
+                .find(|c| c.type_ == "Synced")
+                .unwrap()
+                .message
+                .clone()
+        })
+    })
+    .await;
+    assert!(
+        message.contains("1.36"),
+        "the refusal names the allowed next minor: {message}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after: Vec<(String, Option<String>)> = Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| (s.name_any(), s.resource_version()))
+        .collect();
+    assert_eq!(before, after, "a refused upgrade changed a workload");
+    let cm = Api::<NestedControllerManager>::namespaced(client.clone(), &ns)
+        .get("demo-controller-manager")
+        .await
+        .unwrap();
+    assert_eq!(cm.status.unwrap().version.as_deref(), Some("1.35.4"));
+    assert!(
+        control_plane(&client, &ns, "demo").await.status.unwrap().ready,
+        "the running control plane stays ready"
+    );
+    capn.stop().await;
+}
