@@ -41,6 +41,15 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         NestedCluster::crd(),
     ];
     for crd in &mut crds {
+        // Every spec field is optional, so an object without `spec` is valid too
+        // (kube-derive marks `spec` required).
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut())
+                && let Some(required) = schema.required.as_mut()
+            {
+                required.retain(|r| r != "spec");
+            }
+        }
         let labels = crd.metadata.labels.get_or_insert_with(Default::default);
         for (k, v) in CONTRACT_LABELS {
             labels.insert(k.to_string(), v.to_string());

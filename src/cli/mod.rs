@@ -85,6 +85,13 @@ pub struct RenderArgs {
 pub enum ChannelsCommand {
     /// List channels, their components and versions.
     List(ChannelArgs),
+    /// Render every template of the channels in DIR against a sample context and report
+    /// every error with its file and line; exits non-zero when any fails.
+    Validate {
+        /// A channel directory (with channel.yaml) or a directory of channels.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -178,6 +185,26 @@ pub async fn main() -> anyhow::Result<()> {
                     let versions: Vec<String> = channel.versions(kind).iter().map(|v| v.to_string()).collect();
                     println!("  {:<20} {}", kind.as_str(), versions.join(", "));
                 }
+            }
+            Ok(())
+        }
+        Command::Channels {
+            command: ChannelsCommand::Validate { dir },
+        } => {
+            let channels = crate::channel::load_channel_dir(&dir)?;
+            let mut failures = 0;
+            for channel in &channels {
+                let errors = crate::plan::validate_channel(channel);
+                if errors.is_empty() {
+                    println!("{}: ok", channel.name);
+                }
+                for e in &errors {
+                    println!("{}: {e}", channel.name);
+                }
+                failures += errors.len();
+            }
+            if failures > 0 {
+                anyhow::bail!("{failures} template error(s)");
             }
             Ok(())
         }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::channel::ChannelRegistry;
 use crate::controllers::component::ComponentResource;
-use crate::controllers::read::{CAPI_GROUP, cluster_settings};
+use crate::controllers::read::{CAPI_GROUP, cluster_settings, controller_reference};
 use crate::pki::{SECRET_TYPE, SecretNames};
 use crate::plan::{ClusterSettings, ComponentRequest, Plan, Upstream, plan};
 
@@ -55,15 +55,16 @@ fn component<K: ComponentResource>(docs: &[Value], ncp: &NestedControlPlane) -> 
     Ok((fresh, true))
 }
 
+/// The controllers' owner reference; an offline object without a uid gets an empty one.
 fn owner_of<K: Resource<DynamicType = ()>>(object: &K) -> OwnerReference {
-    OwnerReference {
+    controller_reference(object).unwrap_or_else(|| OwnerReference {
         api_version: K::api_version(&()).into_owned(),
         kind: K::kind(&()).into_owned(),
         name: object.name_any(),
-        uid: object.uid().unwrap_or_default(),
+        uid: String::new(),
         controller: Some(true),
         block_owner_deletion: Some(true),
-    }
+    })
 }
 
 fn plan_component<K: ComponentResource>(

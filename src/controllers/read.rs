@@ -119,9 +119,14 @@ pub fn cluster_settings(
     }
 }
 
-/// A controller owner reference to `object` (blocks its deletion until dependents go).
+/// A controller owner reference to `object` that blocks its foreground deletion until the
+/// dependents are gone. `None` when the object has no uid yet (never stored).
+/// `capn render` and the controllers both use it, so their output agrees.
 pub fn controller_reference<K: Resource<DynamicType = ()>>(object: &K) -> Option<OwnerReference> {
-    object.controller_owner_ref(&())
+    Some(OwnerReference {
+        block_owner_deletion: Some(true),
+        ..object.controller_owner_ref(&())?
+    })
 }
 
 #[cfg(test)]

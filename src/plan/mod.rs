@@ -8,10 +8,12 @@
 mod context;
 mod labels;
 mod rules;
+mod validate;
 
 pub use context::*;
 pub use labels::{MANAGED_BY, selector_labels, standard_labels};
 pub use rules::{Resolved, Running, SkewError, check, resolve};
+pub use validate::validate_channel;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use semver::Version;

@@ -192,6 +192,10 @@ fn apiserver_lists_every_etcd_member_and_has_a_cluster_ip_service() {
     // The CA secrets are mounted without their private keys.
     let volumes = sts["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
     let ca = volumes.iter().find(|v| v["secret"]["secretName"] == "demo-ca").unwrap();
+    // 0440: owner and group may read the keys; nobody may write or execute them.
+    for v in volumes.iter().filter(|v| v["secret"].is_object()) {
+        assert_eq!(v["secret"]["defaultMode"], serde_json::json!(0o440), "{}", v["name"]);
+    }
     assert_eq!(
         ca["secret"]["items"],
         serde_json::json!([{"key": "tls.crt", "path": "tls.crt"}])
