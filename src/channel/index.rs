@@ -23,11 +23,38 @@ pub struct ChannelIndex {
     pub compatibility: Vec<Compatibility>,
 }
 
-/// The releases a channel carries for one component.
+/// The releases a channel carries for one component, and how a provider other than the
+/// native StatefulSets reports readiness and outputs.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ComponentVersions {
     pub versions: Vec<String>,
+    /// The rendered objects whose readiness is the component's. Default: the workloads
+    /// (StatefulSets, Deployments) by the built-in rules (design §5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<ReadinessSource>,
+    /// etcd only: where the client URLs the apiserver dials are published. Default: one
+    /// URL per native member (`https://<c>-etcd-<i>.<c>-etcd.<ns>.svc:2379`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<EndpointsSource>,
+}
+
+/// Which rendered objects decide a component's readiness: every object of `kind` must be
+/// ready by its `Ready`/`Available` condition (or the built-in rule for known kinds).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReadinessSource {
+    pub kind: String,
+}
+
+/// A list of URLs read from a rendered object as the API server returns it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EndpointsSource {
+    /// Kind of the rendered object (the first one of that kind is read).
+    pub kind: String,
+    /// RFC 6901 JSON pointer to an array of strings, e.g. `/status/clientURLs`.
+    pub pointer: String,
 }
 
 /// Channel-wide defaults.

@@ -14,7 +14,7 @@ use semver::Version;
 
 use crate::component::ComponentKind;
 pub use error::ChannelError;
-pub use index::{ChannelIndex, Compatibility};
+pub use index::{ChannelIndex, Compatibility, ComponentVersions, EndpointsSource, ReadinessSource};
 pub use load::{builtin_channels, load_channel_dir};
 pub use version::{RequestedVersion, minor_of};
 
@@ -111,6 +111,11 @@ impl Channel {
             .filter(|(k, _)| *k == kind)
             .map(|(_, v)| v)
             .collect()
+    }
+
+    /// What the channel declares for `kind` beyond its versions (readiness, outputs).
+    pub fn component(&self, kind: ComponentKind) -> Option<&ComponentVersions> {
+        self.index.components.get(kind.as_str())
     }
 
     /// The templates of `kind` at `version`, sorted by path.

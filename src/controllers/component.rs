@@ -286,7 +286,10 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             status.inventory = plan.inventory();
             status.endpoints = plan.etcd_endpoints.clone();
             status.service = service;
-            (Action::requeue(Duration::from_secs(3600)), Ok(()))
+            // Owned StatefulSets and Services wake us on change; a provider's own kinds are
+            // not watched, so look again soon while not ready.
+            let again = if ready { 3600 } else { 10 };
+            (Action::requeue(Duration::from_secs(again)), Ok(()))
         }
         Err(e) => {
             set(ConditionUpdate::new(SYNCED, false, e.reason(), e.to_string()));
@@ -436,11 +439,33 @@ async fn drive<K: ComponentResource>(
     )
     .await?;
     // report
-    let workloads: Vec<_> = applied.iter().filter(|o| apply_rank(o) == 2).map(readiness).collect();
-    let ready =
-        !workloads.is_empty() && workloads.iter().all(|r| r.ready) && applied.iter().all(|o| readiness(o).ready);
-    let desired = workloads.iter().map(|r| r.desired).max().unwrap_or(0);
-    let ready_replicas = workloads.iter().map(|r| r.ready_replicas).min().unwrap_or(0);
+    let declared = ctx.channels.get(&plan.channel).ok().and_then(|c| c.component(K::KIND));
+    let deciding: Vec<_> = match declared.and_then(|d| d.readiness.as_ref()) {
+        Some(source) => applied
+            .iter()
+            .filter(|o| o["kind"] == source.kind.as_str())
+            .map(readiness)
+            .collect(),
+        None => applied.iter().filter(|o| apply_rank(o) == 2).map(readiness).collect(),
+    };
+    let ready = !deciding.is_empty() && deciding.iter().all(|r| r.ready) && applied.iter().all(|o| readiness(o).ready);
+    let desired = deciding.iter().map(|r| r.desired).max().unwrap_or(0).max(plan.replicas);
+    let ready_replicas = match deciding.iter().all(|r| r.desired == 0) {
+        // A provider's object has no replica counts: it is all or nothing.
+        true if ready => desired,
+        true => 0,
+        false => deciding.iter().map(|r| r.ready_replicas).min().unwrap_or(0),
+    };
+    let mut plan = plan;
+    if let Some(source) = declared.and_then(|d| d.endpoints.as_ref()) {
+        plan.etcd_endpoints = applied
+            .iter()
+            .find(|o| o["kind"] == source.kind.as_str())
+            .and_then(|o| o.pointer(&source.pointer))
+            .and_then(|v| v.as_array())
+            .map(|urls| urls.iter().filter_map(|u| u.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+    }
     let service = match K::KIND {
         ComponentKind::ApiServer => apiserver::service_output(&cluster, &applied),
         _ => None,

@@ -409,3 +409,108 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
     }
     capn.stop().await;
 }
+
+#[tokio::test]
+async fn a_provider_channel_renders_an_operator_resource_and_the_apiserver_follows_its_endpoints() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    // A stand-in for the etcd operator's CRD: schema-less, every field preserved.
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "etcdclusters.operator.etcd.io"},
+        "spec": {"group": "operator.etcd.io", "scope": "Namespaced",
+            "names": {"kind": "EtcdCluster", "plural": "etcdclusters", "singular": "etcdcluster", "listKind": "EtcdClusterList"},
+            "versions": [{"name": "v1alpha1", "served": true, "storage": true, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    });
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    crds.patch(
+        "etcdclusters.operator.etcd.io",
+        &PatchParams::apply("capn-test"),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+    wait_until("the EtcdCluster CRD is established", STEP, || async {
+        let c = crds.get("etcdclusters.operator.etcd.io").await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    let examples = format!("{}/examples/channels", env!("CARGO_MANIFEST_DIR"));
+    let capn = Capn::start_with_channels(&client, &ns, &[examples.as_str()]);
+    apply_doc(
+        &client,
+        &ns,
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+            "metadata": {"name": "ext-etcd"}, "spec": {"channel": "etcd-operator", "replicas": 3}
+        }),
+    )
+    .await;
+    apply_doc(
+        &client,
+        &ns,
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+            "metadata": {"name": "ext"}, "spec": {"etcd": {"name": "ext-etcd"}}
+        }),
+    )
+    .await;
+    let ar = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "operator.etcd.io",
+        "v1alpha1",
+        "EtcdCluster",
+    ));
+    let clusters: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+    let etcd_cluster = wait_until("capn renders the EtcdCluster", STEP, || async {
+        clusters.get_opt("ext-etcd").await.unwrap()
+    })
+    .await;
+    assert_eq!(etcd_cluster.data["spec"]["size"], 3);
+    assert!(
+        statefulset(&client, &ns, "ext-etcd").await.is_none(),
+        "no native etcd StatefulSet with this provider"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        statefulset(&client, &ns, "ext-apiserver").await.is_none(),
+        "the apiserver waits for the operator"
+    );
+    // Play the operator: it reports the cluster available and publishes its client URLs.
+    let urls = [
+        "https://ext-etcd-a.example.internal:2379",
+        "https://ext-etcd-b.example.internal:2379",
+    ];
+    clusters
+        .patch_status(
+            "ext-etcd",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "conditions": [{"type": "Available", "status": "True", "reason": "ClusterReady", "message": "",
+                                "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "clientURLs": urls,
+            }})),
+        )
+        .await
+        .unwrap();
+    let apiserver = wait_until("the apiserver is rendered", STEP, || async {
+        statefulset(&client, &ns, "ext-apiserver").await
+    })
+    .await;
+    assert_eq!(flags(&apiserver)["etcd-servers"], urls.join(","));
+    let etcd = Api::<NestedEtcd>::namespaced(client.clone(), &ns)
+        .get("ext-etcd")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert!(etcd.ready);
+    assert_eq!(etcd.endpoints, urls);
+    assert_eq!(etcd.channel.as_deref(), Some("etcd-operator"));
+    capn.stop().await;
+}
