@@ -14,6 +14,7 @@ pub mod channel;
 pub mod cli;
 pub mod component;
 pub mod controllers;
+pub mod manifests;
 pub mod patch;
 pub mod pki;
 pub mod plan;

@@ -19,6 +19,11 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "NestedControlPlaneStatus",
     shortname = "ncp",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
     category = "cluster-api",
     doc = "A nested Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) running as workloads of the super cluster.",
     printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
@@ -43,6 +48,11 @@ pub struct NestedControlPlaneSpec {
     /// empty for the channel default), unless a component pins its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// Desired apiserver replicas (the scale subresource: `kubectl scale ncp/<name>`). When
+    /// set, it overrides the NestedAPIServer's own `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub replicas: Option<i32>,
     /// Default channel of the components (default `stable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
@@ -123,6 +133,9 @@ pub struct NestedControlPlaneStatus {
     /// Desired apiserver replicas (Cluster API contract).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
+    /// Label selector of the apiserver pods (scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
     /// Ready apiserver replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,

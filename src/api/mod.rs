@@ -9,10 +9,12 @@
 mod cluster;
 mod component;
 mod control_plane;
+mod templates;
 
 pub use cluster::*;
 pub use component::*;
 pub use control_plane::*;
+pub use templates::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -39,6 +41,8 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         NestedAPIServer::crd(),
         NestedControllerManager::crd(),
         NestedCluster::crd(),
+        NestedControlPlaneTemplate::crd(),
+        NestedClusterTemplate::crd(),
     ];
     for crd in &mut crds {
         // Every spec field is optional, so an object without `spec` is valid too
@@ -55,7 +59,10 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
             labels.insert(k.to_string(), v.to_string());
         }
         // Component resources are the parents of their objects' ApplySets (KEP-3659).
-        if crd.spec.group == CONTROL_PLANE_GROUP && crd.spec.names.kind != "NestedControlPlane" {
+        if crd.spec.group == CONTROL_PLANE_GROUP
+            && crd.spec.names.kind.starts_with("Nested")
+            && !crd.spec.names.kind.starts_with("NestedControlPlane")
+        {
             labels.insert("applyset.kubernetes.io/is-parent-type".into(), "true".into());
         }
     }
@@ -129,6 +136,9 @@ mod tests {
                 crd.spec.names.kind
             );
             let version = &crd.spec.versions[0];
+            if crd.spec.names.kind.ends_with("Template") {
+                continue;
+            }
             assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
             let columns: Vec<String> = version
                 .additional_printer_columns

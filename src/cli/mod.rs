@@ -1,6 +1,7 @@
 //! The `capn` command line: `run`, `render`, `crds`, `channels list`, `version`.
 
 mod render;
+mod run;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub use render::render_documents;
+pub use run::{LeaderElection, run};
 
 use crate::channel::ChannelRegistry;
 use crate::controllers::{EnabledControllers, Settings};
@@ -63,6 +65,27 @@ pub struct RunArgs {
     /// DNS domain of the super cluster, used in certificate SANs.
     #[arg(long, default_value = crate::plan::DEFAULT_DNS_DOMAIN)]
     pub super_cluster_dns_domain: String,
+    /// Reconcile only resources labelled `cluster.x-k8s.io/watch-filter=VALUE`.
+    #[arg(long, value_name = "VALUE")]
+    pub watch_filter: Option<String>,
+    /// Address of the Prometheus metrics endpoint (`/metrics`).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: std::net::SocketAddr,
+    /// Address of the health probes (`/healthz`, `/readyz`).
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: std::net::SocketAddr,
+    /// Run the controllers only while holding a Lease, so that several replicas can run.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Namespace of the leader election Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader election Lease.
+    #[arg(long, default_value = "capn-leader-election")]
+    pub leader_election_id: String,
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub leader_election_lease_duration: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -149,14 +172,31 @@ pub async fn main() -> anyhow::Result<()> {
             let settings = Settings {
                 super_dns_domain: args.super_cluster_dns_domain,
                 namespace: args.namespace,
+                watch_filter: crate::manifests::empty_watch_filter_is_none(args.watch_filter),
                 enabled: parse_controllers(&args.controllers)?,
             };
             let client = kube::Client::try_default()
                 .await
                 .context("connecting to the super cluster")?;
             tracing::info!(namespace = ?settings.namespace, controllers = ?settings.enabled, "starting capn");
-            crate::controllers::run(client, channels, settings).await;
-            Ok(())
+            let election = args.leader_elect.then(|| LeaderElection {
+                lease: args.leader_election_id.clone(),
+                namespace: args
+                    .leader_election_namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+                identity: std::env::var("POD_NAME").unwrap_or_else(|_| format!("capn-{}", std::process::id())),
+                duration_seconds: args.leader_election_lease_duration.max(2),
+            });
+            run(
+                client,
+                channels,
+                settings,
+                args.metrics_bind_address,
+                args.health_probe_bind_address,
+                election,
+            )
+            .await
         }
         Command::Render(args) => {
             let channels = ChannelRegistry::load(&args.channels.channels_dirs)?;

@@ -8,7 +8,6 @@ use futures::StreamExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
 use super::component::Now;
@@ -20,17 +19,9 @@ use crate::status::{ConditionUpdate, READY, set_condition};
 
 /// Runs the NestedCluster controller until the stream ends.
 pub async fn run(ctx: Arc<Context>) {
-    let client = ctx.client.clone();
-    let (clusters, ncps) = match &ctx.settings.namespace {
-        Some(ns) => (
-            Api::<NestedCluster>::namespaced(client.clone(), ns),
-            Api::<NestedControlPlane>::namespaced(client, ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client)),
-    };
-    Controller::new(clusters, watcher::Config::default())
+    Controller::new(ctx.api::<NestedCluster>(), ctx.primary_watch_config())
         // The NestedCluster of a cluster shares its cluster name with the control plane.
-        .watches(ncps, watcher::Config::default(), |ncp| {
+        .watches(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config(), |ncp| {
             let r = ObjectRef::<NestedCluster>::new(&cluster_name(&ncp));
             Some(match ncp.namespace() {
                 Some(ns) => r.within(&ns),
@@ -38,7 +29,11 @@ pub async fn run(ctx: Arc<Context>) {
             })
         })
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |nc, ctx| async move { super::instrumented(&ctx.clone(), "cluster", reconcile(nc, ctx)).await },
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {})
         .await;
 }

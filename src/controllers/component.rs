@@ -157,30 +157,12 @@ impl Now {
 
 /// Runs the controller of component kind `K` until the stream ends.
 pub async fn run<K: ComponentResource>(ctx: Arc<Context>) {
-    let client = ctx.client.clone();
-    let ns = ctx.settings.namespace.clone();
-    let api = |c: kube::Client| match &ns {
-        Some(ns) => Api::<K>::namespaced(c, ns),
-        None => Api::<K>::all(c),
-    };
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=capn");
-    let ncps: Api<NestedControlPlane> = match &ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let sts: Api<StatefulSet> = match &ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let svc: Api<Service> = match &ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    Controller::new(api(client.clone()), watcher::Config::default())
-        .owns(sts, owned.clone())
-        .owns(svc, owned)
+    Controller::new(ctx.api::<K>(), ctx.primary_watch_config())
+        .owns(ctx.api::<StatefulSet>(), owned.clone())
+        .owns(ctx.api::<Service>(), owned)
         // A control plane's status change (a sibling became ready) wakes its components.
-        .watches(ncps, watcher::Config::default(), |ncp| {
+        .watches(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config(), |ncp| {
             let ns = ncp.namespace();
             K::reference(&ncp).map(|name| {
                 let r = ObjectRef::<K>::new(name);
@@ -191,7 +173,11 @@ pub async fn run<K: ComponentResource>(ctx: Arc<Context>) {
             })
         })
         .shutdown_on_signal()
-        .run(reconcile::<K>, error_policy::<K>, ctx)
+        .run(
+            |object, ctx| async move { super::instrumented(&ctx.clone(), K::KIND.as_str(), reconcile(object, ctx)).await },
+            error_policy::<K>,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile failed");
@@ -301,6 +287,11 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
         }
     };
     status.observed_generation = generation;
+    ctx.metrics.set_managed(
+        K::KIND.as_str(),
+        format!("{ns}/{}", object.name_any()),
+        status.inventory.len(),
+    );
     if status != old {
         write_status(&ctx, &*object, &ns, &status).await?;
         events::publish_condition_changes(&ctx, &*object, &old.conditions, &status.conditions).await;

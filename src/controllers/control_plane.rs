@@ -32,22 +32,17 @@ use crate::status::{
 
 /// Runs the NestedControlPlane controller until the stream ends.
 pub async fn run(ctx: Arc<Context>) {
-    let client = ctx.client.clone();
-    let ns = ctx.settings.namespace.clone();
-    macro_rules! api {
-        ($t:ty) => {
-            match &ns {
-                Some(ns) => Api::<$t>::namespaced(client.clone(), ns),
-                None => Api::<$t>::all(client.clone()),
-            }
-        };
-    }
-    Controller::new(api!(NestedControlPlane), watcher::Config::default())
-        .owns(api!(NestedEtcd), watcher::Config::default())
-        .owns(api!(NestedAPIServer), watcher::Config::default())
-        .owns(api!(NestedControllerManager), watcher::Config::default())
+    let owned = watcher::Config::default();
+    Controller::new(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config())
+        .owns(ctx.api::<NestedEtcd>(), owned.clone())
+        .owns(ctx.api::<NestedAPIServer>(), owned.clone())
+        .owns(ctx.api::<NestedControllerManager>(), owned)
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(
+            |ncp, ctx| async move { super::instrumented(&ctx.clone(), "control-plane", reconcile(ncp, ctx)).await },
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile failed");
@@ -170,7 +165,18 @@ async fn drive(
     // 2. The components: created with defaults or adopted.
     let mut refs = serde_json::Map::new();
     let etcd = ensure_component::<NestedEtcd>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
-    let apiserver = ensure_component::<NestedAPIServer>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
+    let mut apiserver = ensure_component::<NestedAPIServer>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
+    // The scale subresource: the control plane's replicas are the apiserver's.
+    if let (Some(replicas), Some(a)) = (ncp.spec.replicas, apiserver.as_ref())
+        && a.spec.component.replicas != Some(replicas)
+    {
+        let api: Api<NestedAPIServer> = Api::namespaced(ctx.client.clone(), ns);
+        let patch = serde_json::json!({"spec": {"replicas": replicas}});
+        apiserver = Some(
+            api.patch(&a.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?,
+        );
+    }
     let controller_manager =
         ensure_component::<NestedControllerManager>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
 
@@ -305,6 +311,13 @@ async fn drive(
     status.initialization = Some(ControlPlaneInitialization {
         control_plane_initialized: status.initialized,
     });
+    status.selector = Some(
+        crate::plan::selector_labels(crate::component::ComponentKind::ApiServer, &cluster.name)
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    );
     if let Some(a) = &components.apiserver {
         status.version = a.version.clone();
         status.replicas = Some(a.replicas);

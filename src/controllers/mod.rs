@@ -28,6 +28,7 @@ pub use error::ReconcileError;
 
 use crate::apply::Applier;
 use crate::channel::ChannelRegistry;
+use crate::telemetry::Metrics;
 
 /// Which controllers run. Each can be switched off so that an out-of-tree controller can
 /// replace it (design §7).
@@ -59,6 +60,9 @@ pub struct Settings {
     pub super_dns_domain: String,
     /// Watch only this namespace; `None` watches all.
     pub namespace: Option<String>,
+    /// Reconcile only resources labelled `cluster.x-k8s.io/watch-filter=<value>` (Cluster
+    /// API's convention for several instances sharing a cluster); `None` reconciles all.
+    pub watch_filter: Option<String>,
     pub enabled: EnabledControllers,
 }
 
@@ -67,6 +71,7 @@ impl Default for Settings {
         Self {
             super_dns_domain: crate::plan::DEFAULT_DNS_DOMAIN.to_string(),
             namespace: None,
+            watch_filter: None,
             enabled: EnabledControllers::default(),
         }
     }
@@ -79,10 +84,11 @@ pub struct Context {
     pub channels: Arc<ChannelRegistry>,
     pub settings: Settings,
     pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Context {
-    pub fn new(client: Client, channels: Arc<ChannelRegistry>, settings: Settings) -> Self {
+    pub fn new(client: Client, channels: Arc<ChannelRegistry>, settings: Settings, metrics: Arc<Metrics>) -> Self {
         let reporter = Reporter {
             controller: "capn".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -93,15 +99,57 @@ impl Context {
             client,
             channels,
             settings,
+            metrics,
+        }
+    }
+
+    /// The watcher configuration of the resources this instance reconciles
+    /// (`--watch-filter`).
+    pub fn primary_watch_config(&self) -> kube::runtime::watcher::Config {
+        let config = kube::runtime::watcher::Config::default();
+        match &self.settings.watch_filter {
+            Some(value) => config.labels(&format!("{WATCH_FILTER_LABEL}={value}")),
+            None => config,
+        }
+    }
+
+    /// An API for `K` in the watched namespace, or in all namespaces.
+    pub fn api<K>(&self) -> kube::Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        match &self.settings.namespace {
+            Some(ns) => kube::Api::namespaced(self.client.clone(), ns),
+            None => kube::Api::all(self.client.clone()),
         }
     }
 }
 
+/// Label that assigns a resource to one of several capn instances (CAPI convention).
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+
+/// Runs one reconcile and records its count, duration and failure reason.
+pub(crate) async fn instrumented<F>(
+    ctx: &Context,
+    controller: &str,
+    reconcile: F,
+) -> Result<kube::runtime::controller::Action, ReconcileError>
+where
+    F: std::future::Future<Output = Result<kube::runtime::controller::Action, ReconcileError>>,
+{
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    ctx.metrics
+        .observe(controller, started, result.as_ref().err().map(ReconcileError::reason));
+    result
+}
+
 /// Runs every enabled controller until all of them stop (they stop on SIGTERM/ctrl-c, or
 /// when the future is dropped).
-pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Settings) {
+pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Settings, metrics: Arc<Metrics>) {
     let enabled = settings.enabled;
-    let ctx = Arc::new(Context::new(client, channels, settings));
+    let ctx = Arc::new(Context::new(client, channels, settings, metrics));
     let mut tasks = Vec::new();
     if enabled.control_plane {
         tasks.push(tokio::spawn(control_plane::run(ctx.clone())));

@@ -45,7 +45,12 @@ impl Capn {
             })
             .collect();
         let channels = Arc::new(ChannelRegistry::load(&dirs).expect("channels load"));
-        Self(tokio::spawn(run(client.clone(), channels, settings)))
+        Self(tokio::spawn(run(
+            client.clone(),
+            channels,
+            settings,
+            Default::default(),
+        )))
     }
 
     /// Stops the controllers (as a crash or a rollout would).
