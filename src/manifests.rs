@@ -50,7 +50,7 @@ impl Provider {
     /// The `--controllers` this provider's Deployment runs.
     fn controllers(self) -> &'static str {
         match self {
-            Self::ControlPlane => "control-plane,etcd,apiserver,controller-manager",
+            Self::ControlPlane => "control-plane,etcd,apiserver,controller-manager,public-crds",
             Self::Infrastructure => "cluster",
         }
     }
@@ -110,6 +110,9 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            // The public CRD sync reads the super cluster's CRDs (tenants are written with
+            // their own admin kubeconfig).
+            rule(&["apiextensions.k8s.io"], &["customresourcedefinitions"], READ),
         ],
         Provider::Infrastructure => vec![
             rule(&[INFRASTRUCTURE_GROUP], &["nestedclusters"], WRITE),

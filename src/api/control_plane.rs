@@ -157,10 +157,16 @@ pub struct NestedControlPlaneStatus {
     /// `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Conditions: `Available`, `CertificatesAvailable`, `EtcdReady`, `APIServerReady`,
-    /// `ControllerManagerReady`, `Paused`.
+    /// Conditions: `Available`, `RollingOut`, `CertificatesAvailable`, `EtcdReady`,
+    /// `APIServerReady`, `ControllerManagerReady`, `Paused`, `PublicCRDsSynced`. A map keyed
+    /// by `type`, so that two controllers can each server-side-apply their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// Public CRDs of the super cluster installed in this control plane (written by the
+    /// public CRD sync controller).
+    #[serde(default, rename = "publicCRDs", skip_serializing_if = "Option::is_none")]
+    pub public_crds: Option<PublicCrdsStatus>,
 }
 
 /// Cluster API v1beta2 `status.initialization` of a control plane.
@@ -198,4 +204,16 @@ pub struct ComponentSummary {
     pub ready_replicas: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+}
+
+/// What the public CRD sync did for one nested control plane.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicCrdsStatus {
+    /// Public CRDs installed and current in the tenant.
+    #[serde(default)]
+    pub synced: i32,
+    /// Names of public CRDs the tenant already has as its own (left untouched).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<String>,
 }

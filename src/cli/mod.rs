@@ -59,7 +59,8 @@ pub struct RunArgs {
     #[arg(long, env = "CAPN_NAMESPACE")]
     pub namespace: Option<String>,
     /// Controllers to run, like kube-controller-manager's flag: `*` enables all, `-name`
-    /// disables one. Names: control-plane, etcd, apiserver, controller-manager, cluster.
+    /// disables one. Names: control-plane, etcd, apiserver, controller-manager, cluster,
+    /// public-crds.
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
     /// DNS domain of the super cluster, used in certificate SANs.
@@ -134,6 +135,7 @@ pub fn parse_controllers(list: &[String]) -> anyhow::Result<EnabledControllers> 
         apiserver: false,
         controller_manager: false,
         cluster: false,
+        public_crds: false,
     };
     for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         if item == "*" {
@@ -150,8 +152,9 @@ pub fn parse_controllers(list: &[String]) -> anyhow::Result<EnabledControllers> 
             "apiserver" => &mut enabled.apiserver,
             "controller-manager" => &mut enabled.controller_manager,
             "cluster" => &mut enabled.cluster,
+            "public-crds" => &mut enabled.public_crds,
             other => anyhow::bail!(
-                "unknown controller {other:?}; known: control-plane, etcd, apiserver, controller-manager, cluster"
+                "unknown controller {other:?}; known: control-plane, etcd, apiserver, controller-manager, cluster, public-crds"
             ),
         };
         *slot = on;
@@ -174,6 +177,7 @@ pub async fn main() -> anyhow::Result<()> {
                 namespace: args.namespace,
                 watch_filter: crate::manifests::empty_watch_filter_is_none(args.watch_filter),
                 enabled: parse_controllers(&args.controllers)?,
+                tenant_config_hook: None,
             };
             let client = kube::Client::try_default()
                 .await

@@ -101,11 +101,16 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
     }
     status.observed_generation = generation;
     if status != old {
+        // The public CRD sync owns its condition and counts; leave them out of this apply.
+        let mut own = status.clone();
+        own.conditions
+            .retain(|c| c.type_ != super::public_crds::PUBLIC_CRDS_SYNCED);
+        own.public_crds = None;
         let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = serde_json::json!({
             "apiVersion": NestedControlPlane::api_version(&()),
             "kind": NestedControlPlane::kind(&()),
-            "status": status,
+            "status": own,
         });
         api.patch_status(
             &ncp.name_any(),

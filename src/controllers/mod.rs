@@ -17,6 +17,7 @@ pub mod controller_manager;
 mod error;
 pub mod etcd;
 mod events;
+pub mod public_crds;
 pub mod read;
 
 use std::sync::Arc;
@@ -39,6 +40,8 @@ pub struct EnabledControllers {
     pub apiserver: bool,
     pub controller_manager: bool,
     pub cluster: bool,
+    /// The public CRD sync (design §7).
+    pub public_crds: bool,
 }
 
 impl Default for EnabledControllers {
@@ -49,6 +52,7 @@ impl Default for EnabledControllers {
             apiserver: true,
             controller_manager: true,
             cluster: true,
+            public_crds: true,
         }
     }
 }
@@ -64,6 +68,22 @@ pub struct Settings {
     /// API's convention for several instances sharing a cluster); `None` reconciles all.
     pub watch_filter: Option<String>,
     pub enabled: EnabledControllers,
+    /// Adjusts the client configuration built from a tenant's kubeconfig before the public
+    /// CRD sync connects (tests reach tenants at addresses their kubeconfig cannot name).
+    pub tenant_config_hook: Option<TenantConfigHook>,
+}
+
+/// See [`Settings::tenant_config_hook`].
+#[derive(Clone)]
+pub struct TenantConfigHook(pub Arc<TenantConfigFn>);
+
+/// The function inside a [`TenantConfigHook`].
+pub type TenantConfigFn = dyn Fn(&crate::api::NestedControlPlane, &mut kube::Config) + Send + Sync;
+
+impl std::fmt::Debug for TenantConfigHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TenantConfigHook")
+    }
 }
 
 impl Default for Settings {
@@ -73,6 +93,7 @@ impl Default for Settings {
             namespace: None,
             watch_filter: None,
             enabled: EnabledControllers::default(),
+            tenant_config_hook: None,
         }
     }
 }
@@ -167,6 +188,9 @@ pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Setti
     }
     if enabled.cluster {
         tasks.push(tokio::spawn(cluster::run(ctx.clone())));
+    }
+    if enabled.public_crds {
+        tasks.push(tokio::spawn(public_crds::run(ctx.clone())));
     }
     // Abort the others when this future is dropped (tests restart controllers this way).
     let _guard = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
