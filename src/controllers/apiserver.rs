@@ -4,10 +4,8 @@
 
 use std::net::IpAddr;
 
-use kube::api::Api;
-
 use super::certificates::{CertificateStore, waiting_for_ca};
-use super::component::Gate;
+use super::component::{Gate, predecessor_ready};
 use super::{Context, ReconcileError};
 use crate::api::{NestedControlPlane, NestedEtcd, ServiceOutput};
 use crate::component::ComponentKind;
@@ -15,7 +13,7 @@ use crate::pki::{
     ApiServerSanInput, SecretNames, apiserver_etcd_client_leaf, apiserver_kubelet_client_leaf, apiserver_leaf,
     front_proxy_client_leaf,
 };
-use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream, resolve};
+use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream};
 
 /// Open when the control plane's NestedEtcd is ready and has published endpoints
 /// (design §5: nothing of the apiserver exists before).
@@ -28,37 +26,19 @@ pub async fn gate(
     cluster: &ClusterSettings,
     ns: &str,
 ) -> Result<Gate, ReconcileError> {
-    let wait = |message: String| Gate::Wait {
-        reason: "WaitingForEtcd",
-        message,
-    };
-    let Some(name) = ncp.spec.etcd.as_ref().map(|r| r.name.clone()) else {
-        return Ok(wait("the NestedControlPlane has no NestedEtcd yet".into()));
-    };
-    let api: Api<NestedEtcd> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(etcd) = api.get_opt(&name).await? else {
-        return Ok(wait(format!("NestedEtcd {name} does not exist")));
-    };
-    // During an upgrade the apiserver follows only once etcd is ready on its new release.
-    let desired = resolve(&ctx.channels, cluster, ComponentKind::Etcd, &etcd.spec.component)
-        .ok()
-        .map(|r| r.version.to_string());
-    let generation = etcd.metadata.generation;
-    match etcd.status {
-        Some(s)
-            if s.ready && !s.endpoints.is_empty() && s.observed_generation == generation && s.version == desired =>
-        {
-            Ok(Gate::Open(Upstream {
-                etcd_endpoints: s.endpoints,
-            }))
-        }
-        Some(s) if s.ready && s.version != desired => Ok(wait(format!(
-            "NestedEtcd {name} runs {} and is moving to {}",
-            s.version.unwrap_or_default(),
-            desired.unwrap_or_default()
-        ))),
-        _ => Ok(wait(format!("NestedEtcd {name} is not ready"))),
-    }
+    Ok(match predecessor_ready::<NestedEtcd>(ctx, ncp, cluster, ns).await? {
+        Ok(etcd) if !etcd.endpoints.is_empty() => Gate::Open(Upstream {
+            etcd_endpoints: etcd.endpoints,
+        }),
+        Ok(_) => Gate::Wait {
+            reason: "WaitingForEtcd",
+            message: "NestedEtcd has published no endpoints".into(),
+        },
+        Err(message) => Gate::Wait {
+            reason: "WaitingForEtcd",
+            message,
+        },
+    })
 }
 
 fn cluster_ip(applied: &[serde_json::Value], service: &str) -> Option<String> {

@@ -57,13 +57,19 @@ impl<'a> CertificateStore<'a> {
         }
     }
 
-    async fn write(&self, mut secret: Secret) -> Result<(), ReconcileError> {
+    /// Marks a Secret as capn's: owned by the NestedControlPlane, labelled managed-by.
+    fn own(&self, mut secret: Secret) -> Secret {
         secret.metadata.owner_references = Some(vec![self.owner.clone()]);
         secret
             .metadata
             .labels
             .get_or_insert_with(Default::default)
             .insert("app.kubernetes.io/managed-by".into(), crate::plan::MANAGED_BY.into());
+        secret
+    }
+
+    async fn write(&self, secret: Secret) -> Result<(), ReconcileError> {
+        let secret = self.own(secret);
         let name = secret.metadata.name.clone().unwrap_or_default();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         self.api.patch(&name, &params, &Patch::Apply(&secret)).await?;
@@ -71,13 +77,8 @@ impl<'a> CertificateStore<'a> {
     }
 
     /// Creates a Secret only if none exists (a concurrent creator wins; we then read theirs).
-    async fn create(&self, mut secret: Secret) -> Result<bool, ReconcileError> {
-        secret.metadata.owner_references = Some(vec![self.owner.clone()]);
-        secret
-            .metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert("app.kubernetes.io/managed-by".into(), crate::plan::MANAGED_BY.into());
+    async fn create(&self, secret: Secret) -> Result<bool, ReconcileError> {
+        let secret = self.own(secret);
         match self.api.create(&Default::default(), &secret).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),

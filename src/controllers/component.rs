@@ -63,64 +63,79 @@ pub trait ComponentResource:
     fn with_defaults(name: &str) -> Self;
 }
 
-impl ComponentResource for NestedEtcd {
-    const KIND: ComponentKind = ComponentKind::Etcd;
-    fn component(&self) -> &ComponentSpec {
-        &self.spec.component
-    }
-    fn component_status(&self) -> Option<&ComponentStatus> {
-        self.status.as_ref()
-    }
-    fn etcd_storage(&self) -> Option<&EtcdStorage> {
-        self.spec.storage.as_ref()
-    }
-    fn reference(ncp: &NestedControlPlane) -> Option<&str> {
-        ncp.spec.etcd.as_ref().map(|r| r.name.as_str())
-    }
-    const REFERENCE_FIELD: &'static str = "etcd";
-    fn with_defaults(name: &str) -> Self {
-        Self::new(name, Default::default())
-    }
+/// Implements [`ComponentResource`] for a component kind whose spec embeds the shared
+/// component spec as `component` and whose control plane reference is `$field`.
+macro_rules! component_resource {
+    ($kind:ty, $component:expr, $field:ident, $json_field:literal $(, storage: $storage:ident)?) => {
+        impl ComponentResource for $kind {
+            const KIND: ComponentKind = $component;
+            const REFERENCE_FIELD: &'static str = $json_field;
+            fn component(&self) -> &ComponentSpec {
+                &self.spec.component
+            }
+            fn component_status(&self) -> Option<&ComponentStatus> {
+                self.status.as_ref()
+            }
+            $(fn etcd_storage(&self) -> Option<&EtcdStorage> {
+                self.spec.$storage.as_ref()
+            })?
+            fn reference(ncp: &NestedControlPlane) -> Option<&str> {
+                ncp.spec.$field.as_ref().map(|r| r.name.as_str())
+            }
+            fn with_defaults(name: &str) -> Self {
+                Self::new(name, Default::default())
+            }
+        }
+    };
 }
 
-impl ComponentResource for NestedAPIServer {
-    const KIND: ComponentKind = ComponentKind::ApiServer;
-    fn component(&self) -> &ComponentSpec {
-        &self.spec.component
-    }
-    fn component_status(&self) -> Option<&ComponentStatus> {
-        self.status.as_ref()
-    }
-    fn reference(ncp: &NestedControlPlane) -> Option<&str> {
-        ncp.spec.apiserver.as_ref().map(|r| r.name.as_str())
-    }
-    const REFERENCE_FIELD: &'static str = "apiserver";
-    fn with_defaults(name: &str) -> Self {
-        Self::new(name, Default::default())
-    }
-}
-
-impl ComponentResource for NestedControllerManager {
-    const KIND: ComponentKind = ComponentKind::ControllerManager;
-    fn component(&self) -> &ComponentSpec {
-        &self.spec.component
-    }
-    fn component_status(&self) -> Option<&ComponentStatus> {
-        self.status.as_ref()
-    }
-    fn reference(ncp: &NestedControlPlane) -> Option<&str> {
-        ncp.spec.controller_manager.as_ref().map(|r| r.name.as_str())
-    }
-    const REFERENCE_FIELD: &'static str = "controllerManager";
-    fn with_defaults(name: &str) -> Self {
-        Self::new(name, Default::default())
-    }
-}
+component_resource!(NestedEtcd, ComponentKind::Etcd, etcd, "etcd", storage: storage);
+component_resource!(NestedAPIServer, ComponentKind::ApiServer, apiserver, "apiserver");
+component_resource!(
+    NestedControllerManager,
+    ComponentKind::ControllerManager,
+    controller_manager,
+    "controllerManager"
+);
 
 /// Whether a component may proceed, and with which upstream outputs.
 pub enum Gate {
     Open(Upstream),
     Wait { reason: &'static str, message: String },
+}
+
+/// The status of the control plane's component of kind `P` when it is ready on the release
+/// it should run (design §5: each component waits for its predecessor, and during an upgrade
+/// for the predecessor's new release); otherwise why not, for a wait message.
+///
+/// # Errors
+/// API errors reading the component.
+pub async fn predecessor_ready<P: ComponentResource>(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    cluster: &ClusterSettings,
+    ns: &str,
+) -> Result<Result<ComponentStatus, String>, ReconcileError> {
+    let kind = P::kind(&());
+    let Some(name) = P::reference(ncp) else {
+        return Ok(Err(format!("the NestedControlPlane has no {kind} yet")));
+    };
+    let Some(component) = Api::<P>::namespaced(ctx.client.clone(), ns).get_opt(name).await? else {
+        return Ok(Err(format!("{kind} {name} does not exist")));
+    };
+    let desired = resolve(&ctx.channels, cluster, P::KIND, component.component())
+        .ok()
+        .map(|r| r.version.to_string());
+    let generation = component.meta().generation;
+    Ok(match component.component_status() {
+        Some(s) if s.ready && s.observed_generation == generation && s.version == desired => Ok(s.clone()),
+        Some(s) if s.ready => Err(format!(
+            "{kind} {name} runs {} and is moving to {}",
+            s.version.clone().unwrap_or_default(),
+            desired.unwrap_or_default()
+        )),
+        _ => Err(format!("{kind} {name} is not ready")),
+    })
 }
 
 /// What one pass ended with.

@@ -2,15 +2,12 @@
 //! controller-manager its own kubeconfig identity (`system:kube-controller-manager`,
 //! never the admin one) pointing at the apiserver Service.
 
-use kube::api::Api;
-
 use super::certificates::{CertificateStore, waiting_for_ca};
-use super::component::Gate;
+use super::component::{Gate, predecessor_ready};
 use super::{Context, ReconcileError};
 use crate::api::{NestedAPIServer, NestedControlPlane};
-use crate::component::ComponentKind;
 use crate::pki::{CONTROLLER_MANAGER_USER, SecretNames, apiserver_service_host, controller_manager_leaf, server_url};
-use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream, resolve};
+use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream};
 
 /// Open when the control plane's NestedAPIServer is ready (design §5 order).
 ///
@@ -22,39 +19,16 @@ pub async fn gate(
     cluster: &ClusterSettings,
     ns: &str,
 ) -> Result<Gate, ReconcileError> {
-    let wait = |message: String| Gate::Wait {
-        reason: "WaitingForAPIServer",
-        message,
-    };
-    let Some(name) = ncp.spec.apiserver.as_ref().map(|r| r.name.clone()) else {
-        return Ok(wait("the NestedControlPlane has no NestedAPIServer yet".into()));
-    };
-    let api: Api<NestedAPIServer> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(apiserver) = api.get_opt(&name).await? else {
-        return Ok(wait(format!("NestedAPIServer {name} does not exist")));
-    };
-    // During an upgrade the controller-manager follows only once the apiserver is ready on
-    // its new release (it may never be newer than the apiserver).
-    let desired = resolve(
-        &ctx.channels,
-        cluster,
-        ComponentKind::ApiServer,
-        &apiserver.spec.component,
+    // The controller-manager is never newer than the apiserver: it follows its release.
+    Ok(
+        match predecessor_ready::<NestedAPIServer>(ctx, ncp, cluster, ns).await? {
+            Ok(_) => Gate::Open(Upstream::default()),
+            Err(message) => Gate::Wait {
+                reason: "WaitingForAPIServer",
+                message,
+            },
+        },
     )
-    .ok()
-    .map(|r| r.version.to_string());
-    let generation = apiserver.metadata.generation;
-    match apiserver.status {
-        Some(s) if s.ready && s.observed_generation == generation && s.version == desired => {
-            Ok(Gate::Open(Upstream::default()))
-        }
-        Some(s) if s.ready => Ok(wait(format!(
-            "NestedAPIServer {name} runs {} and is moving to {}",
-            s.version.unwrap_or_default(),
-            desired.unwrap_or_default()
-        ))),
-        _ => Ok(wait(format!("NestedAPIServer {name} is not ready"))),
-    }
 }
 
 /// Writes `<c>-controller-manager-kubeconfig`.
