@@ -200,7 +200,6 @@ fn deployment(p: Provider, ns: &str) -> Value {
                             "--leader-elect",
                             format!("--leader-election-id={name}"),
                             format!("--controllers={}", p.controllers()),
-                            "--watch-filter=${CAPN_WATCH_FILTER:=}",
                             "--super-cluster-dns-domain=${SUPER_CLUSTER_DNS_DOMAIN:=cluster.local}",
                             "--log-format=${CAPN_LOG_FORMAT:=json}",
                             "--metrics-bind-address=0.0.0.0:8080",

@@ -16,7 +16,7 @@ pub use component::*;
 pub use control_plane::*;
 pub use templates::*;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{CustomResourceDefinition, JSON};
 use kube::CustomResourceExt;
 
 /// API group of the control plane kinds (the Cluster API control plane provider group).
@@ -48,10 +48,16 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         // Every spec field is optional, so an object without `spec` is valid too
         // (kube-derive marks `spec` required).
         for version in &mut crd.spec.versions {
-            if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut())
-                && let Some(required) = schema.required.as_mut()
-            {
-                required.retain(|r| r != "spec");
+            if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+                if let Some(required) = schema.required.as_mut() {
+                    required.retain(|r| r != "spec");
+                }
+                // ...and the apiserver fills in `spec: {}`, which the Rust types need.
+                if let Some(spec) = schema.properties.as_mut().and_then(|p| p.get_mut("spec"))
+                    && spec.required.as_ref().is_none_or(|r| r.is_empty())
+                {
+                    spec.default = Some(JSON(serde_json::json!({})));
+                }
             }
         }
         let labels = crd.metadata.labels.get_or_insert_with(Default::default);

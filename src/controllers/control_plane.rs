@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use super::certificates::CertificateStore;
 use super::component::{ComponentResource, Now};
 use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster};
-use super::{Context, ReconcileError, events};
+use super::{Context, ReconcileError, WATCH_FILTER_LABEL, events};
 use crate::api::{
     ApiEndpoint, CLUSTER_NAME_LABEL, ComponentSummary, ComponentsStatus, ControlPlaneInitialization, NestedAPIServer,
     NestedControlPlane, NestedControlPlaneStatus, NestedControllerManager, NestedEtcd,
@@ -414,7 +414,13 @@ async fn ensure_component<K: ComponentResource>(
                 None => {
                     let mut fresh = K::with_defaults(&format!("{}-{}", ncp.name_any(), K::KIND.as_str()));
                     fresh.meta_mut().owner_references = Some(vec![owner.clone()]);
-                    fresh.meta_mut().labels = Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into());
+                    let mut labels =
+                        std::collections::BTreeMap::from([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())]);
+                    // Components go to the same capn instance as their control plane.
+                    if let Some(filter) = ncp.labels().get(WATCH_FILTER_LABEL) {
+                        labels.insert(WATCH_FILTER_LABEL.to_string(), filter.clone());
+                    }
+                    fresh.meta_mut().labels = Some(labels);
                     match api.create(&PostParams::default(), &fresh).await {
                         Ok(c) => c,
                         Err(kube::Error::Api(s)) if s.code == 409 => api.get(&fresh.name_any()).await?,
@@ -433,18 +439,28 @@ async fn ensure_component<K: ComponentResource>(
         return Ok(None);
     };
     // Adopt: like a ReplicaSet re-associating with its Deployment, unless another
-    // controller owns it.
-    if !component.owner_references().iter().any(|o| o.uid == uid)
-        && !component.owner_references().iter().any(|o| o.controller == Some(true))
-    {
-        let mut owners = component.owner_references().to_vec();
-        owners.push(owner);
-        let patch = serde_json::json!({"metadata": {
-            "ownerReferences": owners,
-            "resourceVersion": component.resource_version(),
-        }});
+    // controller owns it. A component follows its control plane's watch filter, so that
+    // the same capn instance reconciles both.
+    let needs_owner = !component.owner_references().iter().any(|o| o.uid == uid)
+        && !component.owner_references().iter().any(|o| o.controller == Some(true));
+    let filter = ncp.labels().get(WATCH_FILTER_LABEL);
+    let needs_label = filter.is_some() && component.labels().get(WATCH_FILTER_LABEL) != filter;
+    if needs_owner || needs_label {
+        let mut metadata = serde_json::json!({"resourceVersion": component.resource_version()});
+        if needs_owner {
+            let mut owners = component.owner_references().to_vec();
+            owners.push(owner);
+            metadata["ownerReferences"] = serde_json::to_value(owners).unwrap_or_default();
+        }
+        if let Some(filter) = filter.filter(|_| needs_label) {
+            metadata["labels"] = serde_json::json!({WATCH_FILTER_LABEL: filter});
+        }
         let adopted = api
-            .patch(&component.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(
+                &component.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({"metadata": metadata})),
+            )
             .await?;
         tracing::info!(kind = K::KIND.resource_kind(), name = %adopted.name_any(), "adopted component");
         return Ok(Some(adopted));

@@ -7,7 +7,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Resource, ResourceExt};
 
 use super::{Context, ReconcileError};
-use crate::api::{CONTROL_PLANE_GROUP, NestedControlPlane};
+use crate::api::{CLUSTER_NAME_LABEL, CONTROL_PLANE_GROUP, NestedControlPlane};
 use crate::plan::{ClusterSettings, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR};
 
 /// API group of Cluster API's core types.
@@ -28,9 +28,19 @@ pub fn capi_cluster_owner<K: Resource>(object: &K) -> Option<&OwnerReference> {
 }
 
 /// The cluster name (design §1): the owning CAPI Cluster's name, else the object's own.
+/// Before Cluster API has set its owner reference, the `cluster.x-k8s.io/cluster-name` label
+/// (which Cluster API sets too, and templates should carry) names the cluster, so nothing is
+/// ever created under a name that changes once the Cluster adopts the object.
 pub fn cluster_name<K: Resource>(object: &K) -> String {
     capi_cluster_owner(object)
         .map(|o| o.name.clone())
+        .or_else(|| {
+            object
+                .labels()
+                .get(CLUSTER_NAME_LABEL)
+                .filter(|v| !v.is_empty())
+                .cloned()
+        })
         .unwrap_or_else(|| object.name_any())
 }
 
@@ -150,6 +160,17 @@ mod tests {
     #[test]
     fn cluster_name_is_the_capi_cluster_or_the_control_plane() {
         assert_eq!(cluster_name(&ncp_with_owner(None)), "cp");
+        let mut labelled = ncp_with_owner(None);
+        labelled.metadata.labels = Some([(CLUSTER_NAME_LABEL.to_string(), "from-label".to_string())].into());
+        assert_eq!(
+            cluster_name(&labelled),
+            "from-label",
+            "the label names the cluster before adoption"
+        );
+        labelled.metadata.owner_references = ncp_with_owner(Some(("cluster.x-k8s.io/v1beta2", "Cluster")))
+            .metadata
+            .owner_references;
+        assert_eq!(cluster_name(&labelled), "capi-cluster", "the owning Cluster wins");
         assert_eq!(
             cluster_name(&ncp_with_owner(Some(("cluster.x-k8s.io/v1beta2", "Cluster")))),
             "capi-cluster"

@@ -34,7 +34,7 @@ pub const PUBLIC_CRDS_SYNCED: &str = "PublicCRDsSynced";
 /// changes and when any public CRD changes.
 pub async fn run(ctx: Arc<Context>) {
     let crds: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
-    let controller = Controller::new(ctx.api::<NestedControlPlane>(), watcher::Config::default());
+    let controller = Controller::new(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config());
     let ncps = controller.store();
     controller
         // Unlabelled CRDs leave this watch as deletions, which is what removes their copies.
