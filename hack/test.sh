@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command (README "Testing"): builds or reuses the real control-plane binaries,
-# then runs every test — unit, golden and behaviour tests against a real kube-apiserver.
+# The test command (README "Testing"): builds or reuses the real control-plane binaries
+# (Kubernetes, etcd) and Cluster API's manager and clusterctl, then runs every test — unit,
+# golden and behaviour tests against a real kube-apiserver.
 # Extra arguments go to `cargo test` (e.g. `hack/test.sh standalone` runs matching tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +13,9 @@ fi
 for b in etcd kube-apiserver kube-controller-manager; do
   [ -x "$KUBEBUILDER_ASSETS/$b" ] || { echo "ERROR: $KUBEBUILDER_ASSETS/$b is missing (run hack/kube-assets.sh)" >&2; exit 1; }
 done
-echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS" >&2
+if [ -z "${CAPI_ASSETS:-}" ]; then
+  CAPI_ASSETS="$(hack/capi-assets.sh)"
+  export CAPI_ASSETS
+fi
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS CAPI_ASSETS=$CAPI_ASSETS" >&2
 exec cargo test --locked "$@"

@@ -115,18 +115,7 @@ async fn a_failing_patch_leaves_every_existing_object_unchanged() {
     let capn = Capn::start(&client, &ns);
     apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
     bring_up(&client, &ns, "demo").await;
-    let versions = || async {
-        let mut v: Vec<(String, Option<String>)> = Vec::new();
-        for s in Api::<StatefulSet>::namespaced(client.clone(), &ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-        {
-            v.push((s.name_any(), s.resource_version()));
-        }
-        v
-    };
-    let before = versions().await;
+    let before = statefulset_versions(&client, &ns).await;
     // The first patch is fine, the second targets nothing: neither may be applied.
     let api: Api<NestedAPIServer> = Api::namespaced(client.clone(), &ns);
     api.patch("demo-apiserver", &PatchParams::default(), &Patch::Merge(json!({"spec": {"patches": [
@@ -152,7 +141,11 @@ async fn a_failing_patch_leaves_every_existing_object_unchanged() {
     );
     assert!(status.ready, "the running apiserver still counts as ready");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(versions().await, before, "an object changed although a patch failed");
+    assert_eq!(
+        statefulset_versions(&client, &ns).await,
+        before,
+        "an object changed although a patch failed"
+    );
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
         .list(&ListParams::default())
         .await
@@ -258,14 +251,7 @@ async fn an_upgrade_skipping_a_minor_is_refused_and_touches_nothing() {
     )
     .await;
     bring_up(&client, &ns, "demo").await;
-    let before: Vec<(String, Option<String>)> = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|s| (s.name_any(), s.resource_version()))
-        .collect();
+    let before = statefulset_versions(&client, &ns).await;
     apply_doc(
         &client,
         &ns,
@@ -298,14 +284,7 @@ async fn an_upgrade_skipping_a_minor_is_refused_and_touches_nothing() {
         "the refusal names the allowed next minor: {message}"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after: Vec<(String, Option<String>)> = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|s| (s.name_any(), s.resource_version()))
-        .collect();
+    let after = statefulset_versions(&client, &ns).await;
     assert_eq!(before, after, "a refused upgrade changed a workload");
     let cm = Api::<NestedControllerManager>::namespaced(client.clone(), &ns)
         .get("demo-controller-manager")
@@ -339,15 +318,25 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
     let capn = Capn::start(&client, &ns);
-    // Cluster API is not installed in this test: the example's capn objects stand alone, so
-    // the NestedControlPlane's own name is the cluster name.
+    // Cluster API is not installed in this test: the example's capn objects stand alone, and
+    // their cluster-name label names the cluster (tenant-1).
     let text = std::fs::read_to_string(format!("{}/examples/cluster.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let example: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
     for doc in example.into_iter().filter(|d| d["kind"] != "Cluster") {
         apply_doc(&client, &ns, doc).await;
     }
     let ncp_name = "tenant-1-control-plane";
-    bring_up(&client, &ns, ncp_name).await;
+    for workload in ["tenant-1-etcd", "tenant-1-apiserver", "tenant-1-controller-manager"] {
+        make_ready(&client, &ns, workload).await;
+    }
+    wait_until("the NestedControlPlane is ready", STEP, || async {
+        control_plane(&client, &ns, ncp_name)
+            .await
+            .status
+            .filter(|s| s.ready)
+            .map(|_| ())
+    })
+    .await;
     // Rendered from what the server holds, uids included.
     let mut docs = vec![serde_json::to_value(control_plane(&client, &ns, ncp_name).await).unwrap()];
     for e in Api::<NestedEtcd>::namespaced(client.clone(), &ns)
@@ -379,7 +368,7 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
         .collect();
     assert_eq!(workload_objects.len(), 5, "3 StatefulSets and 2 Services rendered");
     // Rendered from what the server holds, uids included.
-    let etcd_sts = statefulset(&client, &ns, "tenant-1-control-plane-etcd")
+    let etcd_sts = statefulset(&client, &ns, "tenant-1-etcd")
         .await
         .expect("named after the cluster");
     assert_eq!(

@@ -24,18 +24,25 @@ pub const STEP: Duration = Duration::from_secs(30);
 pub struct Capn(tokio::task::JoinHandle<()>);
 
 impl Capn {
-    /// Starts every controller for `namespace`.
+    /// Starts every controller for `namespace` but the public CRD sync (its CRDs are
+    /// cluster-wide; only its own test turns it on).
     pub fn start(client: &Client, namespace: &str) -> Self {
         Self::start_with_channels(client, namespace, &[])
     }
 
-    /// Starts every controller for `namespace`, with extra channel directories (paths
-    /// relative to `tests/integration/channels`).
+    /// Like [`Capn::start`], with extra channel directories (paths relative to
+    /// `tests/integration/channels`, or absolute).
     pub fn start_with_channels(client: &Client, namespace: &str, dirs: &[&str]) -> Self {
-        let settings = Settings {
+        let mut settings = Settings {
             namespace: Some(namespace.to_string()),
             ..Settings::default()
         };
+        settings.enabled.public_crds = false;
+        Self::start_with_settings(client, settings, dirs)
+    }
+
+    /// Starts the controllers with `settings` and extra channel directories.
+    pub fn start_with_settings(client: &Client, settings: Settings, dirs: &[&str]) -> Self {
         let dirs: Vec<std::path::PathBuf> = dirs
             .iter()
             .map(|d| {
@@ -249,5 +256,35 @@ pub fn flags(sts: &StatefulSet) -> BTreeMap<String, String> {
                 .split_once('=')
                 .map(|(k, v)| (k.to_string(), v.to_string()))
         })
+        .collect()
+}
+
+/// A loopback address with a port that was free a moment ago, for a server a test starts.
+pub fn free_loopback_address() -> std::net::SocketAddr {
+    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+}
+
+/// `GET path` over plain HTTP/1.0: the status code and the body.
+///
+/// # Errors
+/// Connection failures and answers that are not HTTP.
+pub async fn http_get(address: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, &path))
+        .await
+        .expect("the HTTP request task")
+}
+
+/// `(name, resourceVersion)` of every StatefulSet in `ns`: equal snapshots mean nothing wrote.
+pub async fn statefulset_versions(client: &Client, ns: &str) -> Vec<(String, Option<String>)> {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|s| (s.name_any(), s.resource_version()))
         .collect()
 }

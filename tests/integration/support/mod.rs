@@ -5,9 +5,12 @@
 //!
 //! The controller manager runs only the garbage collector and the namespace controller. No
 //! kubelet and no StatefulSet controller run, so nothing ever becomes ready by itself: tests
-//! say when with [`mark_statefulset_ready`].
+//! say when with [`mark_statefulset_ready`], or start a [`runner::Runner`], which runs the pods
+//! of capn's StatefulSets for real and reports their probes' verdicts.
 
+pub mod capi;
 mod process;
+pub mod runner;
 mod start;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,544 @@
+//! The newcomer's first command (`hack/demo.sh` builds what is missing, then runs this):
+//! a local super cluster, capn's controllers, `examples/nestedcontrolplane.yaml` applied and
+//! booted for real, the nested control plane's namespaces listed through the kubeconfig capn
+//! generated, and instructions to use that kubeconfig with kubectl. Everything is removed on
+//! exit or Ctrl-C.
+//!
+//! Needs root (the runner creates network and mount namespaces) and `KUBEBUILDER_ASSETS`
+//! pointing at etcd, kube-apiserver and kube-controller-manager (`hack/kube-assets.sh`).
+//!
+//! ```sh
+//! hack/demo.sh
+//! # or, with the binaries built:
+//! KUBEBUILDER_ASSETS=$(hack/kube-assets.sh) cargo run --example demo
+//! ```
+
+// The test support is shared with the integration tests; the demo uses part of it.
+#[allow(dead_code)]
+#[path = "../tests/integration/support/mod.rs"]
+mod support;
+
+use std::io::Write as _;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use tokio::signal::unix::{SignalKind, signal};
+
+use support::runner::Runner;
+
+/// Where the demo's control plane lives in the super cluster (as in the README's quickstart).
+const NAMESPACE: &str = "tenant-a";
+/// How long the boot may take before the demo gives up.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+/// Set in the process that runs the demo (see [`main`]).
+const CHILD: &str = "CAPN_DEMO_CHILD";
+
+/// The process the terminal sees only forwards Ctrl-C. The demo runs in a child in its own
+/// process group, so that Ctrl-C reaches the demo alone, which then stops everything in
+/// order, instead of reaching every etcd and apiserver of the super cluster at once.
+fn main() -> ExitCode {
+    if std::env::var_os(CHILD).is_some() {
+        return run_demo();
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "The demo needs root: it runs the nested control plane's pods in network and mount \
+             namespaces of their own. Run `hack/demo.sh` (it uses sudo when needed) or \
+             `sudo -E cargo run --example demo`."
+        );
+        return ExitCode::from(2);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("cannot find the demo binary: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut command = Command::new(exe);
+    command
+        .args(std::env::args_os().skip(1))
+        .env(CHILD, "1")
+        .process_group(0);
+    // SAFETY: prctl(2) only, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            Ok(())
+        });
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("cannot start the demo: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async move {
+        let (Ok(mut term), Ok(mut hup), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            let _ = child.wait();
+            return ExitCode::FAILURE;
+        };
+        let mut first: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+                _ = hup.recv() => {}
+                () = tokio::time::sleep(Duration::from_millis(200)) => {
+                    match child.try_wait() {
+                        Ok(Some(status)) => {
+                            return if status.success() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+                        }
+                        Ok(None) => continue,
+                        Err(_) => return ExitCode::FAILURE,
+                    }
+                }
+            }
+            // The first signal asks for an orderly stop; one more, a while later, insists.
+            // (sudo may relay the terminal's Ctrl-C a second time: that one is ignored.)
+            let signal = match first {
+                None => {
+                    first = Some(Instant::now());
+                    libc::SIGTERM
+                }
+                Some(at) if at.elapsed() > Duration::from_secs(2) => libc::SIGKILL,
+                Some(_) => continue,
+            };
+            // SAFETY: signals our own child.
+            unsafe {
+                libc::kill(child.id() as i32, signal);
+            }
+        }
+    })
+}
+
+fn step(n: u32, what: &str) {
+    println!("\n[{n}/5] {what}");
+}
+
+fn run_demo() -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let code = runtime.block_on(demo());
+    drop(runtime);
+    // The super cluster is stopped and its directory removed by its at-exit hook.
+    let _ = std::io::stdout().flush();
+    code
+}
+
+async fn demo() -> ExitCode {
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return ExitCode::FAILURE;
+    };
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return ExitCode::FAILURE;
+    };
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+        println!("\nStopping: the nested control plane's processes, capn, the super cluster; removing their files.");
+    };
+    tokio::pin!(stop);
+    let outcome = tokio::select! {
+        outcome = boot() => outcome,
+        // Dropping the boot stops what it had started.
+        () = &mut stop => return ExitCode::from(130),
+    };
+    let running = match outcome {
+        Ok(running) => running,
+        Err(e) => {
+            eprintln!("\nThe demo failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("\nPress Ctrl-C to stop the demo; it removes everything it started.");
+    stop.await;
+    let Running { runner, capn, dir } = running;
+    drop(runner);
+    stop_capn(capn).await;
+    drop(dir);
+    println!("Cleaned up.");
+    ExitCode::SUCCESS
+}
+
+/// What runs until Ctrl-C.
+struct Running {
+    runner: Runner,
+    /// `capn run`, as a user runs it.
+    capn: CapnProcess,
+    /// The kubeconfig files given to the user, and capn's log.
+    dir: tempfile::TempDir,
+}
+
+async fn boot() -> Result<Running, String> {
+    let started = Instant::now();
+    step(
+        1,
+        "Starting a local super cluster: etcd, kube-apiserver and kube-controller-manager from $KUBEBUILDER_ASSETS",
+    );
+    let cluster = tokio::task::spawn_blocking(support::cluster)
+        .await
+        .map_err(|e| match e.try_into_panic() {
+            Ok(panic) => panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "the super cluster did not start".to_owned()),
+            Err(e) => e.to_string(),
+        })?;
+    let client = cluster.client();
+    println!(
+        "      up after {:.1?}; its kubeconfig: {}",
+        started.elapsed(),
+        cluster.kubeconfig_path().display()
+    );
+
+    let dir = tempfile::Builder::new()
+        .prefix("capn-demo-")
+        .tempdir()
+        .map_err(|e| format!("cannot create the demo's directory: {e}"))?;
+    give_to_sudo_user(dir.path());
+    step(
+        2,
+        &format!("Running capn: `capn run --namespace {NAMESPACE}` against the super cluster"),
+    );
+    create_namespace(&client).await?;
+    let capn = start_capn(cluster.kubeconfig_path(), &dir.path().join("capn.log"))?;
+
+    step(
+        3,
+        "Starting the runner: it plays the kubelet for capn's StatefulSets (each pod in its own network and mount namespaces)",
+    );
+    let runner = Runner::start(&client, NAMESPACE, cluster.assets_dir()).await?;
+
+    step(
+        4,
+        "Applying examples/nestedcontrolplane.yaml and waiting for it to boot",
+    );
+    let applied = Instant::now();
+    apply_example(&client, "examples/nestedcontrolplane.yaml").await?;
+    wait_for_ready(&client, &runner, applied).await?;
+    let boot_time = applied.elapsed();
+    println!("      NestedControlPlane demo is ready: {boot_time:.1?} from apply to ready");
+
+    step(
+        5,
+        "The nested control plane's namespaces, through the kubeconfig capn generated",
+    );
+    let secret = Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .get("demo-kubeconfig")
+        .await
+        .map_err(|e| format!("reading Secret demo-kubeconfig: {e}"))?;
+    let kubeconfig = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("value"))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .ok_or("Secret demo-kubeconfig has no `value`")?;
+    let config = runner.client_config(&kubeconfig).await?;
+    let server_name = config.tls_server_name.clone().unwrap_or_default();
+    let url = config.cluster_url.clone();
+    let host = url.host().unwrap_or_default().to_owned();
+    let address = url.to_string().trim_end_matches('/').to_owned();
+    let nested = Client::try_from(config).map_err(|e| e.to_string())?;
+    let namespaces = Api::<Namespace>::all(nested)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing the nested control plane's namespaces: {e}"))?;
+    println!("      {:<20} {:<8} AGE", "NAME", "STATUS");
+    for ns in &namespaces {
+        let age = ns
+            .creation_timestamp()
+            .map(|t| {
+                let secs = k8s_openapi::jiff::Timestamp::now().duration_since(t.0).as_secs().max(0);
+                if secs < 120 {
+                    format!("{secs}s")
+                } else {
+                    format!("{}m", secs / 60)
+                }
+            })
+            .unwrap_or_default();
+        let phase = ns.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        println!("      {:<20} {:<8} {age}", ns.name_any(), phase);
+    }
+
+    write_kubeconfigs(dir.path(), &kubeconfig, &address, &server_name)?;
+    let verbatim = dir.path().join("demo.kubeconfig");
+    let local = dir.path().join("demo-local.kubeconfig");
+    let super_kubeconfig = cluster.kubeconfig_path().display();
+    let logs = runner.dir().display();
+    let capn_log = dir.path().join("capn.log");
+    let capn_log = capn_log.display();
+    let verbatim = verbatim.display();
+    let local = local.display();
+    println!(
+        "
+Use the nested control plane with kubectl
+  The admin kubeconfig, exactly as capn wrote it (Secret {NAMESPACE}/demo-kubeconfig, key \"value\"):
+      {verbatim}
+  Its server, https://{server_name}:6443, is the apiserver Service's in-cluster name: it resolves
+  inside the super cluster only. From this machine the apiserver pod answers at {host}
+  (the demo's pod network, routed to this host while the demo runs), so either tell kubectl:
+      kubectl --kubeconfig {verbatim} --server {address} --tls-server-name {server_name} get namespaces
+  or use the copy that already says so:
+      export KUBECONFIG={local}
+      kubectl get namespaces
+  Either way the apiserver's certificate is verified for {server_name}.
+
+  capn's objects in the super cluster:
+      kubectl --kubeconfig {super_kubeconfig} -n {NAMESPACE} get nestedcontrolplanes,nestedetcds,nestedapiservers,nestedcontrollermanagers,statefulsets,secrets
+  Logs: capn {capn_log}; the nested components {logs}/pods/<pod>/containers/<container>/log
+
+Apply to ready: {boot_time:.1?} (the whole demo so far: {:.1?}).",
+        started.elapsed(),
+    );
+    Ok(Running { runner, capn, dir })
+}
+
+async fn create_namespace(client: &Client) -> Result<(), String> {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NAMESPACE.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(format!("cannot create namespace {NAMESPACE}: {e}")),
+    }
+}
+
+/// Waits for the NestedControlPlane, printing each component as it becomes ready.
+async fn wait_for_ready(client: &Client, runner: &Runner, applied: Instant) -> Result<(), String> {
+    let ncp: Api<NestedControlPlane> = Api::namespaced(client.clone(), NAMESPACE);
+    let etcd: Api<NestedEtcd> = Api::namespaced(client.clone(), NAMESPACE);
+    let apiserver: Api<NestedAPIServer> = Api::namespaced(client.clone(), NAMESPACE);
+    let manager: Api<NestedControllerManager> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut said = [false; 3];
+    let deadline = Instant::now() + BOOT_TIMEOUT;
+    loop {
+        runner.check()?;
+        let ready = [
+            etcd.get_opt("demo-etcd")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|e| e.status)
+                .is_some_and(|s| s.ready),
+            apiserver
+                .get_opt("demo-apiserver")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|e| e.status)
+                .is_some_and(|s| s.ready),
+            manager
+                .get_opt("demo-controller-manager")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|e| e.status)
+                .is_some_and(|s| s.ready),
+        ];
+        for (i, name) in ["NestedEtcd", "NestedAPIServer", "NestedControllerManager"]
+            .iter()
+            .enumerate()
+        {
+            if ready[i] && !said[i] {
+                said[i] = true;
+                println!("      {name} ready after {:.1?}", applied.elapsed());
+            }
+        }
+        let done = ncp
+            .get_opt("demo")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|n| n.status)
+            .is_some_and(|s| s.ready);
+        if done {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the NestedControlPlane was not ready after {BOOT_TIMEOUT:?}\n{}",
+                runner.report()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Writes the kubeconfig verbatim, and a copy whose server is the pod address with the
+/// certificate verified for the in-cluster name; both readable by the user who ran sudo.
+fn write_kubeconfigs(dir: &Path, kubeconfig: &str, address: &str, server_name: &str) -> Result<(), String> {
+    let mut local: serde_json::Value =
+        serde_saphyr::from_str(kubeconfig).map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
+    for cluster in local["clusters"].as_array_mut().into_iter().flatten() {
+        cluster["cluster"]["server"] = address.into();
+        cluster["cluster"]["tls-server-name"] = server_name.into();
+    }
+    let files = [
+        ("demo.kubeconfig", kubeconfig.to_owned()),
+        (
+            "demo-local.kubeconfig",
+            // JSON is YAML: kubectl reads it as any kubeconfig.
+            serde_json::to_string_pretty(&local).map_err(|e| e.to_string())?,
+        ),
+    ];
+    for (name, text) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        // An admin credential: readable by its owner only.
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
+        give_to_sudo_user(&path);
+    }
+    Ok(())
+}
+
+/// Creates every document of an example file in the demo's namespace, like
+/// `kubectl apply -n tenant-a -f FILE` (server-side apply).
+async fn apply_example(client: &Client, path: &str) -> Result<(), String> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+    for doc in docs.into_iter().filter(|d| !d.is_null()) {
+        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        Api::<DynamicObject>::namespaced_with(client.clone(), NAMESPACE, &resource)
+            .patch(name, &PatchParams::apply("kubectl"), &Patch::Apply(&doc))
+            .await
+            .map_err(|e| format!("applying {kind} {name}: {e}"))?;
+        println!("      {}/{name} created", kind.to_lowercase());
+    }
+    Ok(())
+}
+
+/// The `capn` binary: `$CAPN_BIN`, else next to the demo's build directory
+/// (`target/debug/capn`, which `hack/demo.sh` builds).
+fn capn_binary() -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os("CAPN_BIN") {
+        return Ok(bin.into());
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let candidate = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("capn"))
+        .filter(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no capn binary next to {}: build it with `cargo build --bin capn` (hack/demo.sh does), or set CAPN_BIN",
+                exe.display()
+            )
+        })?;
+    Ok(candidate)
+}
+
+/// Starts `capn run` for the demo's namespace against the super cluster. It dies with the
+/// demo (PR_SET_PDEATHSIG); its health and metrics endpoints listen on loopback only.
+fn start_capn(kubeconfig: &Path, log: &Path) -> Result<CapnProcess, String> {
+    let binary = capn_binary()?;
+    let out = std::fs::File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let mut command = Command::new(&binary);
+    command
+        .args([
+            "run",
+            "--namespace",
+            NAMESPACE,
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--health-probe-bind-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    // SAFETY: prctl(2) only, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            Ok(())
+        });
+    }
+    let child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+    println!(
+        "      {} run --namespace {NAMESPACE} (pid {}, log {})",
+        binary.display(),
+        child.id(),
+        log.display()
+    );
+    Ok(CapnProcess(child))
+}
+
+/// The `capn run` process; killed if dropped without [`stop_capn`].
+struct CapnProcess(Child);
+
+impl Drop for CapnProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// SIGTERM, then SIGKILL after 10 s.
+async fn stop_capn(mut capn: CapnProcess) {
+    // SAFETY: signals our own child.
+    unsafe {
+        libc::kill(capn.0.id() as i32, libc::SIGTERM);
+    }
+    for _ in 0..100 {
+        if let Ok(Some(_)) = capn.0.try_wait() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Under sudo, the files belong to the user who ran it (they hold an admin credential: they
+/// stay private to that user).
+fn give_to_sudo_user(path: &Path) {
+    let id = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+    if let (Some(uid), Some(gid)) = (id("SUDO_UID"), id("SUDO_GID")) {
+        let _ = std::os::unix::fs::chown(path, Some(uid), Some(gid));
+    }
+}

@@ -1,0 +1,769 @@
+//! Issue "The rendered control plane boots for real": the etcd, kube-apiserver and
+//! kube-controller-manager capn renders run with capn's own arguments and certificates (the
+//! runner in `support::runner` plays the kubelet), become ready through their own probes, and
+//! the admin kubeconfig capn generated talks to the result.
+//!
+//! Timings (apply → NestedControlPlane ready) are printed, not asserted.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use capn::api::NestedControlPlane;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::harness::{Capn, apply_doc, apply_example, secret, secret_value};
+use crate::support::runner::Runner;
+use crate::support::{cluster, test_namespace};
+
+/// From apply to a ready control plane: generous, the tests share two cores with the others.
+const BOOT: Duration = Duration::from_secs(360);
+/// One step inside a booted control plane.
+const STEP: Duration = Duration::from_secs(90);
+
+/// Prints past libtest's capture, so timings show in every run.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "boot: {line}");
+}
+
+/// A booted control plane `demo` in its own namespace.
+struct Booted {
+    client: Client,
+    ns: String,
+    runner: Runner,
+    capn: Capn,
+}
+
+/// Starts the runner and capn in a fresh namespace, applies `docs` (or the example) and waits
+/// for the NestedControlPlane `demo` to be ready through real readiness.
+async fn boot(test: &str, docs: Option<Vec<serde_json::Value>>) -> Booted {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let runner = Runner::start(&client, &ns, cluster().assets_dir())
+        .await
+        .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
+    let capn = Capn::start(&client, &ns);
+    let applied = Instant::now();
+    match docs {
+        Some(docs) => {
+            for doc in docs {
+                apply_doc(&client, &ns, doc).await;
+            }
+        }
+        None => apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await,
+    }
+    let ncps: Api<NestedControlPlane> = Api::namespaced(client.clone(), &ns);
+    runner
+        .wait_for("the NestedControlPlane is ready", BOOT, || async {
+            ncps.get_opt("demo")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|n| n.status)
+                .filter(|s| s.ready)
+                .map(|_| ())
+        })
+        .await;
+    say(&format!(
+        "{test}: apply → NestedControlPlane ready in {:.1?}",
+        applied.elapsed()
+    ));
+    Booted {
+        client,
+        ns,
+        runner,
+        capn,
+    }
+}
+
+impl Booted {
+    /// The admin kubeconfig from `demo-kubeconfig`.
+    async fn kubeconfig(&self) -> String {
+        let secret = secret(&self.client, &self.ns, "demo-kubeconfig")
+            .await
+            .expect("demo-kubeconfig exists once the control plane is ready");
+        secret_value(&secret, "value")
+    }
+
+    /// A client of the nested control plane from a kubeconfig, through the runner's one
+    /// adaptation: dial the address `demo-apiserver.<ns>.svc` resolves to, verify the
+    /// certificate for that name.
+    async fn nested(&self, kubeconfig: &str) -> Client {
+        let config = self
+            .runner
+            .client_config(kubeconfig)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let name = format!("demo-apiserver.{}.svc", self.ns);
+        assert_eq!(
+            config.tls_server_name.as_deref(),
+            Some(name.as_str()),
+            "the kubeconfig names the apiserver Service; the certificate is verified for it"
+        );
+        Client::try_from(config).expect("a client for the nested control plane")
+    }
+
+    async fn statefulset(&self, name: &str) -> StatefulSet {
+        Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns)
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        self.capn.stop().await;
+        drop(self.runner);
+    }
+}
+
+/// The rendered `command` + `args` of a StatefulSet's first container, `$(VAR)` expanded with
+/// the values given.
+fn rendered_command(sts: &StatefulSet, vars: &[(&str, String)]) -> Vec<String> {
+    let container = &sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0];
+    container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .map(|a| {
+            vars.iter()
+                .fold(a.clone(), |a, (k, v)| a.replace(&format!("$({k})"), v))
+        })
+        .collect()
+}
+
+/// The command line of a running process.
+fn cmdline(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|c| *c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The one container of pod `pod`: its pid.
+fn pid_of(runner: &Runner, pod: &str) -> i32 {
+    let pods = runner.pods();
+    let pod = pods
+        .iter()
+        .find(|p| p.name == pod)
+        .unwrap_or_else(|| panic!("the runner has no pod {pod}: {pods:?}"));
+    pod.containers[0]
+        .pid
+        .unwrap_or_else(|| panic!("{} is not running: {pod:?}", pod.name))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_control_plane_boots_and_serves_through_its_kubeconfig() {
+    let booted = boot("one replica", None).await;
+    let (client, ns, runner) = (&booted.client, booted.ns.as_str(), &booted.runner);
+
+    // Readiness came from the pods' own probes: the runner wrote every StatefulSet status
+    // (nothing else in this test does), and each process runs exactly what was rendered.
+    for component in ["etcd", "apiserver", "controller-manager"] {
+        let name = format!("demo-{component}");
+        let sts = booted.statefulset(&name).await;
+        let status = sts.status.clone().expect("a status");
+        assert_eq!(status.ready_replicas, Some(1), "{name}: {status:?}");
+        assert_eq!(status.observed_generation, sts.metadata.generation);
+        let managers: Vec<_> = sts
+            .managed_fields()
+            .iter()
+            .filter(|m| m.subresource.as_deref() == Some("status"))
+            .filter_map(|m| m.manager.clone())
+            .collect();
+        assert_eq!(managers, ["capn-runner"], "{name}: status written by the runner only");
+        let pod = format!("{name}-0");
+        let ip = runner.pod_ip(&pod).expect("the pod has an address");
+        let want = rendered_command(&sts, &[("POD_NAME", pod.clone()), ("POD_IP", ip.to_string())]);
+        let pid = pid_of(runner, &pod);
+        assert_eq!(
+            cmdline(pid),
+            want,
+            "{pod} runs the rendered command line (only $(VAR) expanded)"
+        );
+        // As the rendered securityContext says: user and group 65532, fsGroup 65532.
+        let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            proc_status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+        };
+        assert_eq!(field("Uid:").as_deref(), Some("65532 65532 65532 65532"), "{pod}");
+        assert_eq!(field("Gid:").as_deref(), Some("65532 65532 65532 65532"), "{pod}");
+        assert_eq!(field("Groups:").as_deref(), Some("65532"), "{pod}");
+    }
+
+    // The admin kubeconfig, as capn wrote it, talks to the nested apiserver.
+    let kubeconfig = booted.kubeconfig().await;
+    assert!(kubeconfig.contains(&format!("server: https://demo-apiserver.{ns}.svc:6443")));
+    let nested = booted.nested(&kubeconfig).await;
+    let readyz = nested
+        .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
+        .await
+        .expect("GET /readyz");
+    assert_eq!(readyz, "ok");
+
+    // Writes and reads land in the nested etcd.
+    let namespaces: Api<Namespace> = Api::all(nested.clone());
+    let tenant = Namespace {
+        metadata: ObjectMeta {
+            name: Some("boot-check".into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &tenant)
+        .await
+        .expect("create a namespace in the nested control plane");
+    let config_maps: Api<ConfigMap> = Api::namespaced(nested.clone(), "boot-check");
+    let data = BTreeMap::from([("greeting".to_owned(), "hello from the super cluster".to_owned())]);
+    config_maps
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("boot".into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some(data.clone()),
+                ..ConfigMap::default()
+            },
+        )
+        .await
+        .expect("create a ConfigMap");
+    assert_eq!(config_maps.get("boot").await.unwrap().data, Some(data));
+
+    // The controller-manager, with its own identity, runs the namespace's controllers: the
+    // `default` ServiceAccount and the root CA ConfigMap appear.
+    let accounts: Api<ServiceAccount> = Api::namespaced(nested.clone(), "boot-check");
+    runner
+        .wait_for(
+            "the controller-manager creates the default ServiceAccount",
+            STEP,
+            || async { accounts.get_opt("default").await.ok().flatten() },
+        )
+        .await;
+    // With --use-service-account-credentials it gave each controller an account of its own,
+    // using its own credentials, in kube-system.
+    let system_accounts: Api<ServiceAccount> = Api::namespaced(nested.clone(), "kube-system");
+    for controller in [
+        "service-account-controller",
+        "root-ca-cert-publisher",
+        "namespace-controller",
+    ] {
+        runner
+            .wait_for(
+                &format!("the controller-manager creates {controller}"),
+                STEP,
+                || async { system_accounts.get_opt(controller).await.ok().flatten() },
+            )
+            .await;
+    }
+    let root_ca = runner
+        .wait_for("the controller-manager publishes kube-root-ca.crt", STEP, || async {
+            config_maps.get_opt("kube-root-ca.crt").await.ok().flatten()
+        })
+        .await;
+    let cluster_ca = secret_value(&secret(client, ns, "demo-ca").await.unwrap(), "tls.crt");
+    assert_eq!(
+        root_ca.data.unwrap_or_default().get("ca.crt").map(|c| c.trim()),
+        Some(cluster_ca.trim()),
+        "kube-root-ca.crt holds the cluster CA"
+    );
+    // Its identity is its own: its kubeconfig authenticates as system:kube-controller-manager.
+    let kcm_kubeconfig = secret_value(
+        &secret(client, ns, "demo-controller-manager-kubeconfig").await.unwrap(),
+        "value",
+    );
+    let kcm = booted.nested(&kcm_kubeconfig).await;
+    assert_eq!(whoami(&kcm).await.unwrap(), "system:kube-controller-manager");
+    assert_eq!(whoami(&nested).await.unwrap(), "kubernetes-admin");
+
+    // The service-account key pair is wired consistently (one pair, never two): a token the
+    // apiserver signs (TokenRequest) and a token the controller-manager signs (a legacy token
+    // Secret) both authenticate against the apiserver, and a forged one does not.
+    let sa_name = "boot-probe";
+    accounts
+        .create(
+            &PostParams::default(),
+            &ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some(sa_name.into()),
+                    ..ObjectMeta::default()
+                },
+                ..ServiceAccount::default()
+            },
+        )
+        .await
+        .expect("create a ServiceAccount");
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let issued = accounts
+        .create_token_request(sa_name, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest");
+    let token = issued
+        .status
+        .and_then(|s| s.token)
+        .expect("TokenRequest returns a token");
+    let expected_user = format!("system:serviceaccount:boot-check:{sa_name}");
+    let as_sa = with_token(&booted, &kubeconfig, &token).await;
+    assert_eq!(whoami(&as_sa).await.unwrap(), expected_user);
+    let forged = forge(&token);
+    let rejected = whoami(&with_token(&booted, &kubeconfig, &forged).await).await;
+    assert!(
+        rejected.as_ref().is_err_and(|e| e.contains("401")),
+        "a token with a broken signature is refused: {rejected:?}"
+    );
+    let secrets: Api<Secret> = Api::namespaced(nested.clone(), "boot-check");
+    let legacy = Secret {
+        metadata: ObjectMeta {
+            name: Some(format!("{sa_name}-token")),
+            annotations: Some(BTreeMap::from([(
+                "kubernetes.io/service-account.name".to_owned(),
+                sa_name.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/service-account-token".into()),
+        ..Secret::default()
+    };
+    secrets
+        .create(&PostParams::default(), &legacy)
+        .await
+        .expect("create a service-account token Secret");
+    let legacy_token = runner
+        .wait_for("the controller-manager fills the token Secret", STEP, || async {
+            let s = secrets.get_opt(&format!("{sa_name}-token")).await.ok().flatten()?;
+            let token = s.data?.get("token")?.0.clone();
+            String::from_utf8(token).ok()
+        })
+        .await;
+    let as_legacy = with_token(&booted, &kubeconfig, &legacy_token).await;
+    assert_eq!(whoami(&as_legacy).await.unwrap(), expected_user);
+
+    booted.stop().await;
+}
+
+/// The user a client authenticates as (SelfSubjectReview), or the error text.
+async fn whoami(client: &Client) -> Result<String, String> {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .unwrap_or_default())
+}
+
+/// A client of the nested control plane that presents `token` instead of the admin
+/// certificate (same server and CA).
+async fn with_token(booted: &Booted, kubeconfig: &str, token: &str) -> Client {
+    let mut config = booted
+        .runner
+        .client_config(kubeconfig)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_owned().into()),
+        ..kube::config::AuthInfo::default()
+    };
+    Client::try_from(config).unwrap()
+}
+
+/// `token` with one character of its signature changed.
+fn forge(token: &str) -> String {
+    let mut forged = token.to_owned();
+    let last = forged.pop().unwrap_or('A');
+    forged.push(if last == 'A' { 'B' } else { 'A' });
+    forged
+}
+
+/// The etcd of a three-member control plane and the NestedControlPlane referencing it.
+fn three_member_docs() -> Vec<serde_json::Value> {
+    vec![
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+            "kind": "NestedEtcd",
+            "metadata": {"name": "demo-etcd"},
+            "spec": {"replicas": 3},
+        }),
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+            "kind": "NestedControlPlane",
+            "metadata": {"name": "demo"},
+            "spec": {"version": "1.36", "etcd": {"name": "demo-etcd"}},
+        }),
+    ]
+}
+
+/// A client of one etcd member's v3 JSON gateway, with the apiserver's etcd client
+/// certificate, verifying the member's certificate for its DNS name.
+async fn etcd_member(booted: &Booted, member: &str) -> Client {
+    let ns = &booted.ns;
+    let host = format!("{member}.demo-etcd.{ns}.svc");
+    let address = booted.runner.resolve(&host);
+    let address = address.first().unwrap_or_else(|| panic!("{host} resolves to nothing"));
+    let ca = secret_value(&secret(&booted.client, ns, "demo-etcd").await.unwrap(), "tls.crt");
+    let client_secret = secret(&booted.client, ns, "demo-apiserver-etcd-client").await.unwrap();
+    let b64 = |s: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    let kubeconfig = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: etcd
+  cluster:
+    server: https://{address}:2379
+    tls-server-name: {host}
+    certificate-authority-data: {}
+users:
+- name: apiserver-etcd-client
+  user:
+    client-certificate-data: {}
+    client-key-data: {}
+contexts:
+- name: etcd
+  context: {{cluster: etcd, user: apiserver-etcd-client}}
+current-context: etcd
+",
+        b64(&ca),
+        b64(&secret_value(&client_secret, "tls.crt")),
+        b64(&secret_value(&client_secret, "tls.key")),
+    );
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let mut config = config;
+    config.default_retry = false;
+    config.read_timeout = Some(Duration::from_secs(5));
+    Client::try_from(config).unwrap()
+}
+
+/// POSTs to an etcd v3 gateway endpoint and returns the JSON answer.
+async fn etcd_call(client: &Client, path: &str, body: serde_json::Value) -> Result<serde_json::Value, String> {
+    let request = http::Request::post(path)
+        .header("Content-Type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .unwrap();
+    let text = client.request_text(request).await.map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_member_etcd_forms_a_cluster_and_survives_a_stopped_member() {
+    let booted = boot("three etcd members", Some(three_member_docs())).await;
+    let ns = booted.ns.clone();
+    let runner = &booted.runner;
+    let members = ["demo-etcd-0", "demo-etcd-1", "demo-etcd-2"];
+
+    // Every member sees the same three members, with the rendered peer URLs.
+    let mut leader = String::new();
+    for member in members {
+        let etcd = etcd_member(&booted, member).await;
+        let list = etcd_call(&etcd, "/v3/cluster/member/list", json!({}))
+            .await
+            .unwrap_or_else(|e| panic!("member list from {member}: {e}"));
+        let mut seen: Vec<(String, String)> = list["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|m| {
+                (
+                    m["name"].as_str().unwrap_or_default().to_owned(),
+                    m["peerURLs"][0].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        seen.sort();
+        let want: Vec<(String, String)> = members
+            .iter()
+            .map(|m| (m.to_string(), format!("https://{m}.demo-etcd.{ns}.svc:2380")))
+            .collect();
+        assert_eq!(seen, want, "{member}'s view of the cluster");
+        let status = etcd_call(&etcd, "/v3/maintenance/status", json!({})).await.unwrap();
+        let leader_id = status["leader"].as_str().unwrap_or_default().to_owned();
+        let name = list["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["ID"].as_str() == Some(leader_id.as_str()))
+            .and_then(|m| m["name"].as_str())
+            .expect("the leader is a member")
+            .to_owned();
+        if leader.is_empty() {
+            leader = name;
+        } else {
+            assert_eq!(name, leader, "all members agree on the leader");
+        }
+    }
+
+    // Stop the leader, for real (SIGKILL, not restarted).
+    let nested = booted.nested(&booted.kubeconfig().await).await;
+    let stopped_pid = pid_of(runner, &leader);
+    runner.pause_pod(&leader).unwrap();
+    runner
+        .wait_for(&format!("{leader} has stopped"), STEP, || async {
+            (!std::path::Path::new(&format!("/proc/{stopped_pid}")).exists()).then_some(())
+        })
+        .await;
+    say(&format!("three etcd members: stopped the leader {leader}"));
+
+    // The apiserver keeps serving reads and writes.
+    let stopped_at = Instant::now();
+    let all_namespaces: Api<Namespace> = Api::all(nested.clone());
+    runner
+        .wait_for("a read succeeds with one member stopped", STEP, || async {
+            all_namespaces.get("kube-system").await.ok()
+        })
+        .await;
+    say(&format!(
+        "three etcd members: first read after stopping the leader took {:.1?}",
+        stopped_at.elapsed()
+    ));
+    let config_maps: Api<ConfigMap> = Api::namespaced(nested.clone(), "default");
+    let written = runner
+        .wait_for("a write succeeds with one member stopped", STEP, || async {
+            let cm = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("written-with-a-member-down".into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some(BTreeMap::from([("members".to_owned(), "2 of 3".to_owned())])),
+                ..ConfigMap::default()
+            };
+            match config_maps.create(&PostParams::default(), &cm).await {
+                Ok(created) => Some(created),
+                // An attempt that timed out may still have been committed.
+                Err(kube::Error::Api(e)) if e.code == 409 => config_maps.get("written-with-a-member-down").await.ok(),
+                Err(_) => None,
+            }
+        })
+        .await;
+    // A write that reached the old leader waits for etcd's request timeout (5 s plus two
+    // election timeouts) before the apiserver's retry lands on the new one.
+    say(&format!(
+        "three etcd members: first write after stopping the leader took {:.1?}",
+        stopped_at.elapsed()
+    ));
+    for i in 0..5 {
+        let name = format!("write-{i}");
+        config_maps
+            .create(
+                &PostParams::default(),
+                &ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    ..ConfigMap::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("write {name} with one member stopped: {e}"));
+        assert!(config_maps.get(&name).await.is_ok(), "read {name} back");
+    }
+    let read = config_maps.get("written-with-a-member-down").await.unwrap();
+    assert_eq!(read.metadata.uid, written.metadata.uid);
+    let namespaces = Api::<Namespace>::all(nested.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list namespaces with one member stopped");
+    assert!(namespaces.iter().any(|n| n.name_any() == "kube-system"));
+    // The survivors elected a new leader among themselves.
+    let survivor = members.iter().find(|m| **m != leader).unwrap();
+    let etcd = etcd_member(&booted, survivor).await;
+    let list = etcd_call(&etcd, "/v3/cluster/member/list", json!({})).await.unwrap();
+    let status = etcd_call(&etcd, "/v3/maintenance/status", json!({})).await.unwrap();
+    let new_leader = list["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["ID"] == status["leader"])
+        .and_then(|m| m["name"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        !new_leader.is_empty() && new_leader != leader,
+        "a new leader ({new_leader:?}) replaced {leader}"
+    );
+    // The runner reports what the StatefulSet controller would: two of three ready.
+    runner
+        .wait_for("the etcd StatefulSet reports two of three ready", STEP, || async {
+            let sts = booted.statefulset("demo-etcd").await;
+            (sts.status.as_ref().and_then(|s| s.ready_replicas) == Some(2)).then_some(())
+        })
+        .await;
+
+    // Started again, the member catches up: it serves the key written while it was down.
+    runner.resume_pod(&leader).unwrap();
+    let back = etcd_member(&booted, &leader).await;
+    let key = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode("/registry/configmaps/default/written-with-a-member-down")
+    };
+    runner
+        .wait_for(
+            &format!("{leader} is back with the data written meanwhile"),
+            STEP,
+            || async {
+                let answer = etcd_call(
+                    &back,
+                    "/v3/kv/range",
+                    json!({"key": key, "serializable": true, "count_only": true}),
+                )
+                .await
+                .ok()?;
+                (answer["count"].as_str() == Some("1")).then_some(())
+            },
+        )
+        .await;
+    booted.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_control_plane_stops_everything_the_runner_started() {
+    let booted = boot("delete", None).await;
+    let runner = &booted.runner;
+    let started = runner.processes();
+    assert!(started.len() >= 3, "one process per component at least: {started:?}");
+
+    Api::<NestedControlPlane>::namespaced(booted.client.clone(), &booted.ns)
+        .delete("demo", &DeleteParams::default())
+        .await
+        .expect("delete the NestedControlPlane");
+    let deleted = Instant::now();
+    runner
+        .wait_for("every pod is stopped and removed", STEP, || async {
+            runner.pods().is_empty().then_some(())
+        })
+        .await;
+    say(&format!(
+        "delete: NestedControlPlane deleted → every pod removed in {:.1?}",
+        deleted.elapsed()
+    ));
+    assert_eq!(runner.retired_pods(), 3, "the three pods were removed");
+    for p in &started {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{}", p.pid)).exists()
+                || std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).is_ok_and(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, r)| r.split_whitespace().nth(19))
+                        .and_then(|t| t.parse::<u64>().ok())
+                        != Some(p.start_time)
+                }),
+            "{}/{} (pid {}) is gone",
+            p.pod,
+            p.container,
+            p.pid
+        );
+    }
+    let left = runner.leftovers();
+    assert!(left.is_empty(), "nothing is left behind: {left:#?}");
+    let pods_dir = runner.dir().join("pods");
+    let remaining: Vec<_> = std::fs::read_dir(&pods_dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(remaining.is_empty(), "no pod directories remain: {remaining:?}");
+
+    // Dropping the runner removes its network and directory too.
+    let dir = runner.dir().to_owned();
+    let link = runner.host_link().to_owned();
+    booted.stop().await;
+    assert!(!dir.exists(), "{} is removed", dir.display());
+    let link_exists = std::process::Command::new("ip")
+        .args(["link", "show", &link])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(!link_exists, "the host interface {link} is removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_refuses_an_image_whose_release_is_not_the_local_binary() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let runner = Runner::start(&client, &ns, cluster().assets_dir())
+        .await
+        .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
+    // capn's etcd template, but an image of another release than the local etcd.
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "other-etcd", "labels": {"app.kubernetes.io/managed-by": "capn"}},
+        "spec": {
+            "serviceName": "other-etcd",
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "other-etcd"}},
+            "template": {
+                "metadata": {"labels": {"app": "other-etcd"}},
+                "spec": {"containers": [{
+                    "name": "etcd",
+                    "image": "registry.k8s.io/etcd:3.5.21-0",
+                    "command": ["etcd"],
+                    "args": ["--name=$(POD_NAME)"],
+                }]},
+            },
+        },
+    }))
+    .unwrap();
+    Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &sts)
+        .await
+        .unwrap();
+    let refusal = wait_until_refused(&runner).await;
+    assert!(
+        refusal.contains("REFUSED") && refusal.contains("3.5.21") && refusal.contains("3.6.8"),
+        "the refusal names both releases: {refusal}"
+    );
+    assert!(runner.processes().is_empty(), "nothing was started");
+    assert!(runner.pods().is_empty(), "no pod was created");
+    let status = Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .get("other-etcd")
+        .await
+        .unwrap()
+        .status;
+    assert!(
+        status.is_none_or(|s| s.ready_replicas.unwrap_or(0) == 0),
+        "a refused StatefulSet is never reported ready"
+    );
+}
+
+/// Waits until the runner reports a problem, and returns it.
+async fn wait_until_refused(runner: &Runner) -> String {
+    let deadline = Instant::now() + STEP;
+    loop {
+        if let Err(problem) = runner.check() {
+            return problem;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runner never refused:\n{}",
+            runner.report()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

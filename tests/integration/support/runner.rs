@@ -1,0 +1,1516 @@
+//! The runner: plays the kubelet and the StatefulSet controller for capn's StatefulSets, so
+//! that the etcd, kube-apiserver and kube-controller-manager capn rendered run for real on a
+//! machine without a container runtime (issue 3).
+//!
+//! For every StatefulSet labelled `app.kubernetes.io/managed-by=capn` in its namespace, the
+//! runner keeps pods `<name>-0..replicas` (Parallel or OrderedReady, RollingUpdate one pod at a
+//! time from the highest ordinal), and for each pod:
+//! - a network namespace of its own with one address on a private bridge, and a UTS namespace
+//!   whose hostname is the pod name;
+//! - its volumes: Secret and ConfigMap volumes (`items`, `defaultMode`, `optional`), emptyDir,
+//!   and the StatefulSet's volume claims, with the owner and modes the kubelet gives them
+//!   (`fsGroup` included);
+//! - for every container, a process started exactly from the container's `command` + `args`
+//!   (`$(VAR)` expanded from `env` like the kubelet, downward-API `fieldRef`s included), in a
+//!   private mount namespace whose root is the container's own directory with every
+//!   `volumeMount` at its `mountPath`, as `runAsUser`/`runAsGroup` with the fsGroup, with
+//!   `no_new_privs` and a read-only root when the security context asks for them;
+//! - the container's own startup, readiness and liveness probes (httpGet, HTTPS without
+//!   verification like the kubelet, or tcpSocket; their timing and thresholds), with restarts
+//!   and the kubelet's crash back-off (10 s doubling to 5 min);
+//! - the names it would resolve through cluster DNS ([`dns`]).
+//!
+//! It writes the StatefulSet status the StatefulSet controller would: `observedGeneration`,
+//! `replicas` (pods that exist), `readyReplicas` and `availableReplicas` (pods whose every
+//! container passes its readiness probe), `currentReplicas`/`updatedReplicas` and the two
+//! revisions. capn's controllers therefore see real readiness and proceed on their own.
+//! Deleting a StatefulSet stops its pods (SIGTERM, then SIGKILL after
+//! `terminationGracePeriodSeconds`) and removes everything they had; dropping the runner
+//! kills every process at once, like a node losing power, and removes the rest.
+//!
+//! # Adaptations (the complete list)
+//! Nothing in a rendered object is changed: flags, arguments, certificate paths and mount
+//! paths are used as rendered. What differs from a real node:
+//! 1. **Binaries, not images.** `command[0]` runs the binary of that name from
+//!    `KUBEBUILDER_ASSETS`, bind-mounted read-only where the images keep it
+//!    (`/usr/local/bin/<name>`), after checking that its `--version` is the release the image
+//!    tag names (`etcd:3.6.8-0` → 3.6.8, `kube-apiserver:v1.36.3` → 1.36.3); any mismatch is
+//!    refused loudly ([`Runner::check`]). The rest of the container's root is a skeleton of the
+//!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`).
+//! 2. **Shared libraries.** The locally built binaries are dynamically linked (the published
+//!    images carry static ones), so the ELF interpreter and the libraries `ldd` lists are
+//!    bind-mounted read-only at their host paths.
+//! 3. **DNS from a hosts file.** No cluster DNS runs: each pod's `/etc/hosts` holds the names
+//!    DNS would answer ([`dns`]), and `/etc/hosts`, `/etc/resolv.conf` and `/etc/hostname` are
+//!    symbolic links into a directory the runner updates atomically. A Service name leads
+//!    straight to the ready pods' addresses (there is no ClusterIP and no kube-proxy), so it
+//!    works only where a Service's port equals its target port (warned otherwise;
+//!    true of capn's Services).
+//! 4. **Network.** Pod addresses come from a private 198.18.N.0/24 (RFC 2544) on a bridge in
+//!    the runner's own network namespace; the host reaches it through the interface
+//!    `capn<N>`. Pods have no default route: nothing leaves the pod network.
+//! 5. **Volumes are written once** when the pod starts (the kubelet refreshes Secret and
+//!    ConfigMap volumes within about a minute); volume claims are directories that live as
+//!    long as the StatefulSet, whatever its `persistentVolumeClaimRetentionPolicy` says.
+//! 6. **Not emulated:** Pod, PersistentVolumeClaim and Endpoints objects in the super cluster,
+//!    PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
+//!    and resource limits, seccomp profiles, capability sets (the processes simply run as
+//!    their non-root user), Service environment variables, `minReadySeconds`. Refused loudly:
+//!    initContainers, exec/gRPC probes, host namespaces, privileged containers, other volume
+//!    kinds, `envFrom`, `valueFrom` other than `fieldRef`.
+//!
+//! A client outside the pods cannot resolve the in-cluster names; [`Runner::client_config`]
+//! dials the address the name resolves to while still verifying the certificate for the
+//! name (kube's `tls_server_name`). That is the one place a kubeconfig is not used verbatim.
+//!
+//! The runner needs root (namespaces, mounts, veth pairs) and iproute2's `ip`. Every process it
+//! starts gets `PR_SET_PDEATHSIG(SIGKILL)`, and namespaces are held only by descriptors, so no
+//! process, mount or network namespace outlives the test binary even if it is killed (only its
+//! directory in the temporary directory would stay behind then).
+
+mod dns;
+mod pod;
+mod probe;
+mod sandbox;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PodSpec, Service};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use self::pod::{ContainerPlan, PodIdentity};
+use self::probe::{Prober, Verdict};
+use self::sandbox::{Namespaces, Network, Spawner};
+
+/// The label selecting capn's StatefulSets.
+const MANAGED: &str = "app.kubernetes.io/managed-by=capn";
+/// Field manager of the StatefulSet status the runner writes.
+const STATUS_MANAGER: &str = "capn-runner";
+/// The super cluster's DNS domain (capn's `--super-cluster-dns-domain` default).
+const DNS_DOMAIN: &str = "cluster.local";
+/// How often the runner looks again without being woken.
+const RESYNC: Duration = Duration::from_millis(500);
+/// How often a container is checked for having exited.
+const EXIT_POLL: Duration = Duration::from_millis(200);
+/// The kubelet's crash back-off: first delay and cap.
+const BACKOFF_START: Duration = Duration::from_secs(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// A container that ran this long resets its back-off.
+const BACKOFF_RESET: Duration = Duration::from_secs(600);
+/// The API default of `terminationGracePeriodSeconds`.
+const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// The kubelet and StatefulSet controller of one namespace; see the module documentation.
+pub struct Runner {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    client: Client,
+    namespace: String,
+    assets: PathBuf,
+    dir: PathBuf,
+    spawner: Mutex<Option<Spawner>>,
+    network: Mutex<Option<Network>>,
+    host_link: String,
+    host_ip: Ipv4Addr,
+    services: Store<Service>,
+    state: Mutex<State>,
+    wake: Notify,
+    stopping: Arc<AtomicBool>,
+    quiet: bool,
+}
+
+#[derive(Default)]
+struct State {
+    /// By StatefulSet uid: a set deleted and created again under the same name is another set.
+    sets: BTreeMap<String, SetState>,
+    problems: Vec<String>,
+    events: Vec<String>,
+    processes: Vec<ProcessRecord>,
+    /// Running processes: pid → `pod/container`.
+    live: BTreeMap<i32, String>,
+    retired: Vec<RetiredPod>,
+    retired_claims: Vec<PathBuf>,
+    versions: BTreeMap<PathBuf, Result<String, String>>,
+    libraries: BTreeMap<PathBuf, Vec<PathBuf>>,
+    records: dns::Records,
+    warned: BTreeSet<String>,
+}
+
+struct SetState {
+    name: String,
+    update_revision: String,
+    current_revision: String,
+    refused: Option<String>,
+    pods: BTreeMap<i32, PodHandle>,
+    /// The status last written, to write only changes.
+    written: Option<serde_json::Value>,
+    claims: BTreeSet<PathBuf>,
+    gone: bool,
+}
+
+struct PodHandle {
+    name: String,
+    revision: String,
+    labels: BTreeMap<String, String>,
+    subdomain: String,
+    ports: BTreeMap<String, u16>,
+    shared: Arc<PodShared>,
+    control: watch::Sender<Control>,
+    task: JoinHandle<()>,
+    deleting: bool,
+}
+
+/// What a pod's task reports.
+struct PodShared {
+    name: String,
+    dir: PathBuf,
+    ip: Mutex<Option<Ipv4Addr>>,
+    net_inode: AtomicU64,
+    containers: Mutex<BTreeMap<String, ContainerReport>>,
+    waiting: Mutex<Option<String>>,
+    hosts: Mutex<String>,
+    done: AtomicBool,
+}
+
+/// A running or finished container, for reports.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerReport {
+    pub name: String,
+    pub pid: Option<i32>,
+    pub ready: bool,
+    pub started: bool,
+    pub restarts: u32,
+    pub last_exit: Option<String>,
+    pub last_probe_error: Option<String>,
+    pub log: PathBuf,
+}
+
+/// A pod as the runner sees it.
+#[derive(Clone, Debug)]
+pub struct PodReport {
+    pub name: String,
+    pub ip: Option<Ipv4Addr>,
+    pub ready: bool,
+    pub deleting: bool,
+    pub waiting: Option<String>,
+    pub containers: Vec<ContainerReport>,
+}
+
+/// A process the runner started, with what identifies it beyond its pid.
+#[derive(Clone, Debug)]
+pub struct ProcessRecord {
+    pub pod: String,
+    pub container: String,
+    pub pid: i32,
+    /// Field 22 of /proc/<pid>/stat: with the pid, names the process even after pid reuse.
+    pub start_time: u64,
+    /// Inode of its mount namespace.
+    pub mount_ns: u64,
+}
+
+/// A pod that has been deleted, and what it had.
+#[derive(Clone, Debug)]
+struct RetiredPod {
+    name: String,
+    dir: PathBuf,
+    net_inode: u64,
+    veth: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Control {
+    Run,
+    /// Containers killed and not restarted (a stopped member), until `Run` again.
+    Pause,
+    Delete,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Runner {
+    /// Starts the runner for `namespace`, with the binaries of `assets`.
+    ///
+    /// # Errors
+    /// Without root, without `ip`, or when the pod network cannot be created.
+    pub async fn start(client: &Client, namespace: &str, assets: &Path) -> Result<Self, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("the runner needs root: it creates network and mount namespaces and veth pairs (run the tests or the demo as root)".into());
+        }
+        let spawner = Spawner::start()?;
+        let dir = tempfile::Builder::new()
+            .prefix("capn-runner-")
+            .tempdir()
+            .map_err(|e| format!("cannot create the runner directory: {e}"))?
+            .keep();
+        // It holds the pods' private keys. The pods reach their files through bind mounts,
+        // never through this path.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| format!("cannot restrict {}: {e}", dir.display()))?;
+        let network = match Network::create() {
+            Ok(network) => network,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let sets_api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
+        let services_api: Api<Service> = Api::namespaced(client.clone(), namespace);
+        let (sets, sets_writer) = reflector::store();
+        let (services, services_writer) = reflector::store();
+        let shared = Arc::new(Shared {
+            client: client.clone(),
+            namespace: namespace.to_owned(),
+            assets: assets.to_owned(),
+            dir,
+            spawner: Mutex::new(Some(spawner)),
+            host_link: network.host_link().to_owned(),
+            host_ip: network.host_address(),
+            network: Mutex::new(Some(network)),
+            services,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            stopping: Arc::new(AtomicBool::new(false)),
+            quiet: std::env::var_os("CAPN_RUNNER_QUIET").is_some_and(|v| v != "0"),
+        });
+        let mut tasks = Vec::new();
+        let watch_sets = reflector::reflector(
+            sets_writer,
+            watcher(sets_api, watcher::Config::default().labels(MANAGED)),
+        )
+        .default_backoff();
+        let watch_services =
+            reflector::reflector(services_writer, watcher(services_api, watcher::Config::default())).default_backoff();
+        for stream in [
+            watch_sets.map(|e| e.map(drop)).boxed(),
+            watch_services.map(|e| e.map(drop)).boxed(),
+        ] {
+            let shared = shared.clone();
+            tasks.push(tokio::spawn(async move {
+                stream.for_each(|_| async { shared.wake.notify_one() }).await;
+            }));
+        }
+        let loop_shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            let _ = sets.wait_until_ready().await;
+            let _ = loop_shared.services.wait_until_ready().await;
+            loop {
+                reconcile(&loop_shared, &sets.state()).await;
+                tokio::select! {
+                    () = loop_shared.wake.notified() => {}
+                    () = tokio::time::sleep(RESYNC) => {}
+                }
+            }
+        }));
+        let runner = Self { shared, tasks };
+        runner.event(format!(
+            "started for namespace {namespace}: pod network {}/24 via {} (directory {})",
+            runner.shared.host_ip,
+            runner.shared.host_link,
+            runner.shared.dir.display()
+        ));
+        Ok(runner)
+    }
+
+    fn event(&self, message: String) {
+        self.shared.event(message);
+    }
+
+    /// `Err` with every refusal and failure so far (a template the runner will not run, a
+    /// binary whose version differs from the image's, a container that could not start).
+    ///
+    /// # Errors
+    /// When anything went wrong.
+    pub fn check(&self) -> Result<(), String> {
+        let state = lock(&self.shared.state);
+        if state.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the runner reported problems:\n- {}",
+                state.problems.join("\n- ")
+            ))
+        }
+    }
+
+    /// The addresses a pod would get for `name` (a Service or pod DNS name).
+    pub fn resolve(&self, name: &str) -> Vec<Ipv4Addr> {
+        let name = name.trim_end_matches('.');
+        lock(&self.shared.state)
+            .records
+            .get(name)
+            .map(|ips| ips.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// A client configuration from a kubeconfig, used verbatim except for one thing: the
+    /// server's host, an in-cluster name, is dialled at the address it resolves to (as from a
+    /// pod), while the certificate is still verified for the name (`tls_server_name`).
+    ///
+    /// # Errors
+    /// If the kubeconfig does not parse or its server name resolves to nothing yet.
+    pub async fn client_config(&self, kubeconfig: &str) -> Result<kube::Config, String> {
+        let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
+            .map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
+        let mut config = kube::Config::from_custom_kubeconfig(parsed, &Default::default())
+            .await
+            .map_err(|e| format!("the kubeconfig is not usable: {e}"))?;
+        let url = config.cluster_url.clone();
+        let host = url.host().ok_or("the kubeconfig's server has no host")?;
+        if host.parse::<std::net::IpAddr>().is_err() {
+            let address = self
+                .resolve(host)
+                .into_iter()
+                .next()
+                .ok_or_else(|| format!("{host} resolves to no ready pod (yet)"))?;
+            let port = url.port_u16().unwrap_or(443);
+            let scheme = url.scheme_str().unwrap_or("https");
+            if config.tls_server_name.is_none() {
+                config.tls_server_name = Some(host.to_owned());
+            }
+            config.cluster_url = format!("{scheme}://{address}:{port}")
+                .parse()
+                .map_err(|e| format!("bad URL: {e}"))?;
+        }
+        Ok(config)
+    }
+
+    /// Every pod the runner has, by name.
+    pub fn pods(&self) -> Vec<PodReport> {
+        let state = lock(&self.shared.state);
+        let mut pods: Vec<PodReport> = state
+            .sets
+            .values()
+            .flat_map(|s| s.pods.values())
+            .map(|p| PodReport {
+                name: p.name.clone(),
+                ip: *lock(&p.shared.ip),
+                ready: !p.deleting && pod_ready(&p.shared),
+                deleting: p.deleting,
+                waiting: lock(&p.shared.waiting).clone(),
+                containers: lock(&p.shared.containers).values().cloned().collect(),
+            })
+            .collect();
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
+        pods
+    }
+
+    /// The address of a pod.
+    pub fn pod_ip(&self, pod: &str) -> Option<Ipv4Addr> {
+        self.pods().into_iter().find(|p| p.name == pod)?.ip
+    }
+
+    /// Stops a pod's containers (SIGKILL, like a member that crashed or lost its machine) and
+    /// keeps them stopped until [`Runner::resume_pod`]; the pod keeps its address and volumes.
+    ///
+    /// # Errors
+    /// If there is no such pod.
+    pub fn pause_pod(&self, pod: &str) -> Result<(), String> {
+        self.control(pod, Control::Pause)
+    }
+
+    /// Starts a paused pod's containers again.
+    ///
+    /// # Errors
+    /// If there is no such pod.
+    pub fn resume_pod(&self, pod: &str) -> Result<(), String> {
+        self.control(pod, Control::Run)
+    }
+
+    fn control(&self, pod: &str, control: Control) -> Result<(), String> {
+        let state = lock(&self.shared.state);
+        let handle = state
+            .sets
+            .values()
+            .flat_map(|s| s.pods.values())
+            .find(|p| p.name == pod && !p.deleting)
+            .ok_or_else(|| format!("the runner has no pod {pod}"))?;
+        handle.control.send_replace(control);
+        drop(state);
+        self.event(format!("{pod}: {control:?} requested"));
+        Ok(())
+    }
+
+    /// Every process the runner ever started.
+    pub fn processes(&self) -> Vec<ProcessRecord> {
+        lock(&self.shared.state).processes.clone()
+    }
+
+    /// How many pods have been deleted (and cleaned up) so far.
+    pub fn retired_pods(&self) -> usize {
+        lock(&self.shared.state).retired.len()
+    }
+
+    /// What is left of deleted pods and StatefulSets: processes still alive, mount or network
+    /// namespaces still in use, veth links, directories. Empty when nothing is left behind.
+    pub fn leftovers(&self) -> Vec<String> {
+        let state = lock(&self.shared.state);
+        let live_pods: BTreeSet<&str> = state
+            .sets
+            .values()
+            .flat_map(|s| s.pods.values())
+            .map(|p| p.name.as_str())
+            .collect();
+        let in_use = namespaces_in_use();
+        let mut left = Vec::new();
+        for p in state.processes.iter().filter(|p| !live_pods.contains(p.pod.as_str())) {
+            if process_start_time(p.pid) == Some(p.start_time) {
+                left.push(format!(
+                    "process {} ({}/{}) is still running",
+                    p.pid, p.pod, p.container
+                ));
+            }
+            if in_use.contains(&format!("mnt:[{}]", p.mount_ns)) {
+                left.push(format!(
+                    "the mount namespace of {}/{} is still in use",
+                    p.pod, p.container
+                ));
+            }
+        }
+        let links = lock(&self.shared.network)
+            .as_ref()
+            .and_then(|n| n.node_links().ok())
+            .unwrap_or_default();
+        for pod in &state.retired {
+            if in_use.contains(&format!("net:[{}]", pod.net_inode)) {
+                left.push(format!("the network namespace of {} is still in use", pod.name));
+            }
+            if pod.dir.exists() {
+                left.push(format!("{} still exists", pod.dir.display()));
+            }
+            if links.contains(&pod.veth)
+                && !state.sets.values().any(|s| {
+                    s.pods
+                        .values()
+                        .any(|p| lock(&p.shared.ip).is_some_and(|ip| format!("vp{}", ip.octets()[3]) == pod.veth))
+                })
+            {
+                left.push(format!("veth {} of {} still exists", pod.veth, pod.name));
+            }
+        }
+        for claim in &state.retired_claims {
+            if claim.exists() {
+                left.push(format!("{} still exists", claim.display()));
+            }
+        }
+        left
+    }
+
+    /// The runner's directory (pods, claims, logs); removed when the runner is dropped.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// The host interface of the pod network; removed when the runner is dropped.
+    pub fn host_link(&self) -> &str {
+        &self.shared.host_link
+    }
+
+    /// Everything the runner knows, for a failure message: problems, events, pods, log tails.
+    pub fn report(&self) -> String {
+        let mut out = String::new();
+        if let Err(problems) = self.check() {
+            let _ = writeln!(out, "{problems}");
+        }
+        let events = lock(&self.shared.state).events.clone();
+        let _ = writeln!(out, "runner events:");
+        for e in events.iter().rev().take(60).rev() {
+            let _ = writeln!(out, "  {e}");
+        }
+        for pod in self.pods() {
+            let _ = writeln!(
+                out,
+                "pod {} ip={:?} ready={} deleting={} waiting={:?}",
+                pod.name, pod.ip, pod.ready, pod.deleting, pod.waiting
+            );
+            for c in &pod.containers {
+                let _ = writeln!(
+                    out,
+                    "  container {} pid={:?} started={} ready={} restarts={} last_exit={:?} last_probe_error={:?}\n  last lines of {}:\n{}",
+                    c.name,
+                    c.pid,
+                    c.started,
+                    c.ready,
+                    c.restarts,
+                    c.last_exit,
+                    c.last_probe_error,
+                    c.log.display(),
+                    tail(&c.log, 15)
+                        .lines()
+                        .map(|l| format!("    | {l}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+        }
+        out
+    }
+
+    /// Polls `f` until it returns `Some`, failing early on a runner problem.
+    ///
+    /// # Panics
+    /// On a runner problem, or after `timeout`, with [`Runner::report`] in the message.
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, mut f: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Err(problems) = self.check() {
+                panic!("while waiting until {what}: {problems}\n{}", self.report());
+            }
+            if let Ok(Some(value)) = tokio::time::timeout_at(deadline, f()).await {
+                return value;
+            }
+            if Instant::now() >= deadline {
+                panic!("timed out after {timeout:?} waiting until {what}\n{}", self.report());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for Runner {
+    /// Kills every process at once (a node losing power), then removes the pod network and
+    /// the runner's directory.
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        for task in &self.tasks {
+            task.abort();
+        }
+        let mut state = lock(&self.shared.state);
+        for pod in state.sets.values().flat_map(|s| s.pods.values()) {
+            pod.task.abort();
+        }
+        for (&pid, _) in state.live.iter() {
+            // SAFETY: signals and reaps our own children.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+        state.live.clear();
+        drop(state);
+        // Joins the spawner thread; a queued spawn sees `stopping` and starts nothing.
+        lock(&self.shared.spawner).take();
+        lock(&self.shared.network).take();
+        let _ = std::fs::remove_dir_all(&self.shared.dir);
+        if !self.shared.quiet {
+            eprintln!(
+                "capn runner [{}]: stopped; removed {} and {}",
+                self.shared.namespace,
+                self.shared.dir.display(),
+                self.shared.host_link
+            );
+        }
+    }
+}
+
+impl Shared {
+    fn event(&self, message: String) {
+        let line = format!("{} {message}", humantime(std::time::SystemTime::now()));
+        if !self.quiet {
+            eprintln!("capn runner [{}]: {message}", self.namespace);
+        }
+        lock(&self.state).events.push(line);
+    }
+
+    fn problem(&self, message: String) {
+        if !self.quiet {
+            eprintln!("capn runner [{}]: PROBLEM: {message}", self.namespace);
+        }
+        let mut state = lock(&self.state);
+        if !state.problems.contains(&message) {
+            state.problems.push(message);
+        }
+    }
+}
+
+fn humantime(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let s = d.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        d.subsec_millis()
+    )
+}
+
+fn pod_ready(pod: &PodShared) -> bool {
+    let containers = lock(&pod.containers);
+    !containers.is_empty() && containers.values().all(|c| c.ready)
+}
+
+/// One pass: every StatefulSet's pods and status, then DNS.
+async fn reconcile(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) {
+    let patches = plan_pass(shared, sets);
+    for (uid, name, status) in patches {
+        let api: Api<StatefulSet> = Api::namespaced(shared.client.clone(), &shared.namespace);
+        let params = PatchParams {
+            field_manager: Some(STATUS_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let body = serde_json::json!({ "status": status });
+        match api.patch_status(&name, &params, &Patch::Merge(&body)).await {
+            Ok(_) => {
+                if let Some(set) = lock(&shared.state).sets.get_mut(&uid) {
+                    set.written = Some(status);
+                }
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => shared.event(format!("writing the status of StatefulSet {name}: {e}")),
+        }
+    }
+    refresh_dns(shared);
+}
+
+/// Decides (under the lock) which pods to create and delete, and which statuses to write.
+fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, String, serde_json::Value)> {
+    let mut patches = Vec::new();
+    // Events are emitted after the lock is released (`Shared::event` takes it).
+    let mut events = Vec::new();
+    let mut guard = lock(&shared.state);
+    let state = &mut *guard;
+    let live: BTreeMap<String, &Arc<StatefulSet>> = sets
+        .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter_map(|s| Some((s.metadata.uid.clone()?, s)))
+        .collect();
+    // Sets that are gone: delete their pods; forget them once all are cleaned up.
+    let mut finished_sets = Vec::new();
+    for (uid, set) in state.sets.iter_mut() {
+        if live.contains_key(uid) {
+            continue;
+        }
+        if !set.gone {
+            set.gone = true;
+            events.push(format!("StatefulSet {} is gone: deleting its pods", set.name));
+        }
+        for pod in set.pods.values_mut() {
+            delete_pod(pod);
+        }
+        set.pods.retain(|_, p| !p.shared.done.load(Ordering::SeqCst));
+        if set.pods.is_empty() {
+            finished_sets.push(uid.clone());
+        }
+    }
+    for uid in finished_sets {
+        if let Some(set) = state.sets.remove(&uid) {
+            for claim in set.claims {
+                let _ = std::fs::remove_dir_all(&claim);
+                state.retired_claims.push(claim);
+            }
+            events.push(format!(
+                "StatefulSet {}: every pod stopped and removed, with its volume claims",
+                set.name
+            ));
+        }
+    }
+    // Pod names in use by any set (a replaced set waits for the old pods to go).
+    let mut names_in_use: BTreeSet<String> = state
+        .sets
+        .values()
+        .flat_map(|s| s.pods.values().map(|p| p.name.clone()))
+        .collect();
+    for (uid, sts) in live {
+        let name = sts.name_any();
+        let Some(spec) = sts.spec.as_ref() else { continue };
+        let revision = format!("{name}-{:08x}", super::template_hash(&spec.template));
+        let set = state.sets.entry(uid.clone()).or_insert_with(|| SetState {
+            name: name.clone(),
+            update_revision: String::new(),
+            current_revision: revision.clone(),
+            refused: None,
+            pods: BTreeMap::new(),
+            written: None,
+            claims: BTreeSet::new(),
+            gone: false,
+        });
+        let claim_templates: Vec<String> = spec
+            .volume_claim_templates
+            .iter()
+            .flatten()
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        let pod_spec = spec.template.spec.clone().unwrap_or_default();
+        if set.update_revision != revision {
+            set.update_revision = revision.clone();
+            set.refused = pod::check_template(&pod_spec, &claim_templates, &shared.assets, &mut state.versions)
+                .err()
+                .map(|e| format!("StatefulSet {name}: {e}"));
+            if let Some(refusal) = &set.refused {
+                if !state.problems.contains(refusal) {
+                    state.problems.push(refusal.clone());
+                }
+                if !shared.quiet {
+                    eprintln!("capn runner [{}]: PROBLEM: {refusal}", shared.namespace);
+                }
+            } else {
+                for container in &pod_spec.containers {
+                    let base = container
+                        .command
+                        .as_ref()
+                        .and_then(|c| c.first())
+                        .and_then(|c| Path::new(c).file_name())
+                        .map(|b| shared.assets.join(b));
+                    if let Some(binary) = base
+                        && !state.libraries.contains_key(&binary)
+                    {
+                        match pod::libraries(&binary) {
+                            Ok(libs) => {
+                                state.libraries.insert(binary, libs);
+                            }
+                            Err(e) => state.problems.push(e),
+                        }
+                    }
+                }
+            }
+        }
+        let set = state.sets.get_mut(&uid).expect("inserted above");
+        set.pods.retain(|_, p| {
+            let done = p.shared.done.load(Ordering::SeqCst);
+            if done {
+                names_in_use.remove(&p.name);
+            }
+            !done
+        });
+        if set.refused.is_some() {
+            continue;
+        }
+        let replicas = spec.replicas.unwrap_or(1).max(0);
+        let parallel = spec.pod_management_policy.as_deref() == Some("Parallel");
+        let deleting = set.pods.values().any(|p| p.deleting);
+        // Scale down.
+        let extra: Vec<i32> = set.pods.keys().copied().filter(|o| *o >= replicas).collect();
+        if parallel {
+            for o in &extra {
+                delete_pod(set.pods.get_mut(o).expect("listed"));
+            }
+        } else if !deleting && let Some(o) = extra.iter().max() {
+            delete_pod(set.pods.get_mut(o).expect("listed"));
+        }
+        // Rolling update, one pod at a time from the highest ordinal, once all are ready.
+        let rolling = spec
+            .update_strategy
+            .as_ref()
+            .and_then(|s| s.type_.as_deref())
+            .unwrap_or("RollingUpdate")
+            == "RollingUpdate";
+        let partition = spec
+            .update_strategy
+            .as_ref()
+            .and_then(|s| s.rolling_update.as_ref())
+            .and_then(|r| r.partition)
+            .unwrap_or(0);
+        let all_ready = (0..replicas).all(|o| set.pods.get(&o).is_some_and(|p| !p.deleting && pod_ready(&p.shared)));
+        if rolling && all_ready && !set.pods.values().any(|p| p.deleting) {
+            let outdated = set
+                .pods
+                .iter_mut()
+                .filter(|(o, p)| **o >= partition && **o < replicas && p.revision != revision)
+                .max_by_key(|(o, _)| **o);
+            if let Some((_, pod)) = outdated {
+                events.push(format!("{}: template changed, replacing the pod", pod.name));
+                delete_pod(pod);
+            }
+        }
+        // Create missing pods.
+        for ordinal in 0..replicas {
+            if set.pods.contains_key(&ordinal) {
+                continue;
+            }
+            let pod_name = format!("{name}-{ordinal}");
+            if names_in_use.contains(&pod_name) {
+                continue;
+            }
+            if !parallel && !(0..ordinal).all(|o| set.pods.get(&o).is_some_and(|p| !p.deleting && pod_ready(&p.shared)))
+            {
+                break;
+            }
+            let mut claims = BTreeMap::new();
+            for template in &claim_templates {
+                let dir = shared.dir.join("claims").join(format!("{template}-{name}-{ordinal}"));
+                set.claims.insert(dir.clone());
+                claims.insert(template.clone(), dir);
+            }
+            let handle = start_pod(shared, sts, &pod_name, ordinal, &revision, pod_spec.clone(), claims);
+            names_in_use.insert(pod_name);
+            set.pods.insert(ordinal, handle);
+        }
+        // Status, as the StatefulSet controller computes it.
+        let pods: Vec<&PodHandle> = set.pods.values().filter(|p| !p.deleting).collect();
+        let count = |f: &dyn Fn(&PodHandle) -> bool| pods.iter().filter(|p| f(p)).count() as i32;
+        let created = pods.len() as i32;
+        let ready = count(&|p| pod_ready(&p.shared));
+        let updated = count(&|p| p.revision == set.update_revision);
+        if rolling && updated == created && ready == created {
+            set.current_revision = set.update_revision.clone();
+        }
+        let current = count(&|p| p.revision == set.current_revision);
+        let status = serde_json::json!({
+            "observedGeneration": sts.metadata.generation,
+            "replicas": created,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "currentReplicas": current,
+            "updatedReplicas": updated,
+            "currentRevision": set.current_revision,
+            "updateRevision": set.update_revision,
+        });
+        let already = set.written.as_ref() == Some(&status)
+            || sts
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok())
+                .is_some_and(|s| same_status(&s, &status));
+        if !already {
+            patches.push((uid.clone(), name.clone(), status));
+        }
+    }
+    drop(guard);
+    for event in events {
+        shared.event(event);
+    }
+    patches
+}
+
+/// Whether the object's status already says what `want` says.
+fn same_status(have: &serde_json::Value, want: &serde_json::Value) -> bool {
+    want.as_object().is_some_and(|w| {
+        w.iter()
+            .all(|(k, v)| have.get(k).unwrap_or(&serde_json::Value::Null) == v)
+    })
+}
+
+fn delete_pod(pod: &mut PodHandle) {
+    if !pod.deleting {
+        pod.deleting = true;
+        pod.control.send_replace(Control::Delete);
+    }
+}
+
+/// Creates a pod's record and starts its task.
+fn start_pod(
+    shared: &Arc<Shared>,
+    sts: &StatefulSet,
+    name: &str,
+    ordinal: i32,
+    revision: &str,
+    spec: PodSpec,
+    claims: BTreeMap<String, PathBuf>,
+) -> PodHandle {
+    let template = sts.spec.as_ref().map(|s| &s.template);
+    let mut labels = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    labels.insert("statefulset.kubernetes.io/pod-name".into(), name.to_owned());
+    labels.insert("apps.kubernetes.io/pod-index".into(), ordinal.to_string());
+    labels.insert("controller-revision-hash".into(), revision.to_owned());
+    let annotations = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    let subdomain = sts
+        .spec
+        .as_ref()
+        .map(|s| s.service_name.clone().unwrap_or_default())
+        .unwrap_or_default();
+    let ports = spec
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
+        .collect();
+    let pod_shared = Arc::new(PodShared {
+        name: name.to_owned(),
+        dir: shared.dir.join("pods").join(name),
+        ip: Mutex::new(None),
+        net_inode: AtomicU64::new(0),
+        containers: Mutex::new(BTreeMap::new()),
+        waiting: Mutex::new(Some("starting".into())),
+        hosts: Mutex::new(String::new()),
+        done: AtomicBool::new(false),
+    });
+    let (control, receiver) = watch::channel(Control::Run);
+    let identity = PodIdentity {
+        name: name.to_owned(),
+        namespace: shared.namespace.clone(),
+        ip: Ipv4Addr::UNSPECIFIED,
+        host_ip: shared.host_ip,
+        node_name: "capn-runner".to_owned(),
+        labels: labels.clone(),
+        annotations,
+    };
+    let task = tokio::spawn(run_pod(
+        shared.clone(),
+        pod_shared.clone(),
+        identity,
+        spec,
+        claims,
+        receiver,
+    ));
+    PodHandle {
+        name: name.to_owned(),
+        revision: revision.to_owned(),
+        labels,
+        subdomain,
+        ports,
+        shared: pod_shared,
+        control,
+        task,
+        deleting: false,
+    }
+}
+
+/// Rewrites every pod's hosts file when the names changed.
+fn refresh_dns(shared: &Shared) {
+    let services: Vec<Service> = shared.services.state().iter().map(|s| (**s).clone()).collect();
+    let mut state = lock(&shared.state);
+    let pods: Vec<(dns::PodRecord, Arc<PodShared>)> = state
+        .sets
+        .values()
+        .flat_map(|s| s.pods.values())
+        .filter(|p| !p.deleting)
+        .filter_map(|p| {
+            let ip = (*lock(&p.shared.ip))?;
+            Some((
+                dns::PodRecord {
+                    name: p.name.clone(),
+                    ip,
+                    ready: pod_ready(&p.shared),
+                    labels: p.labels.clone(),
+                    subdomain: p.subdomain.clone(),
+                    ports: p.ports.clone(),
+                },
+                p.shared.clone(),
+            ))
+        })
+        .collect();
+    let records: Vec<dns::PodRecord> = pods.iter().map(|(r, _)| r.clone()).collect();
+    let (names, warnings) = dns::records(&shared.namespace, DNS_DOMAIN, &records, &services);
+    for warning in warnings {
+        if state.warned.insert(warning.clone()) && !shared.quiet {
+            eprintln!("capn runner [{}]: warning: {warning}", shared.namespace);
+        }
+    }
+    state.records = names.clone();
+    drop(state);
+    for (record, pod) in pods {
+        let text = dns::hosts_file(&record, &shared.namespace, DNS_DOMAIN, &names);
+        let mut written = lock(&pod.hosts);
+        if *written != text && write_dns_file(&pod.dir.join("dns"), "hosts", &text).is_ok() {
+            *written = text;
+        }
+    }
+}
+
+/// Replaces `dir/name` atomically (write, then rename).
+fn write_dns_file(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// A pod's life: sandbox, volumes, containers until deleted, then removal of everything.
+async fn run_pod(
+    shared: Arc<Shared>,
+    pod: Arc<PodShared>,
+    mut identity: PodIdentity,
+    spec: PodSpec,
+    claims: BTreeMap<String, PathBuf>,
+    control: watch::Receiver<Control>,
+) {
+    let name = pod.name.clone();
+    let result = async {
+        let namespaces = Namespaces::create(Some(&name))?;
+        let ip = lock(&shared.network)
+            .as_mut()
+            .ok_or("the runner is stopping")?
+            .attach(&namespaces)?;
+        pod.net_inode.store(namespaces.net_inode(), Ordering::SeqCst);
+        Ok::<_, String>((namespaces, ip))
+    }
+    .await;
+    let (namespaces, ip) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            shared.problem(format!("{name}: cannot set up the pod network: {e}"));
+            wait_for_delete(control).await;
+            finish_pod(&shared, &pod, None, None);
+            return;
+        }
+    };
+    identity.ip = ip;
+    let dns_dir = pod.dir.join("dns");
+    let files = [
+        ("resolv.conf", dns::resolv_conf(&shared.namespace, DNS_DOMAIN)),
+        ("hostname", format!("{name}\n")),
+    ];
+    for (file, text) in files {
+        if let Err(e) = write_dns_file(&dns_dir, file, &text) {
+            shared.problem(format!("{name}: cannot write {file}: {e}"));
+        }
+    }
+    // From now on `refresh_dns` (here and in the main loop) owns the hosts file.
+    *lock(&pod.ip) = Some(ip);
+    shared.event(format!("{name}: sandbox ready at {ip}"));
+    refresh_dns(&shared);
+    shared.wake.notify_one();
+
+    // Volumes: retried like the kubelet retries a pod in ContainerCreating.
+    let claims_dir = shared.dir.join("claims");
+    let mut said = String::new();
+    let volumes = loop {
+        if *control.borrow() == Control::Delete {
+            finish_pod(&shared, &pod, Some(ip), Some(namespaces));
+            return;
+        }
+        match pod::materialize_volumes(&shared.client, &shared.namespace, &spec, &claims, &claims_dir, &pod.dir).await {
+            Ok(volumes) => break volumes,
+            Err(why) => {
+                if why != said {
+                    shared.event(format!("{name}: waiting for volumes: {why}"));
+                    said = why.clone();
+                }
+                *lock(&pod.waiting) = Some(why);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    let libraries = lock(&shared.state).libraries.clone();
+    let plans = pod::plan_containers(
+        &spec,
+        &pod::PodContext {
+            identity: &identity,
+            volumes: &volumes,
+            dns_dir: &dns_dir,
+            pod_dir: &pod.dir,
+            assets: &shared.assets,
+            libraries: &libraries,
+        },
+    );
+    let plans = match plans {
+        Ok(plans) => plans,
+        Err(e) => {
+            shared.problem(format!("{name}: {e}"));
+            wait_for_delete(control).await;
+            finish_pod(&shared, &pod, Some(ip), Some(namespaces));
+            return;
+        }
+    };
+    *lock(&pod.waiting) = None;
+    {
+        let mut containers = lock(&pod.containers);
+        for plan in &plans {
+            containers.insert(
+                plan.name.clone(),
+                ContainerReport {
+                    name: plan.name.clone(),
+                    log: plan.launch.log.clone(),
+                    ..ContainerReport::default()
+                },
+            );
+        }
+    }
+    let grace = spec
+        .termination_grace_period_seconds
+        .map_or(DEFAULT_GRACE, |s| Duration::from_secs(s.max(0) as u64));
+    let net = namespaces.net.as_raw_fd();
+    let uts = namespaces.uts.as_ref().map(AsRawFd::as_raw_fd);
+    futures::future::join_all(
+        plans
+            .into_iter()
+            .map(|plan| run_container(shared.clone(), pod.clone(), plan, (net, uts), control.clone(), grace)),
+    )
+    .await;
+    finish_pod(&shared, &pod, Some(ip), Some(namespaces));
+}
+
+async fn wait_for_delete(mut control: watch::Receiver<Control>) {
+    while *control.borrow_and_update() != Control::Delete {
+        if control.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Removes what a pod had: its veth and address, its namespaces, its directory.
+fn finish_pod(shared: &Shared, pod: &PodShared, ip: Option<Ipv4Addr>, namespaces: Option<Namespaces>) {
+    if let Some(ip) = ip
+        && let Some(network) = lock(&shared.network).as_mut()
+    {
+        network.release(ip);
+    }
+    drop(namespaces);
+    let _ = std::fs::remove_dir_all(&pod.dir);
+    lock(&shared.state).retired.push(RetiredPod {
+        name: pod.name.clone(),
+        dir: pod.dir.clone(),
+        net_inode: pod.net_inode.load(Ordering::SeqCst),
+        veth: ip.map(|ip| format!("vp{}", ip.octets()[3])).unwrap_or_default(),
+    });
+    pod.done.store(true, Ordering::SeqCst);
+    shared.event(format!("{}: stopped and removed", pod.name));
+    shared.wake.notify_one();
+}
+
+/// How one run of a container ended.
+enum Ended {
+    Exited(String),
+    Unhealthy(String),
+    Paused,
+    Deleted,
+}
+
+/// A container's life: start, probe, restart with back-off, stop when told.
+async fn run_container(
+    shared: Arc<Shared>,
+    pod: Arc<PodShared>,
+    plan: ContainerPlan,
+    (net, uts): (RawFd, Option<RawFd>),
+    mut control: watch::Receiver<Control>,
+    grace: Duration,
+) {
+    let id = format!("{}/{}", pod.name, plan.name);
+    let mut backoff = Duration::ZERO;
+    loop {
+        // Not while paused; never again once deleted.
+        loop {
+            match *control.borrow_and_update() {
+                Control::Run => break,
+                Control::Delete => return,
+                Control::Pause => {}
+            }
+            if control.changed().await.is_err() {
+                return;
+            }
+        }
+        if !backoff.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                _ = control.changed() => {
+                    if *control.borrow() == Control::Delete { return; }
+                }
+            }
+        }
+        let launch = plan.launch.clone();
+        let stopping = shared.stopping.clone();
+        let submitted = lock(&shared.spawner).as_ref().map(|s| {
+            s.submit(move || {
+                if stopping.load(Ordering::SeqCst) {
+                    return Err("the runner is stopping".to_owned());
+                }
+                sandbox::spawn_container(&launch, net, uts)
+            })
+        });
+        let Some(Ok(receiver)) = submitted else { return };
+        let spawned = receiver
+            .await
+            .map_err(|_| "the runner's spawner thread dropped the start".to_owned());
+        let mut child = match spawned.and_then(|r| r) {
+            Ok(child) => child,
+            Err(e) => {
+                shared.problem(format!(
+                    "{id}: {e}\nlast lines of its log:\n{}",
+                    tail(&plan.launch.log, 10)
+                ));
+                backoff = next_backoff(backoff);
+                continue;
+            }
+        };
+        let pid = child.id() as i32;
+        let record = ProcessRecord {
+            pod: pod.name.clone(),
+            container: plan.name.clone(),
+            pid,
+            start_time: process_start_time(pid).unwrap_or_default(),
+            mount_ns: namespace_inode(pid, "mnt"),
+        };
+        {
+            let mut state = lock(&shared.state);
+            state.processes.push(record);
+            state.live.insert(pid, id.clone());
+        }
+        update(&pod, &plan.name, |c| {
+            c.pid = Some(pid);
+            c.started = plan.startup.is_none();
+            c.ready = false;
+        });
+        shared.event(format!(
+            "{id}: started pid {pid}: {} {}",
+            plan.launch.argv0,
+            plan.launch.args.join(" ")
+        ));
+        let started = Instant::now();
+        let ended = supervise(&shared, &pod, &plan, &mut child, &mut control, grace).await;
+        lock(&shared.state).live.remove(&pid);
+        update(&pod, &plan.name, |c| {
+            c.pid = None;
+            c.ready = false;
+            c.started = false;
+        });
+        shared.wake.notify_one();
+        match ended {
+            Ended::Deleted => {
+                shared.event(format!("{id}: stopped"));
+                return;
+            }
+            Ended::Paused => {
+                shared.event(format!("{id}: killed and held stopped"));
+                backoff = Duration::ZERO;
+            }
+            Ended::Exited(how) | Ended::Unhealthy(how) => {
+                if started.elapsed() >= BACKOFF_RESET {
+                    backoff = Duration::ZERO;
+                }
+                backoff = next_backoff(backoff);
+                update(&pod, &plan.name, |c| {
+                    c.restarts += 1;
+                    c.last_exit = Some(how.clone());
+                });
+                shared.event(format!(
+                    "{id}: {how}; restarting in {backoff:?}; last lines of its log:\n{}",
+                    tail(&plan.launch.log, 12)
+                ));
+            }
+        }
+    }
+}
+
+fn next_backoff(backoff: Duration) -> Duration {
+    if backoff.is_zero() {
+        BACKOFF_START
+    } else {
+        (backoff * 2).min(BACKOFF_MAX)
+    }
+}
+
+fn update(pod: &PodShared, container: &str, f: impl FnOnce(&mut ContainerReport)) {
+    if let Some(c) = lock(&pod.containers).get_mut(container) {
+        f(c);
+    }
+}
+
+/// Watches one run of a container: exit, probes, and what it is told.
+async fn supervise(
+    shared: &Shared,
+    pod: &PodShared,
+    plan: &ContainerPlan,
+    child: &mut Child,
+    control: &mut watch::Receiver<Control>,
+    grace: Duration,
+) -> Ended {
+    let id = format!("{}/{}", pod.name, plan.name);
+    let start = Instant::now();
+    let mut startup = plan.startup.clone().map(|p| Prober::new(p, start));
+    let mut readiness = plan.readiness.clone().map(|p| Prober::new(p, start));
+    let mut liveness = plan.liveness.clone().map(|p| Prober::new(p, start));
+    let mut started = startup.is_none();
+    let mut ready = false;
+    if started && readiness.is_none() {
+        ready = true;
+        update(pod, &plan.name, |c| c.ready = true);
+        shared.wake.notify_one();
+    }
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ended::Exited(format!("exited ({status})")),
+            Ok(None) => {}
+            Err(e) => return Ended::Exited(format!("cannot be waited for ({e})")),
+        }
+        let now = Instant::now();
+        if !started {
+            if let Some(p) = startup.as_mut().filter(|p| p.due(now)) {
+                match p.run().await {
+                    Verdict::Passing => {
+                        started = true;
+                        update(pod, &plan.name, |c| c.started = true);
+                        shared.event(format!("{id}: startup probe passed after {:.1?}", start.elapsed()));
+                        if let Some(r) = readiness.as_mut() {
+                            r.trigger(start);
+                        }
+                        if readiness.is_none() {
+                            ready = true;
+                            update(pod, &plan.name, |c| c.ready = true);
+                            shared.wake.notify_one();
+                        }
+                    }
+                    Verdict::Failing => {
+                        let why = p.last_error.clone().unwrap_or_default();
+                        terminate(child, grace).await;
+                        return Ended::Unhealthy(format!("startup probe failed ({why}); killed"));
+                    }
+                    Verdict::Unchanged => {
+                        update(pod, &plan.name, |c| c.last_probe_error = p.last_error.clone());
+                    }
+                }
+            }
+            if !started {
+                // The other probes wait for the startup probe; their period keeps running.
+                if let Some(p) = readiness.as_mut().filter(|p| p.due(now)) {
+                    p.skip();
+                }
+                if let Some(p) = liveness.as_mut().filter(|p| p.due(now)) {
+                    p.skip();
+                }
+            }
+        } else {
+            if let Some(p) = readiness.as_mut().filter(|p| p.due(now)) {
+                let verdict = p.run().await;
+                let error = p.last_error.clone();
+                let now_ready = match verdict {
+                    Verdict::Passing => true,
+                    Verdict::Failing => false,
+                    Verdict::Unchanged => ready,
+                };
+                update(pod, &plan.name, |c| {
+                    c.ready = now_ready;
+                    c.last_probe_error = error.clone();
+                });
+                if now_ready != ready {
+                    ready = now_ready;
+                    shared.event(format!(
+                        "{id}: {} ({:.1?} after start){}",
+                        if ready { "ready" } else { "not ready" },
+                        start.elapsed(),
+                        error.map(|e| format!(": {e}")).unwrap_or_default()
+                    ));
+                    shared.wake.notify_one();
+                }
+            }
+            if let Some(p) = liveness.as_mut().filter(|p| p.due(now))
+                && p.run().await == Verdict::Failing
+            {
+                let why = p.last_error.clone().unwrap_or_default();
+                terminate(child, grace).await;
+                return Ended::Unhealthy(format!("liveness probe failed ({why}); killed"));
+            }
+        }
+        let next = [&startup, &readiness, &liveness]
+            .into_iter()
+            .flatten()
+            .map(Prober::next)
+            .fold(Instant::now() + EXIT_POLL, Instant::min);
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            changed = control.changed() => {
+                let wanted = if changed.is_err() { Control::Delete } else { *control.borrow() };
+                match wanted {
+                    Control::Run => {}
+                    Control::Pause => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Ended::Paused;
+                    }
+                    Control::Delete => {
+                        terminate(child, grace).await;
+                        return Ended::Deleted;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// SIGTERM, then SIGKILL after `grace`, and reap.
+async fn terminate(child: &mut Child, grace: Duration) {
+    // SAFETY: signals our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Field 22 (start time) of /proc/<pid>/stat.
+fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; fields after it follow the last ')'.
+    let after = stat.rsplit_once(')')?.1;
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn namespace_inode(pid: i32, kind: &str) -> u64 {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
+        .ok()
+        .and_then(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.split_once('[')?.1.trim_end_matches(']').parse().ok()
+        })
+        .unwrap_or_default()
+}
+
+/// Every namespace (`net:[…]`, `mnt:[…]`) some process is in or holds a descriptor to.
+fn namespaces_in_use() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in procs.flatten() {
+        let path = entry.path();
+        if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        for kind in ["net", "mnt"] {
+            if let Ok(link) = std::fs::read_link(path.join("ns").join(kind)) {
+                out.insert(link.to_string_lossy().into_owned());
+            }
+        }
+        if let Ok(fds) = std::fs::read_dir(path.join("fd")) {
+            for fd in fds.flatten() {
+                if let Ok(link) = std::fs::read_link(fd.path()) {
+                    let link = link.to_string_lossy().into_owned();
+                    if link.starts_with("net:[") || link.starts_with("mnt:[") {
+                        out.insert(link);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}

@@ -1,0 +1,198 @@
+//! The names a pod resolves, as cluster DNS would answer them, written as `/etc/hosts` lines:
+//! - a Service with a ClusterIP: `<svc>.<ns>.svc[.<domain>]` → the *ready* pods behind its
+//!   selector (no ClusterIP or kube-proxy here: the name leads straight to the endpoints);
+//! - a headless Service: the same name → its pods (all of them with
+//!   `publishNotReadyAddresses`), and `<pod>.<svc>.<ns>.svc[.<domain>]` → each pod whose
+//!   `subdomain` (the StatefulSet's `serviceName`) is that Service.
+//!
+//! Every name is listed in each form a search path would complete (`<name>`, `<name>.<ns>`,
+//! `<name>.<ns>.svc`, `<name>.<ns>.svc.<domain>`), because a hosts file is matched exactly.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+
+/// What DNS needs to know about one pod.
+#[derive(Clone, Debug)]
+pub(super) struct PodRecord {
+    pub name: String,
+    pub ip: Ipv4Addr,
+    pub ready: bool,
+    pub labels: BTreeMap<String, String>,
+    /// The StatefulSet's `serviceName`.
+    pub subdomain: String,
+    /// Named container ports, for checking Service target ports.
+    pub ports: BTreeMap<String, u16>,
+}
+
+/// Name → addresses.
+pub(super) type Records = BTreeMap<String, BTreeSet<Ipv4Addr>>;
+
+fn selects(service: &Service, pod: &PodRecord) -> bool {
+    service
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.as_ref())
+        .filter(|s| !s.is_empty())
+        .is_some_and(|selector| selector.iter().all(|(k, v)| pod.labels.get(k) == Some(v)))
+}
+
+fn forms(name: &str, namespace: &str, domain: &str) -> [String; 4] {
+    [
+        name.to_owned(),
+        format!("{name}.{namespace}"),
+        format!("{name}.{namespace}.svc"),
+        format!("{name}.{namespace}.svc.{domain}"),
+    ]
+}
+
+/// The records of one namespace, and warnings for Services whose port differs from the
+/// target port (such a name reaches the pod on the target port only).
+pub(super) fn records(
+    namespace: &str,
+    domain: &str,
+    pods: &[PodRecord],
+    services: &[Service],
+) -> (Records, Vec<String>) {
+    let mut out = Records::new();
+    let mut warnings = Vec::new();
+    for service in services {
+        let Some(spec) = &service.spec else { continue };
+        let svc = service.name_any();
+        let headless = spec.cluster_ip.as_deref() == Some("None");
+        let not_ready_too = headless && spec.publish_not_ready_addresses == Some(true);
+        let members: Vec<&PodRecord> = pods
+            .iter()
+            .filter(|p| selects(service, p) && (p.ready || not_ready_too))
+            .collect();
+        for name in forms(&svc, namespace, domain) {
+            let entry = out.entry(name).or_default();
+            entry.extend(members.iter().map(|p| p.ip));
+        }
+        if headless {
+            for pod in members.iter().filter(|p| p.subdomain == svc) {
+                for name in forms(&format!("{}.{svc}", pod.name), namespace, domain) {
+                    out.entry(name).or_default().insert(pod.ip);
+                }
+            }
+        }
+        for port in spec.ports.iter().flatten() {
+            let target = match &port.target_port {
+                None => Some(port.port),
+                Some(IntOrString::Int(n)) => Some(*n),
+                Some(IntOrString::String(name)) => {
+                    members.iter().find_map(|p| p.ports.get(name)).map(|n| i32::from(*n))
+                }
+            };
+            if let Some(target) = target
+                && target != port.port
+            {
+                warnings.push(format!(
+                    "Service {svc} port {} targets {target}: its name leads to the pods, so clients must dial {target}",
+                    port.port
+                ));
+            }
+        }
+    }
+    out.retain(|_, ips| !ips.is_empty());
+    (out, warnings)
+}
+
+/// A pod's `/etc/hosts`: localhost, its own line as the kubelet writes it, then the records.
+pub(super) fn hosts_file(pod: &PodRecord, namespace: &str, domain: &str, records: &Records) -> String {
+    let mut text = String::from(
+        "# Kubernetes-managed hosts file (written by the capn test runner, which stands in for cluster DNS).\n\
+         127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    );
+    text.push_str(&format!(
+        "{}\t{}.{}.{namespace}.svc.{domain}\t{}\n",
+        pod.ip, pod.name, pod.subdomain, pod.name
+    ));
+    for (name, ips) in records {
+        for ip in ips {
+            text.push_str(&format!("{ip}\t{name}\n"));
+        }
+    }
+    text
+}
+
+/// A pod's `/etc/resolv.conf`: the search path of a ClusterFirst pod, without a nameserver
+/// (nothing answers DNS here; a name missing from the hosts file fails at once).
+pub(super) fn resolv_conf(namespace: &str, domain: &str) -> String {
+    format!("search {namespace}.svc.{domain} svc.{domain} {domain}\noptions ndots:5\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(name: &str, ip: [u8; 4], ready: bool, app: &str, subdomain: &str) -> PodRecord {
+        PodRecord {
+            name: name.into(),
+            ip: Ipv4Addr::from(ip),
+            ready,
+            labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
+            subdomain: subdomain.into(),
+            ports: BTreeMap::from([("https".to_owned(), 6443)]),
+        }
+    }
+
+    fn service(value: serde_json::Value) -> Service {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn services_and_pods_resolve_as_cluster_dns_would() {
+        let pods = [
+            pod("c-etcd-0", [10, 0, 0, 2], true, "etcd", "c-etcd"),
+            pod("c-etcd-1", [10, 0, 0, 3], false, "etcd", "c-etcd"),
+            pod("c-apiserver-0", [10, 0, 0, 4], true, "apiserver", "c-apiserver"),
+            pod("c-apiserver-1", [10, 0, 0, 5], false, "apiserver", "c-apiserver"),
+        ];
+        let services = [
+            service(json!({"metadata": {"name": "c-etcd"}, "spec": {"clusterIP": "None",
+                "publishNotReadyAddresses": true, "selector": {"app": "etcd"}}})),
+            service(
+                json!({"metadata": {"name": "c-apiserver"}, "spec": {"clusterIP": "10.96.0.9",
+                "selector": {"app": "apiserver"}, "ports": [{"port": 6443, "targetPort": "https"}]}}),
+            ),
+        ];
+        let (records, warnings) = records("ns", "cluster.local", &pods, &services);
+        let ips = |name: &str| -> Vec<String> {
+            records
+                .get(name)
+                .into_iter()
+                .flatten()
+                .map(ToString::to_string)
+                .collect()
+        };
+        // Headless with publishNotReadyAddresses: every member, ready or not, and pod names.
+        assert_eq!(ips("c-etcd.ns.svc"), ["10.0.0.2", "10.0.0.3"]);
+        assert_eq!(ips("c-etcd-1.c-etcd.ns.svc"), ["10.0.0.3"]);
+        assert_eq!(ips("c-etcd-0.c-etcd.ns.svc.cluster.local"), ["10.0.0.2"]);
+        // A ClusterIP Service: its ready pods only, and no per-pod names (not headless).
+        assert_eq!(ips("c-apiserver.ns.svc"), ["10.0.0.4"]);
+        assert_eq!(ips("c-apiserver"), ["10.0.0.4"]);
+        assert!(ips("c-apiserver-0.c-apiserver.ns.svc").is_empty());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let hosts = hosts_file(&pods[2], "ns", "cluster.local", &records);
+        assert!(hosts.contains("10.0.0.4\tc-apiserver-0.c-apiserver.ns.svc.cluster.local\tc-apiserver-0\n"));
+        assert!(hosts.contains("10.0.0.2\tc-etcd-0.c-etcd.ns.svc\n"));
+    }
+
+    #[test]
+    fn a_service_whose_port_differs_from_its_target_is_warned_about() {
+        let pods = [pod("p-0", [10, 0, 0, 2], true, "x", "p")];
+        let services = [service(
+            json!({"metadata": {"name": "s"}, "spec": {"clusterIP": "10.96.0.2",
+            "selector": {"app": "x"}, "ports": [{"port": 443, "targetPort": "https"}]}}),
+        )];
+        let (_, warnings) = records("ns", "cluster.local", &pods, &services);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+    }
+}

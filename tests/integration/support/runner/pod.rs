@@ -1,0 +1,881 @@
+//! From a StatefulSet's pod template to the processes of one pod, as the kubelet would do it:
+//! which binary, which arguments (with `$(VAR)` expanded), which environment, which volumes
+//! at which paths, which user, which probes.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::Ipv4Addr;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Component, Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, EnvVar, KeyToPath, PodSecurityContext, PodSpec, Probe, Secret, Volume,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::Api;
+
+use super::probe::{Action, ProbeSpec};
+use super::sandbox::{Launch, Mount, MountSource, host_path};
+
+/// The directory inside every container that holds the pod's `hosts`, `resolv.conf` and
+/// `hostname` (`/etc/hosts` and friends are symbolic links into it, so that the runner can
+/// replace them atomically).
+pub(super) const DNS_DIR: &str = "/run/capn-runner";
+/// The image's PATH (distroless, which the Kubernetes and etcd images are built on).
+const IMAGE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Device nodes a container runtime provides.
+const DEVICES: [&str; 5] = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"];
+
+/// Who the pod is, for the downward API and its names.
+#[derive(Clone, Debug)]
+pub(super) struct PodIdentity {
+    pub name: String,
+    pub namespace: String,
+    pub ip: Ipv4Addr,
+    pub host_ip: Ipv4Addr,
+    pub node_name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// One container, ready to start and to probe.
+#[derive(Clone, Debug)]
+pub(super) struct ContainerPlan {
+    pub name: String,
+    pub launch: Launch,
+    pub startup: Option<ProbeSpec>,
+    pub readiness: Option<ProbeSpec>,
+    pub liveness: Option<ProbeSpec>,
+}
+
+/// The binary each container runs and the version its image tag promises, checked once per
+/// template: `Err` is a refusal to run the template at all.
+pub(super) fn check_template(
+    spec: &PodSpec,
+    claim_templates: &[String],
+    assets: &Path,
+    versions: &mut BTreeMap<PathBuf, Result<String, String>>,
+) -> Result<(), String> {
+    let refuse = |what: String| Err(what);
+    if spec.init_containers.as_ref().is_some_and(|c| !c.is_empty()) {
+        return refuse("initContainers are not supported by the runner".into());
+    }
+    if spec.host_network == Some(true) || spec.host_pid == Some(true) || spec.host_ipc == Some(true) {
+        return refuse(
+            "hostNetwork/hostPID/hostIPC pods would share the host's namespaces; the runner refuses them".into(),
+        );
+    }
+    for volume in spec.volumes.iter().flatten() {
+        if volume.secret.is_none()
+            && volume.config_map.is_none()
+            && volume.empty_dir.is_none()
+            && volume.persistent_volume_claim.is_none()
+        {
+            return refuse(format!(
+                "volume {} is of a kind the runner does not materialize (only secret, configMap, emptyDir, persistentVolumeClaim)",
+                volume.name
+            ));
+        }
+    }
+    for container in &spec.containers {
+        let name = &container.name;
+        binary_for(container, assets, versions)?;
+        for mount in container.volume_mounts.iter().flatten() {
+            let known =
+                spec.volumes.iter().flatten().any(|v| v.name == mount.name) || claim_templates.contains(&mount.name);
+            if !known {
+                return refuse(format!(
+                    "container {name} mounts volume {} that the pod does not have",
+                    mount.name
+                ));
+            }
+            if mount.sub_path_expr.is_some() {
+                return refuse(format!("container {name}: subPathExpr is not supported by the runner"));
+            }
+        }
+        for var in container.env.iter().flatten() {
+            if let Some(from) = &var.value_from
+                && from.field_ref.is_none()
+            {
+                return refuse(format!(
+                    "container {name}: env {} uses a valueFrom the runner does not support (only fieldRef)",
+                    var.name
+                ));
+            }
+        }
+        if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
+            return refuse(format!("container {name}: envFrom is not supported by the runner"));
+        }
+        for probe in [
+            &container.startup_probe,
+            &container.readiness_probe,
+            &container.liveness_probe,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if probe.http_get.is_none() && probe.tcp_socket.is_none() {
+                return refuse(format!(
+                    "container {name}: only httpGet and tcpSocket probes are supported by the runner"
+                ));
+            }
+        }
+        identity(spec.security_context.as_ref(), container)?;
+    }
+    Ok(())
+}
+
+/// The local binary for `command[0]`, checked against the image tag's version.
+fn binary_for(
+    container: &Container,
+    assets: &Path,
+    versions: &mut BTreeMap<PathBuf, Result<String, String>>,
+) -> Result<PathBuf, String> {
+    let name = &container.name;
+    let command0 =
+        container.command.as_ref().and_then(|c| c.first()).ok_or_else(|| {
+            format!("container {name} has no command; the runner does not know the image's entrypoint")
+        })?;
+    let base = Path::new(command0)
+        .file_name()
+        .and_then(|b| b.to_str())
+        .unwrap_or(command0);
+    let binary = assets.join(base);
+    if !binary.is_file() {
+        return Err(format!(
+            "container {name} runs {command0}, and {} has no {base}",
+            assets.display()
+        ));
+    }
+    let image = container.image.as_deref().unwrap_or_default();
+    let wanted = image_version(image)
+        .ok_or_else(|| format!("container {name}: image {image:?} has no version tag to check the binary against"))?;
+    let have = versions
+        .entry(binary.clone())
+        .or_insert_with(|| {
+            let text = super::sandbox::run_host_command(&binary, &["--version"])?;
+            parse_version(&text)
+                .ok_or_else(|| format!("{} --version printed no version: {}", binary.display(), text.trim()))
+        })
+        .clone()?;
+    if have != wanted {
+        return Err(format!(
+            "REFUSED: container {name} wants image {image} (version {wanted}), but {} is version {have}; \
+             the runner only runs the exact release the image names",
+            binary.display()
+        ));
+    }
+    Ok(binary)
+}
+
+/// The release an image tag names: `registry.k8s.io/etcd:3.6.8-0` → `3.6.8`,
+/// `…/kube-apiserver:v1.36.3` → `1.36.3`.
+pub(super) fn image_version(image: &str) -> Option<String> {
+    let image = image.split('@').next()?;
+    let last = image.rsplit('/').next()?;
+    let tag = last.split_once(':')?.1;
+    let tag = tag.strip_prefix('v').unwrap_or(tag);
+    let core = tag.split(['-', '+']).next()?;
+    (core.split('.').count() == 3 && core.split('.').all(|p| p.parse::<u64>().is_ok())).then(|| core.to_owned())
+}
+
+/// The first `X.Y.Z` in a `--version` output (`etcd Version: 3.6.8`, `Kubernetes v1.36.3`).
+pub(super) fn parse_version(text: &str) -> Option<String> {
+    text.split(|c: char| c.is_whitespace() || c == ',')
+        .map(|word| word.strip_prefix('v').unwrap_or(word))
+        .find(|word| {
+            let parts: Vec<&str> = word.split('.').collect();
+            parts.len() == 3 && parts.iter().all(|p| p.parse::<u64>().is_ok())
+        })
+        .map(str::to_owned)
+}
+
+/// uid, gid, supplementary groups, no_new_privs, read-only root of a container.
+struct Identity {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+    no_new_privs: bool,
+    read_only_root: bool,
+}
+
+fn identity(pod: Option<&PodSecurityContext>, container: &Container) -> Result<Identity, String> {
+    let own = container.security_context.as_ref();
+    let uid = own
+        .and_then(|s| s.run_as_user)
+        .or(pod.and_then(|p| p.run_as_user))
+        .unwrap_or(0);
+    // Without runAsGroup the runtime takes the user's group from the image's /etc/passwd
+    // (the distroless one written by `build_rootfs`), else 0.
+    let gid = own
+        .and_then(|s| s.run_as_group)
+        .or(pod.and_then(|p| p.run_as_group))
+        .unwrap_or(if matches!(uid, 65532 | 65534) { uid } else { 0 });
+    let non_root = own
+        .and_then(|s| s.run_as_non_root)
+        .or(pod.and_then(|p| p.run_as_non_root))
+        .unwrap_or(false);
+    if non_root && uid == 0 {
+        return Err(format!(
+            "container {}: runAsNonRoot without a non-zero runAsUser (the kubelet would refuse it too)",
+            container.name
+        ));
+    }
+    if own.and_then(|s| s.privileged) == Some(true) {
+        return Err(format!(
+            "container {}: privileged containers are not supported by the runner",
+            container.name
+        ));
+    }
+    let mut groups: Vec<u32> = pod
+        .and_then(|p| p.fs_group)
+        .into_iter()
+        .chain(pod.and_then(|p| p.supplemental_groups.clone()).into_iter().flatten())
+        .map(|g| g as u32)
+        .collect();
+    groups.dedup();
+    Ok(Identity {
+        uid: uid as u32,
+        gid: gid as u32,
+        groups,
+        no_new_privs: own.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        read_only_root: own.and_then(|s| s.read_only_root_filesystem) == Some(true),
+    })
+}
+
+/// The kubelet's `$(VAR)` expansion (k8s.io/kubernetes third_party/forked/golang/expansion):
+/// `$(NAME)` becomes the value when NAME is defined and stays as written otherwise; `$$` is
+/// an escaped `$`.
+pub(super) fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
+    let bytes = input.as_bytes();
+    let mut out = String::new();
+    let mut checkpoint = 0;
+    let mut cursor = 0;
+    while cursor < bytes.len() {
+        if bytes[cursor] == b'$' && cursor + 1 < bytes.len() {
+            out.push_str(&input[checkpoint..cursor]);
+            let rest = &input[cursor + 1..];
+            let advance = match rest.as_bytes()[0] {
+                b'$' => {
+                    out.push('$');
+                    1
+                }
+                b'(' => match rest.find(')') {
+                    Some(end) => {
+                        let name = &rest[1..end];
+                        match vars.get(name) {
+                            Some(value) => out.push_str(value),
+                            None => {
+                                out.push_str("$(");
+                                out.push_str(name);
+                                out.push(')');
+                            }
+                        }
+                        end + 1
+                    }
+                    None => {
+                        out.push_str("$(");
+                        1
+                    }
+                },
+                _ => {
+                    // `$` and the next character, copied as they are.
+                    let c = rest.chars().next().unwrap_or_default();
+                    out.push('$');
+                    out.push(c);
+                    c.len_utf8()
+                }
+            };
+            cursor += advance;
+            checkpoint = cursor + 1;
+        }
+        cursor += 1;
+    }
+    if checkpoint < input.len() {
+        out.push_str(&input[checkpoint..]);
+    }
+    out
+}
+
+/// The container's environment, in order, as the kubelet builds it from `env`.
+fn environment(container: &Container, pod: &PodIdentity) -> Result<Vec<(String, String)>, String> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    let mut map: BTreeMap<String, String> = BTreeMap::new();
+    for EnvVar {
+        name,
+        value,
+        value_from,
+    } in container.env.iter().flatten()
+    {
+        let value = match (value, value_from) {
+            (Some(v), _) if !v.is_empty() => expand(v, &map),
+            (_, Some(from)) => {
+                let path = from
+                    .field_ref
+                    .as_ref()
+                    .map(|f| f.field_path.as_str())
+                    .unwrap_or_default();
+                field_value(path, pod).ok_or_else(|| {
+                    format!(
+                        "container {}: env {name}: fieldRef {path:?} is not supported by the runner",
+                        container.name
+                    )
+                })?
+            }
+            _ => String::new(),
+        };
+        map.insert(name.clone(), value.clone());
+        vars.retain(|(n, _)| n != name);
+        vars.push((name.clone(), value));
+    }
+    Ok(vars)
+}
+
+/// The downward API fields a runner pod has.
+fn field_value(path: &str, pod: &PodIdentity) -> Option<String> {
+    let quoted = |prefix: &str| path.strip_prefix(prefix)?.strip_suffix("']").map(str::to_owned);
+    Some(match path {
+        "metadata.name" => pod.name.clone(),
+        "metadata.namespace" => pod.namespace.clone(),
+        "spec.nodeName" => pod.node_name.clone(),
+        "spec.serviceAccountName" => "default".to_owned(),
+        "status.podIP" | "status.podIPs" => pod.ip.to_string(),
+        "status.hostIP" | "status.hostIPs" => pod.host_ip.to_string(),
+        _ => {
+            if let Some(key) = quoted("metadata.labels['") {
+                pod.labels.get(&key).cloned().unwrap_or_default()
+            } else if let Some(key) = quoted("metadata.annotations['") {
+                pod.annotations.get(&key).cloned().unwrap_or_default()
+            } else {
+                return None;
+            }
+        }
+    })
+}
+
+/// Why a pod cannot start yet (the kubelet keeps it in ContainerCreating and retries).
+pub(super) type NotYet = String;
+
+/// Writes the pod's volumes under `pod_dir/volumes/<name>` (claims: the directories given),
+/// with the ownership and modes the kubelet gives them (fsGroup included).
+pub(super) async fn materialize_volumes(
+    client: &kube::Client,
+    namespace: &str,
+    spec: &PodSpec,
+    claims: &BTreeMap<String, PathBuf>,
+    claims_dir: &Path,
+    pod_dir: &Path,
+) -> Result<BTreeMap<String, PathBuf>, NotYet> {
+    let fs_group = spec
+        .security_context
+        .as_ref()
+        .and_then(|s| s.fs_group)
+        .map(|g| g as u32);
+    let mut out = BTreeMap::new();
+    for (name, dir) in claims {
+        prepare_claim(dir, fs_group)?;
+        out.insert(name.clone(), dir.clone());
+    }
+    for volume in spec.volumes.iter().flatten() {
+        let dir = pod_dir.join("volumes").join(&volume.name);
+        let path = materialize(client, namespace, volume, &dir, claims_dir, fs_group).await?;
+        out.insert(volume.name.clone(), path);
+    }
+    Ok(out)
+}
+
+async fn materialize(
+    client: &kube::Client,
+    namespace: &str,
+    volume: &Volume,
+    dir: &Path,
+    claims_dir: &Path,
+    fs_group: Option<u32>,
+) -> Result<PathBuf, NotYet> {
+    if let Some(source) = &volume.persistent_volume_claim {
+        let claim = claims_dir.join(&source.claim_name);
+        prepare_claim(&claim, fs_group)?;
+        return Ok(claim);
+    }
+    let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir).map_err(|e| io("cannot create", e))?;
+    // emptyDir and the atomic-writer volumes (secret, configMap) start as 0777 directories.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o777)).map_err(|e| io("chmod", e))?;
+    if volume.empty_dir.is_some() {
+        if let Some(group) = fs_group {
+            apply_fs_group(dir, group, false).map_err(|e| io("fsGroup on", e))?;
+        }
+        return Ok(dir.to_owned());
+    }
+    let (data, items, default_mode, optional, what) = if let Some(source) = &volume.secret {
+        let name = source.secret_name.clone().unwrap_or_default();
+        let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("reading Secret {name}: {e}"))?;
+        let data: Option<BTreeMap<String, Vec<u8>>> =
+            secret.map(|s| s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect());
+        (
+            data,
+            source.items.clone(),
+            source.default_mode,
+            source.optional.unwrap_or(false),
+            format!("Secret {name}"),
+        )
+    } else if let Some(source) = &volume.config_map {
+        let name = source.name.clone();
+        let config_map = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("reading ConfigMap {name}: {e}"))?;
+        let data = config_map.map(|c| {
+            let mut data: BTreeMap<String, Vec<u8>> = c
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.into_bytes()))
+                .collect();
+            data.extend(c.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)));
+            data
+        });
+        (
+            data,
+            source.items.clone(),
+            source.default_mode,
+            source.optional.unwrap_or(false),
+            format!("ConfigMap {name}"),
+        )
+    } else {
+        return Err(format!("volume {} has no supported source", volume.name));
+    };
+    let data = match data {
+        Some(data) => data,
+        None if optional => BTreeMap::new(),
+        None => return Err(format!("{what} does not exist (yet)")),
+    };
+    let default_mode = default_mode.unwrap_or(0o644) as u32;
+    let projection: Vec<KeyToPath> = match items {
+        Some(items) => items,
+        None => data
+            .keys()
+            .map(|k| KeyToPath {
+                key: k.clone(),
+                path: k.clone(),
+                mode: None,
+            })
+            .collect(),
+    };
+    for item in projection {
+        let Some(bytes) = data.get(&item.key) else {
+            if optional {
+                continue;
+            }
+            return Err(format!("{what} has no key {}", item.key));
+        };
+        let relative =
+            safe_relative(&item.path).ok_or_else(|| format!("{what}: item path {:?} escapes the volume", item.path))?;
+        let file = dir.join(relative);
+        if let Some(parent) = file.parent() {
+            fs::create_dir_all(parent).map_err(|e| io("cannot create a directory in", e))?;
+        }
+        fs::write(&file, bytes).map_err(|e| io("cannot write into", e))?;
+        let mode = item.mode.map_or(default_mode, |m| m as u32);
+        fs::set_permissions(&file, fs::Permissions::from_mode(mode)).map_err(|e| io("chmod in", e))?;
+    }
+    if let Some(group) = fs_group {
+        apply_fs_group(dir, group, true).map_err(|e| io("fsGroup on", e))?;
+    }
+    Ok(dir.to_owned())
+}
+
+/// A claim's directory: created once like a fresh filesystem's root (root:root 0755), then
+/// given to fsGroup at every pod start (fsGroupChangePolicy Always).
+fn prepare_claim(dir: &Path, fs_group: Option<u32>) -> Result<(), NotYet> {
+    if !dir.exists() {
+        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("chmod {}: {e}", dir.display()))?;
+    }
+    if let Some(group) = fs_group {
+        apply_fs_group(dir, group, false).map_err(|e| format!("fsGroup on {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// The kubelet's SetVolumeOwnership: group `fs_group` on everything, `rw-rw----` (read-only
+/// volumes `r--r-----`) added to files, plus setgid and `--x--x---` on directories.
+fn apply_fs_group(path: &Path, group: u32, read_only: bool) -> std::io::Result<()> {
+    let meta = fs::symlink_metadata(path)?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(path, None, Some(group))?;
+    let mut mask = if read_only { 0o440 } else { 0o660 };
+    if meta.is_dir() {
+        mask |= 0o2000 | 0o110;
+    }
+    fs::set_permissions(
+        path,
+        fs::Permissions::from_mode(meta.permissions().mode() & 0o7777 | mask),
+    )?;
+    if meta.is_dir() {
+        for entry in fs::read_dir(path)? {
+            apply_fs_group(&entry?.path(), group, read_only)?;
+        }
+    }
+    Ok(())
+}
+
+/// `path` if it is relative and stays inside its base.
+fn safe_relative(path: &str) -> Option<&Path> {
+    let p = Path::new(path);
+    p.components().all(|c| matches!(c, Component::Normal(_))).then_some(p)
+}
+
+/// Everything about one pod the containers need, besides its template.
+pub(super) struct PodContext<'a> {
+    pub identity: &'a PodIdentity,
+    pub volumes: &'a BTreeMap<String, PathBuf>,
+    /// The pod's DNS directory (mounted at [`DNS_DIR`]).
+    pub dns_dir: &'a Path,
+    pub pod_dir: &'a Path,
+    pub assets: &'a Path,
+    pub libraries: &'a BTreeMap<PathBuf, Vec<PathBuf>>,
+}
+
+/// Plans every container of the pod and lays out their root directories.
+pub(super) fn plan_containers(spec: &PodSpec, ctx: &PodContext<'_>) -> Result<Vec<ContainerPlan>, String> {
+    let mut plans = Vec::new();
+    for container in &spec.containers {
+        plans.push(plan_container(spec, container, ctx)?);
+    }
+    Ok(plans)
+}
+
+fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -> Result<ContainerPlan, String> {
+    let name = &container.name;
+    let command = container.command.clone().unwrap_or_default();
+    let command0 = command.first().cloned().unwrap_or_default();
+    let base = Path::new(&command0)
+        .file_name()
+        .and_then(|b| b.to_str())
+        .unwrap_or(&command0)
+        .to_owned();
+    let binary = ctx.assets.join(&base);
+    // A bare name is found on the image's PATH; the Kubernetes images keep it here.
+    let program = if command0.contains('/') {
+        PathBuf::from(&command0)
+    } else {
+        PathBuf::from("/usr/local/bin").join(&base)
+    };
+    let env = environment(container, ctx.identity)?;
+    let vars: BTreeMap<String, String> = env.iter().cloned().collect();
+    let args: Vec<String> = command
+        .iter()
+        .skip(1)
+        .chain(container.args.iter().flatten())
+        .map(|a| expand(a, &vars))
+        .collect();
+    let mut full_env = vec![
+        ("PATH".to_owned(), IMAGE_PATH.to_owned()),
+        ("HOSTNAME".to_owned(), ctx.identity.name.clone()),
+        ("HOME".to_owned(), "/".to_owned()),
+    ];
+    for (k, v) in env {
+        full_env.retain(|(n, _)| *n != k);
+        full_env.push((k, v));
+    }
+    let id = identity(spec.security_context.as_ref(), container)?;
+
+    // The mounts, in the order they are made.
+    let mut mounts = vec![
+        Mount {
+            target: "/proc".into(),
+            source: MountSource::Proc,
+        },
+        Mount {
+            target: "/sys".into(),
+            source: MountSource::Sysfs,
+        },
+    ];
+    for device in DEVICES {
+        mounts.push(Mount {
+            target: device.into(),
+            source: MountSource::Bind {
+                source: device.into(),
+                read_only: false,
+            },
+        });
+    }
+    for library in ctx.libraries.get(&binary).into_iter().flatten() {
+        mounts.push(Mount {
+            target: library.clone(),
+            source: MountSource::Bind {
+                source: library.clone(),
+                read_only: true,
+            },
+        });
+    }
+    mounts.push(Mount {
+        target: program.clone(),
+        source: MountSource::Bind {
+            source: binary,
+            read_only: true,
+        },
+    });
+    mounts.push(Mount {
+        target: DNS_DIR.into(),
+        source: MountSource::Bind {
+            source: ctx.dns_dir.to_owned(),
+            read_only: true,
+        },
+    });
+    let mut volume_mounts: Vec<_> = container.volume_mounts.iter().flatten().collect();
+    // Shallower paths first, so that a mount inside another one is made after it.
+    volume_mounts.sort_by_key(|m| Path::new(&m.mount_path).components().count());
+    for vm in volume_mounts {
+        let base = ctx
+            .volumes
+            .get(&vm.name)
+            .ok_or_else(|| format!("container {name}: volume {} was not materialized", vm.name))?;
+        let source = match vm.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            Some(sub) => {
+                let relative = safe_relative(sub)
+                    .ok_or_else(|| format!("container {name}: subPath {sub:?} escapes its volume"))?;
+                let path = base.join(relative);
+                if !path.exists() {
+                    fs::create_dir_all(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                }
+                path
+            }
+            None => base.clone(),
+        };
+        mounts.push(Mount {
+            target: PathBuf::from(&vm.mount_path),
+            source: MountSource::Bind {
+                source,
+                read_only: vm.read_only == Some(true),
+            },
+        });
+    }
+    let container_dir = ctx.pod_dir.join("containers").join(name);
+    let rootfs = container_dir.join("rootfs");
+    build_rootfs(&rootfs, &mounts)?;
+    let pod_ip = ctx.identity.ip.to_string();
+    let probe = |p: &Option<Probe>| -> Result<Option<ProbeSpec>, String> {
+        p.as_ref().map(|p| probe_spec(p, container, &pod_ip)).transpose()
+    };
+    Ok(ContainerPlan {
+        name: name.clone(),
+        startup: probe(&container.startup_probe)?,
+        readiness: probe(&container.readiness_probe)?,
+        liveness: probe(&container.liveness_probe)?,
+        launch: Launch {
+            program,
+            argv0: command0,
+            args,
+            env: full_env,
+            rootfs,
+            mounts,
+            read_only_root: id.read_only_root,
+            workdir: container
+                .working_dir
+                .clone()
+                .filter(|w| !w.is_empty())
+                .unwrap_or_else(|| "/".to_owned()),
+            uid: id.uid,
+            gid: id.gid,
+            groups: id.groups,
+            no_new_privs: id.no_new_privs,
+            log: container_dir.join("log"),
+        },
+    })
+}
+
+/// The container's "image": a skeleton of a distroless root, and an empty file or directory
+/// for every mount to land on.
+fn build_rootfs(rootfs: &Path, mounts: &[Mount]) -> Result<(), String> {
+    let io = |what: &Path, e: std::io::Error| format!("cannot prepare {}: {e}", what.display());
+    let _ = fs::remove_dir_all(rootfs);
+    for dir in ["etc", "dev", "proc", "sys", "usr/local/bin", "var", "home/nonroot"] {
+        let path = rootfs.join(dir);
+        fs::create_dir_all(&path).map_err(|e| io(&path, e))?;
+    }
+    let tmp = rootfs.join("tmp");
+    fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).map_err(|e| io(&tmp, e))?;
+    let files = [
+        (
+            "etc/passwd",
+            "root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n",
+        ),
+        ("etc/group", "root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n"),
+        ("etc/nsswitch.conf", "passwd: files\ngroup: files\nhosts: files dns\n"),
+    ];
+    for (path, text) in files {
+        let path = rootfs.join(path);
+        fs::write(&path, text).map_err(|e| io(&path, e))?;
+    }
+    for name in ["hosts", "resolv.conf", "hostname"] {
+        let link = rootfs.join("etc").join(name);
+        symlink(format!("{DNS_DIR}/{name}"), &link).map_err(|e| io(&link, e))?;
+    }
+    // Mount points: inside an earlier bind-mounted directory, the point is made in that
+    // directory (as a container runtime would, through the mount).
+    let mut made: Vec<(&Path, &Path)> = Vec::new();
+    for mount in mounts {
+        let target = &mount.target;
+        let on_host = made
+            .iter()
+            .filter(|(t, _)| target.starts_with(t) && target != t)
+            .max_by_key(|(t, _)| t.components().count())
+            .map(|(t, source)| source.join(target.strip_prefix(t).unwrap_or(target)))
+            .unwrap_or_else(|| host_path(rootfs, target));
+        let is_dir = match &mount.source {
+            MountSource::Bind { source, .. } => source.is_dir(),
+            MountSource::Proc | MountSource::Sysfs => true,
+        };
+        if is_dir {
+            fs::create_dir_all(&on_host).map_err(|e| io(&on_host, e))?;
+        } else {
+            if let Some(parent) = on_host.parent() {
+                fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+            }
+            if !on_host.exists() {
+                fs::write(&on_host, b"").map_err(|e| io(&on_host, e))?;
+            }
+        }
+        if let MountSource::Bind { source, .. } = &mount.source
+            && source.is_dir()
+        {
+            made.push((target, source));
+        }
+    }
+    Ok(())
+}
+
+/// A probe of `container`, aimed at the pod address unless it names a host.
+fn probe_spec(probe: &Probe, container: &Container, pod_ip: &str) -> Result<ProbeSpec, String> {
+    let port = |port: &IntOrString| -> Result<u16, String> {
+        match port {
+            IntOrString::Int(n) => u16::try_from(*n).map_err(|_| format!("bad probe port {n}")),
+            IntOrString::String(name) => container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name))
+                .and_then(|p| u16::try_from(p.container_port).ok())
+                .ok_or_else(|| format!("container {}: probe port {name:?} is not a named port", container.name)),
+        }
+    };
+    let action = if let Some(get) = &probe.http_get {
+        Action::Http {
+            https: get.scheme.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("HTTPS")),
+            host: get
+                .host
+                .clone()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| pod_ip.to_owned()),
+            port: port(&get.port)?,
+            path: get.path.clone().unwrap_or_else(|| "/".to_owned()),
+            headers: get
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect(),
+        }
+    } else if let Some(tcp) = &probe.tcp_socket {
+        Action::Tcp {
+            host: tcp
+                .host
+                .clone()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| pod_ip.to_owned()),
+            port: port(&tcp.port)?,
+        }
+    } else {
+        return Err(format!("container {}: unsupported probe handler", container.name));
+    };
+    let secs = |v: Option<i32>, default: i32| std::time::Duration::from_secs(v.unwrap_or(default).max(0) as u64);
+    Ok(ProbeSpec {
+        action,
+        initial_delay: secs(probe.initial_delay_seconds, 0),
+        period: secs(probe.period_seconds, 10).max(std::time::Duration::from_secs(1)),
+        timeout: secs(probe.timeout_seconds, 1).max(std::time::Duration::from_secs(1)),
+        success_threshold: probe.success_threshold.unwrap_or(1).max(1) as u32,
+        failure_threshold: probe.failure_threshold.unwrap_or(3).max(1) as u32,
+    })
+}
+
+/// The shared libraries (and ELF interpreter) a dynamically linked binary needs, from
+/// `ldd`; empty for a static binary.
+pub(super) fn libraries(binary: &Path) -> Result<Vec<PathBuf>, String> {
+    let output = std::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|e| format!("cannot run ldd on {}: {e}", binary.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        // "not a dynamic executable": a static binary needs nothing.
+        return Ok(Vec::new());
+    }
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        let path = match line.split_once("=>") {
+            Some((_, right)) => right.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(path) = path.filter(|p| p.starts_with('/')) {
+            libs.push(PathBuf::from(path));
+        }
+    }
+    Ok(libs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expansion_follows_the_kubelet() {
+        let vars: BTreeMap<String, String> = [("POD_NAME", "demo-etcd-0"), ("EMPTY", "")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let cases = [
+            ("--name=$(POD_NAME)", "--name=demo-etcd-0"),
+            (
+                "https://$(POD_NAME).demo-etcd:2380",
+                "https://demo-etcd-0.demo-etcd:2380",
+            ),
+            ("$(UNSET)", "$(UNSET)"),
+            ("$$(POD_NAME)", "$(POD_NAME)"),
+            ("a$(EMPTY)b", "ab"),
+            ("$(POD_NAME", "$(POD_NAME"),
+            ("cost $5", "cost $5"),
+            ("end$", "end$"),
+            ("plain", "plain"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(expand(input, &vars), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn versions_of_images_and_binaries() {
+        assert_eq!(image_version("registry.k8s.io/etcd:3.6.8-0").as_deref(), Some("3.6.8"));
+        assert_eq!(
+            image_version("registry.k8s.io/kube-apiserver:v1.36.3").as_deref(),
+            Some("1.36.3")
+        );
+        assert_eq!(image_version("localhost:5000/kube-apiserver"), None);
+        assert_eq!(image_version("registry.k8s.io/etcd:latest"), None);
+        assert_eq!(
+            parse_version("etcd Version: 3.6.8\nGit SHA: x").as_deref(),
+            Some("3.6.8")
+        );
+        assert_eq!(parse_version("Kubernetes v1.36.3").as_deref(), Some("1.36.3"));
+    }
+}
