@@ -19,7 +19,14 @@ use crate::controllers::{EnabledControllers, Settings};
 /// kube-controller-manager) as workloads of a super cluster, as a Cluster API control plane
 /// and infrastructure provider.
 #[derive(Debug, Parser)]
-#[command(name = "capn", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "capn",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = "Examples:\n  capn run --leader-elect                      run the controllers (current kubeconfig or in-cluster)\n  capn render -f examples/nestedcontrolplane.yaml   what one NestedControlPlane becomes, offline\n  capn crds | kubectl apply -f -               install the CustomResourceDefinitions\n  capn channels validate ./my-channels         check a custom channel before shipping it"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
