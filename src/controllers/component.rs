@@ -34,7 +34,8 @@ use crate::apply::applyset::{
 use crate::apply::{FIELD_MANAGER, apply_rank, readiness};
 use crate::component::ComponentKind;
 use crate::plan::{
-    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, check, component_applyset_id, plan, resolve,
+    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, check, check_members, component_applyset_id,
+    plan, resolve,
 };
 use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, phase, set_condition};
 
@@ -358,6 +359,9 @@ async fn drive<K: ComponentResource>(
     let running = running_versions::<K>(ctx, object, &ncp, ns).await?;
     if let Err(e) = resolve(&ctx.channels, &cluster, K::KIND, object.component())
         .and_then(|r| check(K::KIND, &r, &running).map_err(PlanError::from))
+        .and_then(|()| {
+            check_members(K::KIND, object.component().replicas.unwrap_or(1), &running).map_err(PlanError::from)
+        })
     {
         return Ok(Outcome::Invalid(e));
     }
@@ -535,6 +539,11 @@ async fn running_versions<K: ComponentResource>(
     };
     let mut running = Running {
         current: parse(object.component_status()),
+        // Only an etcd that was applied has members whose count may not change.
+        etcd_members: object
+            .component_status()
+            .filter(|s| s.version.is_some())
+            .and_then(|s| s.replicas),
         ..Running::default()
     };
     match K::KIND {

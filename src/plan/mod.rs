@@ -12,7 +12,7 @@ mod validate;
 
 pub use context::*;
 pub use labels::{MANAGED_BY, selector_labels, standard_labels};
-pub use rules::{Resolved, Running, SkewError, check, resolve};
+pub use rules::{Resolved, Running, SkewError, check, check_members, resolve};
 pub use validate::validate_channel;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -199,6 +199,7 @@ pub fn plan(
     let spec = request.spec;
     let resolved = rules::resolve(channels, cluster, kind, spec)?;
     rules::check(kind, &resolved, &request.running)?;
+    rules::check_members(kind, spec.replicas.unwrap_or(1), &request.running)?;
     let (channel, version) = (resolved.channel, resolved.version);
     let replicas = spec.replicas.unwrap_or(1);
     if replicas < 1 {

@@ -103,6 +103,10 @@ pub enum SkewError {
         apiserver: Version,
         controller_manager: Version,
     },
+    #[error(
+        "etcd has {from} members and cannot change to {to}: adding or removing members of a running etcd needs etcd member management, which capn does not do yet; keep replicas at {from}"
+    )]
+    EtcdMembershipChange { from: i32, to: i32 },
     #[error("etcd {etcd} is not compatible with Kubernetes {kubernetes} in channel {channel}; allowed etcd minors: {}", allowed.join(", "))]
     IncompatibleEtcd {
         etcd: Version,
@@ -119,6 +123,7 @@ impl SkewError {
             Self::SkippedMinor { .. } | Self::MinorDowngrade { .. } => "UpgradeNotAllowed",
             Self::ControllerManagerNewer { .. } | Self::ApiServerTooFarAhead { .. } => "SkewNotAllowed",
             Self::IncompatibleEtcd { .. } => "IncompatibleEtcd",
+            Self::EtcdMembershipChange { .. } => "EtcdMembershipChangeNotSupported",
         }
     }
 }
@@ -131,12 +136,29 @@ pub struct Running {
     /// The apiserver's running release (checked for the controller-manager, and for etcd,
     /// which must not start an upgrade the apiserver would refuse).
     pub apiserver: Option<Version>,
+    /// etcd only: the member count applied before (`status.replicas`), if any.
+    pub etcd_members: Option<i32>,
     /// The controller-manager's running release (checked for the apiserver).
     pub controller_manager: Option<Version>,
 }
 
 fn minor(v: &Version) -> (u64, u64) {
     (v.major, v.minor)
+}
+
+/// Refuses a member count change of an etcd that was applied before (reference.md: members
+/// join with `member add` and `--initial-cluster-state=existing`, which capn does not do).
+///
+/// # Errors
+/// [`SkewError::EtcdMembershipChange`].
+pub fn check_members(kind: ComponentKind, desired_replicas: i32, running: &Running) -> Result<(), SkewError> {
+    match running.etcd_members {
+        Some(from) if kind == ComponentKind::Etcd && from != desired_replicas => Err(SkewError::EtcdMembershipChange {
+            from,
+            to: desired_replicas,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Checks a component's desired release against what runs:
@@ -295,6 +317,7 @@ mod tests {
                 current,
                 apiserver,
                 controller_manager,
+                etcd_members: None,
             };
         let cases = [
             (
@@ -398,6 +421,34 @@ mod tests {
             let got = outcome(kind, ncp, own, running);
             assert_eq!(got, want.map(str::to_string), "{name}");
         }
+    }
+
+    #[test]
+    fn an_applied_etcd_keeps_its_member_count() {
+        let running = Running {
+            etcd_members: Some(3),
+            ..Running::default()
+        };
+        assert_eq!(check_members(ComponentKind::Etcd, 3, &running), Ok(()));
+        let err = check_members(ComponentKind::Etcd, 5, &running).unwrap_err();
+        assert_eq!(err.reason(), "EtcdMembershipChangeNotSupported");
+        assert!(err.to_string().contains("keep replicas at 3"), "{err}");
+        assert_eq!(
+            check_members(ComponentKind::Etcd, 5, &Running::default()),
+            Ok(()),
+            "a new etcd may have any size"
+        );
+        assert_eq!(
+            check_members(
+                ComponentKind::ApiServer,
+                5,
+                &Running {
+                    etcd_members: Some(1),
+                    ..Running::default()
+                }
+            ),
+            Ok(())
+        );
     }
 
     #[test]

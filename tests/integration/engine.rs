@@ -503,3 +503,41 @@ async fn a_provider_channel_renders_an_operator_resource_and_the_apiserver_follo
     assert_eq!(etcd.channel.as_deref(), Some("etcd-operator"));
     capn.stop().await;
 }
+
+#[tokio::test]
+async fn changing_the_member_count_of_a_running_etcd_is_refused() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    bring_up(&client, &ns, "demo").await;
+    let before = statefulset_versions(&client, &ns).await;
+    let etcd_api: Api<NestedEtcd> = Api::namespaced(client.clone(), &ns);
+    etcd_api
+        .patch(
+            "demo-etcd",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    let status = wait_until("etcd refuses the member change", STEP, || async {
+        let s = etcd_api.get("demo-etcd").await.unwrap().status?;
+        has_condition(&s.conditions, "Synced", "False", "EtcdMembershipChangeNotSupported").then_some(s)
+    })
+    .await;
+    assert!(status.ready, "the running etcd still counts as ready");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        statefulset_versions(&client, &ns).await,
+        before,
+        "a refused member change touched a workload"
+    );
+    assert_eq!(
+        flags(&statefulset(&client, &ns, "demo-etcd").await.unwrap())["initial-cluster"]
+            .split(',')
+            .count(),
+        1
+    );
+    capn.stop().await;
+}
