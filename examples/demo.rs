@@ -13,6 +13,22 @@
 //! KUBEBUILDER_ASSETS=$(hack/kube-assets.sh) cargo run --example demo
 //! ```
 
+// Output must never crash the demo: Ctrl-C in `hack/demo.sh | tee log` kills `tee` first,
+// and a failed print must not stop the cleanup that follows. These shadow std's macros for
+// this file and the support code it includes.
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 // The test support is shared with the integration tests; the demo uses part of it.
 #[allow(dead_code)]
 #[path = "../tests/integration/support/mod.rs"]
@@ -481,6 +497,9 @@ fn start_capn(kubeconfig: &Path, log: &Path) -> Result<CapnProcess, String> {
             "run",
             "--namespace",
             NAMESPACE,
+            // Public CRD sync dials tenants by their in-cluster names, which this host cannot
+            // resolve; the demo has no public CRDs anyway.
+            "--controllers=*,-public-crds",
             "--metrics-bind-address",
             "127.0.0.1:0",
             "--health-probe-bind-address",
