@@ -391,11 +391,14 @@ async fn with_token(booted: &Booted, kubeconfig: &str, token: &str) -> Client {
 }
 
 /// `token` with one character of its signature changed.
+/// The token with the first character of its signature changed. (Not the last one: in
+/// base64url the last character of a 64-byte ES256 signature carries padding bits, which
+/// decoders ignore, so changing it may leave the signature intact.)
 fn forge(token: &str) -> String {
-    let mut forged = token.to_owned();
-    let last = forged.pop().unwrap_or('A');
-    forged.push(if last == 'A' { 'B' } else { 'A' });
-    forged
+    let (head, signature) = token.rsplit_once('.').expect("a JWS has three parts");
+    let mut chars: Vec<char> = signature.chars().collect();
+    chars[0] = if chars[0] == 'A' { 'B' } else { 'A' };
+    format!("{head}.{}", chars.into_iter().collect::<String>())
 }
 
 /// The etcd of a three-member control plane and the NestedControlPlane referencing it.
