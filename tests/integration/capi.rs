@@ -15,7 +15,8 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use serde_json::Value;
 
 use crate::harness::*;
-use crate::support::capi::{CAPI_VERSION, Capi, ProviderRepository, capi, poll_until};
+use crate::support::capi::{CAPI_VERSION, Capi, ProviderRepository, capi};
+use crate::support::poll_until;
 use crate::support::{cluster, mark_statefulset_ready, test_namespace};
 
 /// How long a test waits for Cluster API: it looks again at a Cluster whose infrastructure or

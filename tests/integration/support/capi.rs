@@ -19,7 +19,7 @@
 //! without the conversion webhooks its kustomize overlays add.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 
+use super::poll_until;
 use super::process::Process;
+use super::start::free_ports;
 
 /// Names the directory with `cluster-api-manager`, `clusterctl` and `crds/`.
 pub const ASSETS_VARIABLE: &str = "CAPI_ASSETS";
@@ -111,24 +113,6 @@ impl Capi {
                 self.log_report(namespace)
             ),
         }
-    }
-}
-
-/// Calls `f` every 200 ms until it returns `Some` (that value), or `timeout` passes (`None`).
-pub async fn poll_until<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Ok(Some(value)) = tokio::time::timeout_at(deadline, f()).await {
-            return Some(value);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(POLL).await;
     }
 }
 
@@ -326,22 +310,6 @@ fn write_serving_certificate(dir: &Path) -> Result<(), String> {
         std::fs::write(dir.join(file), pem).map_err(|e| format!("cannot write {file}: {e}"))?;
     }
     Ok(())
-}
-
-/// `N` distinct free loopback ports (bound together so they differ, then released).
-fn free_ports<const N: usize>() -> Result<[u16; N], String> {
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("cannot find free loopback ports: {e}"))?;
-    let mut ports = [0; N];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener
-            .local_addr()
-            .map_err(|e| format!("cannot read a bound port: {e}"))?
-            .port();
-    }
-    Ok(ports)
 }
 
 /// Waits until the manager's `/readyz` answers 200 (its caches synced, webhook server up).

@@ -158,7 +158,20 @@ fn template_hash(template: &impl serde::Serialize) -> u32 {
 /// # Panics
 /// With `what` in the message, once `timeout` has passed, including while a call of `f`
 /// hangs: a failing test reports what it waited for instead of hanging.
-pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match poll_until(timeout, f).await {
+        Some(value) => value,
+        None => panic!("timed out after {timeout:?} waiting until {what}"),
+    }
+}
+
+/// Calls `f` every 200 ms until it returns `Some` (that value), or `timeout` passes (`None`),
+/// including while a call of `f` hangs.
+pub async fn poll_until<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -167,10 +180,10 @@ where
     loop {
         // `timeout_at` polls `f()` once even past the deadline, so the last chance is taken.
         if let Ok(Some(value)) = tokio::time::timeout_at(deadline, f()).await {
-            return value;
+            return Some(value);
         }
         if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting until {what}");
+            return None;
         }
         tokio::time::sleep(POLL_INTERVAL).await;
     }

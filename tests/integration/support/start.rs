@@ -225,7 +225,7 @@ fn controller_manager_args(kubeconfig: &Path, port: u16, files: &Credentials) ->
 
 /// `N` distinct free loopback ports: all bound at once so they differ, then released for the
 /// binaries. Another program could take one in between; then start-up fails with the log.
-fn free_ports<const N: usize>() -> Result<[u16; N], String> {
+pub(super) fn free_ports<const N: usize>() -> Result<[u16; N], String> {
     let listeners = (0..N)
         .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
         .collect::<Result<Vec<_>, _>>()
