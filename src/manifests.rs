@@ -96,8 +96,13 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
             ),
             rule(&[CONTROL_PLANE_GROUP], &["nestedcontrolplanetemplates"], READ),
             rule(&["cluster.x-k8s.io"], &["clusters"], READ),
-            // Certificates and kubeconfigs; capn never deletes a Secret (the garbage collector does).
-            rule(&[""], &["secrets"], WRITE),
+            // Certificates and kubeconfigs. capn deletes only the `<secret>-next` it made for a
+            // CA rotation, once the rotation completes; the garbage collector removes the rest.
+            rule(
+                &[""],
+                &["secrets"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
             // What the stable channel renders; pruning deletes what is no longer rendered.
             rule(
                 &[""],
@@ -301,16 +306,8 @@ mod tests {
     }
 
     #[test]
-    fn the_control_plane_role_cannot_delete_secrets_or_touch_other_kinds() {
+    fn the_control_plane_role_names_every_kind_and_verb() {
         let rules = cluster_role_rules(Provider::ControlPlane);
-        let secrets = rules.iter().find(|r| r["resources"][0] == "secrets").unwrap();
-        assert!(
-            !secrets["verbs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|v| v == "delete" || v == "*")
-        );
         assert!(
             rules
                 .iter()

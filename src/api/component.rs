@@ -183,6 +183,21 @@ pub struct ComponentStatus {
     /// apiserver only: the Service in front of the apiserver pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceOutput>,
+    /// The certificate material the pods were last applied with (design §9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<AppliedCertificates>,
+}
+
+/// The Secrets a component's processes read only at start, and their digest as applied to
+/// the pod templates (annotation `controlplane.cluster.x-k8s.io/certificates-digest`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedCertificates {
+    /// The digest on the pod templates.
+    pub digest: String,
+    /// The Secrets it covers, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// One applied object, as recorded in a component's inventory.

@@ -79,6 +79,28 @@ pub struct NestedControlPlaneSpec {
     /// in-cluster name when empty (Cluster API contract).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<ApiEndpoint>,
+    /// Lifetime of the leaf certificates and kubeconfigs capn issues, as a Go duration
+    /// (`8760h`; kubeadm's `certificateValidityPeriod`). Default: `capn run
+    /// --certificate-validity`, else one year. Certificate authorities always get 10 years.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_validity_period: Option<String>,
+    /// When certificates are renewed ahead of their expiry (Cluster API's
+    /// KubeadmControlPlane `rolloutBefore`). Without it a certificate is renewed when a
+    /// third of its lifetime remains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_before: Option<RolloutBefore>,
+}
+
+/// Cluster API's `rolloutBefore`: renew ahead of certificate expiry.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutBefore {
+    /// Renew a certificate (and roll the components that read it at start) once it expires
+    /// within this many days, if that comes before a third of its lifetime remains; never
+    /// before a third of its lifetime has passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub certificates_expiry_days: Option<i32>,
 }
 
 /// Tenant network settings, shaped like Cluster API's `Cluster.spec.clusterNetwork`.
@@ -154,6 +176,13 @@ pub struct NestedControlPlaneStatus {
     /// Earliest expiry of the certificates capn issued for this control plane.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates_expiry_date: Option<Time>,
+    /// The next certificate capn renews, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_certificate_renewal: Option<CertificateRenewal>,
+    /// The CA rotation in progress, or the last one (requested with the annotation
+    /// `controlplane.cluster.x-k8s.io/rotate-certificate-authority`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_authority_rotation: Option<CertificateAuthorityRotation>,
     /// `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -216,4 +245,42 @@ pub struct PublicCrdsStatus {
     /// Names of public CRDs the tenant already has as its own (left untouched).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<String>,
+}
+
+/// One planned certificate renewal.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateRenewal {
+    /// The Secret holding the certificate.
+    pub secret: String,
+    /// When capn renews it.
+    pub time: Time,
+}
+
+/// A staged rotation of one certificate authority (or of the service-account key pair).
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateAuthorityRotation {
+    /// The request as annotated (`ca`, `etcd`, `front-proxy`, `sa`, optionally `/<id>`).
+    pub request: String,
+    /// The authority rotated: `ca`, `etcd`, `front-proxy` or `sa`.
+    pub authority: String,
+    /// `NewAuthority`, `TrustBoth`, `SignWithNew`, `DropOld`, then `Completed`.
+    pub phase: String,
+    /// When the rotation started.
+    pub start_time: Time,
+    /// When each finished phase ended, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<RotationPhaseRecord>,
+    /// What the current phase waits for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// One finished phase of a rotation.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RotationPhaseRecord {
+    pub phase: String,
+    pub completion_time: Time,
 }

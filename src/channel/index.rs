@@ -37,6 +37,12 @@ pub struct ComponentVersions {
     /// URL per native member (`https://<c>-etcd-<i>.<c>-etcd.<ns>.svc:2379`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<EndpointsSource>,
+    /// Secrets (by their key in the render context's `secrets`, e.g. `apiserver`) whose
+    /// content the component's processes reload by themselves. A change of any other Secret
+    /// the pod templates mount rolls the component (design §9). Default: none, so every
+    /// mounted Secret rolls it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reloaded_secrets: Vec<String>,
 }
 
 /// Which rendered objects decide a component's readiness: every object of `kind` must be

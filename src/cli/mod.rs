@@ -97,6 +97,21 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Lifetime of the leaf certificates capn issues, as a Go duration (`5m`, `8760h`), for
+    /// control planes that do not set `certificateValidityPeriod`. Default one year; short
+    /// values are for tests and demos of certificate renewal.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub certificate_validity: Option<std::time::Duration>,
+}
+
+/// Parses a positive Go duration (`90s`, `5m`, `8760h`) with kube's `Duration`.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let parsed: kube::core::Duration = text.parse().map_err(|e| format!("{e}"))?;
+    let duration = std::time::Duration::from(parsed);
+    if parsed.is_negative() || duration.is_zero() {
+        return Err("must be positive".into());
+    }
+    Ok(duration)
 }
 
 #[derive(Debug, Args)]
@@ -185,6 +200,7 @@ pub async fn main() -> anyhow::Result<()> {
                 watch_filter: crate::manifests::empty_watch_filter_is_none(args.watch_filter),
                 enabled: parse_controllers(&args.controllers)?,
                 tenant_config_hook: None,
+                certificate_validity: args.certificate_validity,
             };
             let client = kube::Client::try_default()
                 .await

@@ -3,43 +3,21 @@
 //! ClusterIP, plus the apiserver's client certificates (etcd, kubelet, front proxy).
 
 use std::net::IpAddr;
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use kube::runtime::reflector::ObjectRef;
 
 use super::certificates::{CertificateStore, waiting_for_ca};
-use super::component::{Gate, predecessor_ready};
+use super::component::{ComponentResource, Gate, component_accessors, predecessor_ready, successor_of};
 use super::{Context, ReconcileError};
-use crate::api::{NestedControlPlane, NestedEtcd, ServiceOutput};
+use crate::api::{NestedAPIServer, NestedControlPlane, NestedEtcd, ServiceOutput};
 use crate::component::ComponentKind;
 use crate::pki::{
     ApiServerSanInput, SecretNames, apiserver_etcd_client_leaf, apiserver_kubelet_client_leaf, apiserver_leaf,
     front_proxy_client_leaf,
 };
-use crate::plan::{APISERVER_PORT, ClusterSettings, Upstream};
-
-/// Open when the control plane's NestedEtcd is ready and has published endpoints
-/// (design §5: nothing of the apiserver exists before).
-///
-/// # Errors
-/// API errors reading the NestedEtcd.
-pub async fn gate(
-    ctx: &Context,
-    ncp: &NestedControlPlane,
-    cluster: &ClusterSettings,
-    ns: &str,
-) -> Result<Gate, ReconcileError> {
-    Ok(match predecessor_ready::<NestedEtcd>(ctx, ncp, cluster, ns).await? {
-        Ok(etcd) if !etcd.endpoints.is_empty() => Gate::Open(Upstream {
-            etcd_endpoints: etcd.endpoints,
-        }),
-        Ok(_) => Gate::Wait {
-            reason: "WaitingForEtcd",
-            message: "NestedEtcd has published no endpoints".into(),
-        },
-        Err(message) => Gate::Wait {
-            reason: "WaitingForEtcd",
-            message,
-        },
-    })
-}
+use crate::plan::{APISERVER_PORT, ClusterSettings, Plan, Upstream};
 
 fn cluster_ip(applied: &[serde_json::Value], service: &str) -> Option<String> {
     applied
@@ -51,73 +29,101 @@ fn cluster_ip(applied: &[serde_json::Value], service: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The apiserver Service as published in status.
-pub fn service_output(cluster: &ClusterSettings, applied: &[serde_json::Value]) -> Option<ServiceOutput> {
-    let name = ComponentKind::ApiServer.object_name(&cluster.name);
-    let ip = cluster_ip(applied, &name);
-    applied
-        .iter()
-        .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == name)
-        .then_some(ServiceOutput {
-            name,
-            cluster_ip: ip,
-            port: APISERVER_PORT,
-        })
-}
+impl ComponentResource for NestedAPIServer {
+    component_accessors!(ComponentKind::ApiServer, apiserver, "apiserver", apiservers);
 
-/// Issues the serving certificate (SANs include the ClusterIP the super cluster assigned,
-/// the endpoint host and `certSANs`) and the three client certificates.
-///
-/// # Errors
-/// API and PKI errors; an invalid `certSANs` entry is a PKI error.
-pub async fn ensure_certificates(
-    store: &CertificateStore<'_>,
-    cluster: &ClusterSettings,
-    ncp: &NestedControlPlane,
-    applied: &[serde_json::Value],
-) -> Result<Gate, ReconcileError> {
-    let names = SecretNames::new(&cluster.name);
-    let Some(ca) = store.require_ca(&names.ca).await? else {
-        return Ok(waiting_for_ca(&names.ca));
-    };
-    let Some(etcd_ca) = store.require_ca(&names.etcd_ca).await? else {
-        return Ok(waiting_for_ca(&names.etcd_ca));
-    };
-    let Some(proxy_ca) = store.require_ca(&names.proxy_ca).await? else {
-        return Ok(waiting_for_ca(&names.proxy_ca));
-    };
-    let service = ComponentKind::ApiServer.object_name(&cluster.name);
-    let service_ip: Option<IpAddr> = cluster_ip(applied, &service).and_then(|ip| ip.parse().ok());
-    if service_ip.is_none() {
-        return Ok(Gate::Wait {
-            reason: "WaitingForService",
-            message: format!("Service {service} has no ClusterIP yet"),
-        });
+    /// Open when the control plane's NestedEtcd is ready and has published endpoints
+    /// (design §5: nothing of the apiserver exists before).
+    fn gate(ctx: &Context, ncp: &NestedControlPlane, cluster: &ClusterSettings, ns: &str) -> Gate {
+        match predecessor_ready::<NestedEtcd>(ctx, ncp, cluster, ns) {
+            Ok(etcd) if !etcd.endpoints.is_empty() => Gate::Open(Upstream {
+                etcd_endpoints: etcd.endpoints,
+            }),
+            Ok(_) => Gate::Wait {
+                reason: "WaitingForEtcd",
+                message: "NestedEtcd has published no endpoints".into(),
+            },
+            Err(message) => Gate::Wait {
+                reason: "WaitingForEtcd",
+                message,
+            },
+        }
     }
-    let endpoint_host = ncp.spec.control_plane_endpoint.as_ref().map(|e| e.host.as_str());
-    let serving = apiserver_leaf(ApiServerSanInput {
-        cluster_name: &cluster.name,
-        namespace: &cluster.namespace,
-        tenant_dns_domain: &cluster.dns_domain,
-        super_dns_domain: &cluster.super_dns_domain,
-        service_cidr: &cluster.service_cidr,
-        service_cluster_ip: service_ip,
-        endpoint_host,
-        cert_sans: &ncp.spec.cert_sans,
-    })
-    .map_err(|source| ReconcileError::Pki {
-        secret: names.apiserver.clone(),
-        source,
-    })?;
-    store.ensure_leaf(&names.apiserver, &ca, &serving).await?;
-    store
-        .ensure_leaf(&names.apiserver_etcd_client, &etcd_ca, &apiserver_etcd_client_leaf())
-        .await?;
-    store
-        .ensure_leaf(&names.apiserver_kubelet_client, &ca, &apiserver_kubelet_client_leaf())
-        .await?;
-    store
-        .ensure_leaf(&names.front_proxy_client, &proxy_ca, &front_proxy_client_leaf())
-        .await?;
-    Ok(Gate::Open(Upstream::default()))
+
+    fn predecessor_changes(
+        ctx: &Arc<Context>,
+        subscriptions: &super::cache::Subscriptions,
+    ) -> Option<BoxStream<'static, ObjectRef<Self>>> {
+        Some(successor_of::<NestedEtcd, Self>(ctx, subscriptions))
+    }
+
+    /// Issues the serving certificate (SANs include the ClusterIP the super cluster
+    /// assigned, the endpoint host and `certSANs`) and the three client certificates.
+    /// An invalid `certSANs` entry is a PKI error.
+    async fn ensure_certificates(
+        store: &CertificateStore<'_>,
+        cluster: &ClusterSettings,
+        ncp: &NestedControlPlane,
+        _plan: &Plan,
+        applied: &[serde_json::Value],
+    ) -> Result<Gate, ReconcileError> {
+        let names = SecretNames::new(&cluster.name);
+        let Some(ca) = store.require_ca(&names.ca).await? else {
+            return Ok(waiting_for_ca(&names.ca));
+        };
+        let Some(etcd_ca) = store.require_ca(&names.etcd_ca).await? else {
+            return Ok(waiting_for_ca(&names.etcd_ca));
+        };
+        let Some(proxy_ca) = store.require_ca(&names.proxy_ca).await? else {
+            return Ok(waiting_for_ca(&names.proxy_ca));
+        };
+        let service = ComponentKind::ApiServer.object_name(&cluster.name);
+        let service_ip: Option<IpAddr> = cluster_ip(applied, &service).and_then(|ip| ip.parse().ok());
+        if service_ip.is_none() {
+            return Ok(Gate::Wait {
+                reason: "WaitingForService",
+                message: format!("Service {service} has no ClusterIP yet"),
+            });
+        }
+        let endpoint_host = ncp.spec.control_plane_endpoint.as_ref().map(|e| e.host.as_str());
+        let serving = apiserver_leaf(ApiServerSanInput {
+            cluster_name: &cluster.name,
+            namespace: &cluster.namespace,
+            tenant_dns_domain: &cluster.dns_domain,
+            super_dns_domain: &cluster.super_dns_domain,
+            service_cidr: &cluster.service_cidr,
+            service_cluster_ip: service_ip,
+            endpoint_host,
+            cert_sans: &ncp.spec.cert_sans,
+        })
+        .map_err(|source| ReconcileError::Pki {
+            secret: names.apiserver.clone(),
+            source,
+        })?;
+        store.ensure_leaf(&names.apiserver, &ca, &serving).await?;
+        store
+            .ensure_leaf(&names.apiserver_etcd_client, &etcd_ca, &apiserver_etcd_client_leaf())
+            .await?;
+        store
+            .ensure_leaf(&names.apiserver_kubelet_client, &ca, &apiserver_kubelet_client_leaf())
+            .await?;
+        store
+            .ensure_leaf(&names.front_proxy_client, &proxy_ca, &front_proxy_client_leaf())
+            .await?;
+        Ok(Gate::Open(Upstream::default()))
+    }
+
+    /// The apiserver Service as published in status.
+    fn service_output(cluster: &ClusterSettings, applied: &[serde_json::Value]) -> Option<ServiceOutput> {
+        let name = ComponentKind::ApiServer.object_name(&cluster.name);
+        let ip = cluster_ip(applied, &name);
+        applied
+            .iter()
+            .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == name)
+            .then_some(ServiceOutput {
+                name,
+                cluster_ip: ip,
+                port: APISERVER_PORT,
+            })
+    }
 }

@@ -1,52 +1,155 @@
 //! Certificates as Secrets (design §6): look up first, create only on NotFound, re-issue a
-//! leaf only when [`needs_reissue`] says so, never mint a CA because a read failed.
+//! leaf only when [`check_leaf`] says so, never mint a CA because a read failed.
 //! Private keys are never logged, put in Events or in status.
+//!
+//! Reads are cheap in the steady state (issue "Efficiency"): a Secret is read in full only
+//! when its resourceVersion in the metadata cache differs from the one capn last verified,
+//! or when the certificate it holds is due for renewal. What was verified is remembered per
+//! process in [`Verified`].
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
+use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
-use super::ReconcileError;
+use super::{Context, ReconcileError};
 use crate::apply::FIELD_MANAGER;
 use crate::pki::{
-    CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, key_pair_from_secret, kubeconfig,
-    kubeconfig_from_secret, kubeconfig_secret, needs_reissue, service_account_key_pair, tls_secret,
+    CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, RenewalPolicy, check_leaf,
+    key_pair_from_secret, kubeconfig, kubeconfig_from_secret, kubeconfig_secret, service_account_key_pair, tls_secret,
 };
 
-/// What a CA lookup found.
-pub enum CaLookup {
-    Found(CertificateAuthority),
-    /// The Secret does not exist (a definite NotFound from the API server).
-    Missing,
+/// Annotation on every certificate Secret capn issues: the certificate's `NotAfter`
+/// (RFC 3339), readable from the metadata alone.
+pub const NOT_AFTER_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/certificate-not-after";
+/// Annotation on every leaf Secret capn issues: when capn renews it (RFC 3339).
+pub const RENEW_AFTER_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/certificate-renew-after";
+
+/// A certificate authority known by its Secret; its key is read only when something must be
+/// signed or checked against it.
+#[derive(Clone, Debug)]
+pub struct CaRef {
+    pub name: String,
+    /// The Secret's resourceVersion when it was looked up: leaves verified against this
+    /// version need no new check while it stays.
+    pub resource_version: String,
 }
 
-/// Reads and writes the certificate Secrets of one cluster, in its namespace.
+/// What capn last verified about one Secret, valid while its resourceVersion stays.
+#[derive(Clone, Debug, Default)]
+struct Verified {
+    resource_version: String,
+    /// SHA-256 (hex) of the data, keys in order: the input of the certificates digest.
+    data: String,
+    /// The certificate's `NotAfter` (the first certificate of `tls.crt`, or of a kubeconfig).
+    not_after: Option<OffsetDateTime>,
+    /// The leaf was found current against `ca` for `wanted` (a hash of what it must say).
+    leaf: Option<LeafVerdict>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct LeafVerdict {
+    ca: String,
+    wanted: u64,
+    renew_at: OffsetDateTime,
+}
+
+/// The process-wide memory of verified Secrets, keyed by namespace and name.
+#[derive(Default)]
+pub struct VerifiedSecrets(Mutex<HashMap<(String, String), Verified>>);
+
+impl VerifiedSecrets {
+    fn get(&self, ns: &str, name: &str) -> Option<Verified> {
+        self.0.lock().ok()?.get(&(ns.to_string(), name.to_string())).cloned()
+    }
+
+    fn put(&self, ns: &str, name: &str, verified: Verified) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert((ns.to_string(), name.to_string()), verified);
+        }
+    }
+
+    /// Forgets what is remembered about Secrets of namespace `ns` that no longer exist.
+    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
+        if let Ok(mut map) = self.0.lock() {
+            map.retain(|(ns, name), _| keep(ns, name));
+        }
+    }
+}
+
+/// SHA-256 (hex) over a Secret's data, keys in order.
+fn data_digest(secret: &Secret) -> String {
+    let mut hasher = Sha256::new();
+    for (key, value) in secret.data.iter().flatten() {
+        hasher.update(key.as_bytes());
+        hasher.update([0]);
+        hasher.update(&value.0);
+        hasher.update([0]);
+    }
+    hex(&hasher.finalize())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn wanted_hash(parts: &[&dyn std::fmt::Debug]) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for part in parts {
+        format!("{part:?}").hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// Reads and writes the certificate Secrets of one cluster, in its namespace, for one
+/// reconcile.
 pub struct CertificateStore<'a> {
+    ctx: &'a Context,
     api: Api<Secret>,
     namespace: &'a str,
     cluster: &'a str,
     /// Owner of the Secrets capn creates: the NestedControlPlane.
     owner: &'a OwnerReference,
     now: OffsetDateTime,
+    policy: RenewalPolicy,
+    /// CAs read during this reconcile.
+    loaded: Mutex<HashMap<String, Arc<CertificateAuthority>>>,
+    /// The earliest renewal among the leaves ensured during this reconcile.
+    next_renewal: Mutex<Option<(OffsetDateTime, String)>>,
 }
 
 impl<'a> CertificateStore<'a> {
     pub fn new(
-        client: kube::Client,
+        ctx: &'a Context,
         namespace: &'a str,
         cluster: &'a str,
         owner: &'a OwnerReference,
         now: OffsetDateTime,
+        policy: RenewalPolicy,
     ) -> Self {
         Self {
-            api: Api::namespaced(client, namespace),
+            ctx,
+            api: Api::namespaced(ctx.client.clone(), namespace),
             namespace,
             cluster,
             owner,
             now,
+            policy,
+            loaded: Mutex::default(),
+            next_renewal: Mutex::default(),
         }
     }
 
@@ -55,6 +158,61 @@ impl<'a> CertificateStore<'a> {
             secret: secret.to_string(),
             source,
         }
+    }
+
+    /// The resourceVersion the metadata cache holds for Secret `name`.
+    fn cached_version(&self, name: &str) -> Option<String> {
+        self.ctx
+            .caches
+            .secret(self.namespace, name)
+            .and_then(|m| m.resource_version())
+    }
+
+    /// What was verified about `name`, if it still describes the Secret the cache holds.
+    fn verified(&self, name: &str) -> Option<Verified> {
+        let cached = self.cached_version(name)?;
+        self.ctx
+            .verified
+            .get(self.namespace, name)
+            .filter(|v| v.resource_version == cached)
+    }
+
+    /// Reads Secret `name` in full and remembers its version and data digest (keeping a
+    /// leaf verdict only when the version is unchanged).
+    async fn fetch(&self, name: &str) -> Result<Option<Secret>, ReconcileError> {
+        let secret = self.api.get_opt(name).await?;
+        if let Some(secret) = &secret {
+            self.remember(name, secret, None);
+        }
+        Ok(secret)
+    }
+
+    fn remember(&self, name: &str, secret: &Secret, leaf: Option<LeafVerdict>) {
+        let resource_version = secret.resource_version().unwrap_or_default();
+        let previous = self.ctx.verified.get(self.namespace, name);
+        let keep_leaf = previous
+            .as_ref()
+            .filter(|p| p.resource_version == resource_version)
+            .and_then(|p| p.leaf.clone());
+        let not_after = key_pair_from_secret(secret)
+            .ok()
+            .and_then(|pair| crate::pki::not_after(&pair.cert_pem).ok())
+            .or_else(|| {
+                kubeconfig_from_secret(secret)
+                    .ok()
+                    .and_then(|text| parse_kubeconfig(&text))
+                    .and_then(|k| crate::pki::not_after(&k.client.cert_pem).ok())
+            });
+        self.ctx.verified.put(
+            self.namespace,
+            name,
+            Verified {
+                resource_version,
+                data: data_digest(secret),
+                not_after,
+                leaf: leaf.or(keep_leaf),
+            },
+        );
     }
 
     /// Marks a Secret as capn's: owned by the NestedControlPlane, labelled managed-by.
@@ -68,40 +226,89 @@ impl<'a> CertificateStore<'a> {
         secret
     }
 
-    async fn write(&self, secret: Secret) -> Result<(), ReconcileError> {
+    fn annotate(mut secret: Secret, not_after: OffsetDateTime, renew_at: Option<OffsetDateTime>) -> Secret {
+        let annotations = secret.metadata.annotations.get_or_insert_with(Default::default);
+        annotations.insert(NOT_AFTER_ANNOTATION.into(), rfc3339(not_after));
+        if let Some(renew_at) = renew_at {
+            annotations.insert(RENEW_AFTER_ANNOTATION.into(), rfc3339(renew_at));
+        }
+        secret
+    }
+
+    async fn write(&self, secret: Secret, leaf: Option<LeafVerdict>) -> Result<(), ReconcileError> {
         let secret = self.own(secret);
         let name = secret.metadata.name.clone().unwrap_or_default();
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        self.api.patch(&name, &params, &Patch::Apply(&secret)).await?;
+        let written = self.api.patch(&name, &params, &Patch::Apply(&secret)).await?;
+        self.remember(&name, &written, leaf);
         Ok(())
     }
 
     /// Creates a Secret only if none exists (a concurrent creator wins; we then read theirs).
     async fn create(&self, secret: Secret) -> Result<bool, ReconcileError> {
         let secret = self.own(secret);
+        let name = secret.metadata.name.clone().unwrap_or_default();
         match self.api.create(&Default::default(), &secret).await {
-            Ok(_) => Ok(true),
+            Ok(created) => {
+                self.remember(&name, &created, None);
+                Ok(true)
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// Looks up the CA in Secret `name`. A read error is returned as an error (never as
-    /// `Missing`), so a caller can never mint a CA because the API hiccupped.
+    /// The CA in Secret `name`, from the metadata cache when it has seen the Secret, else
+    /// from a read (the cache may lag behind a CA created a moment ago). `Ok(None)` only on
+    /// a definite NotFound from the API server, never because a read failed.
     ///
     /// # Errors
-    /// API errors other than NotFound; [`ReconcileError::Pki`] when the Secret exists but
-    /// does not hold a usable CA (it is then left untouched).
-    pub async fn lookup_ca(&self, name: &str) -> Result<CaLookup, ReconcileError> {
-        match self.api.get_opt(name).await? {
-            None => Ok(CaLookup::Missing),
-            Some(secret) => {
-                let pair = key_pair_from_secret(&secret).map_err(Self::pki_error(name))?;
-                let ca =
-                    CertificateAuthority::from_pem(&pair.cert_pem, &pair.key_pem).map_err(Self::pki_error(name))?;
-                Ok(CaLookup::Found(ca))
-            }
+    /// API errors other than NotFound.
+    pub async fn require_ca(&self, name: &str) -> Result<Option<CaRef>, ReconcileError> {
+        if let Some(resource_version) = self.cached_version(name) {
+            return Ok(Some(CaRef {
+                name: name.to_string(),
+                resource_version,
+            }));
         }
+        Ok(self.fetch(name).await?.map(|secret| CaRef {
+            name: name.to_string(),
+            resource_version: secret.resource_version().unwrap_or_default(),
+        }))
+    }
+
+    /// Reads and parses the CA `ca` (once per reconcile).
+    ///
+    /// # Errors
+    /// [`ReconcileError::CertificateAuthorityMissing`] when it no longer exists; API errors;
+    /// [`ReconcileError::Pki`] when the Secret does not hold a usable CA (it is then left
+    /// untouched).
+    pub async fn load_ca(&self, ca: &CaRef) -> Result<Arc<CertificateAuthority>, ReconcileError> {
+        if let Some(loaded) = self.loaded.lock().ok().and_then(|m| m.get(&ca.name).cloned()) {
+            return Ok(loaded);
+        }
+        let Some(secret) = self.fetch(&ca.name).await? else {
+            return Err(ReconcileError::CertificateAuthorityMissing(ca.name.clone()));
+        };
+        let pair = key_pair_from_secret(&secret).map_err(Self::pki_error(&ca.name))?;
+        let loaded =
+            Arc::new(CertificateAuthority::from_pem(&pair.cert_pem, &pair.key_pem).map_err(Self::pki_error(&ca.name))?);
+        if let Ok(mut m) = self.loaded.lock() {
+            m.insert(ca.name.clone(), loaded.clone());
+        }
+        Ok(loaded)
+    }
+
+    /// The `NotAfter` of the CA's certificate, read once per version of its Secret.
+    ///
+    /// # Errors
+    /// As [`Self::load_ca`].
+    pub async fn ca_not_after(&self, ca: &CaRef) -> Result<Option<OffsetDateTime>, ReconcileError> {
+        if let Some(v) = self.verified(&ca.name) {
+            return Ok(v.not_after);
+        }
+        let loaded = self.load_ca(ca).await?;
+        Ok(crate::pki::not_after(loaded.cert_pem()).ok())
     }
 
     /// The CA in Secret `name`, created (CN `common_name`, 10 years) only when the Secret
@@ -110,15 +317,10 @@ impl<'a> CertificateStore<'a> {
     /// # Errors
     /// [`ReconcileError::CertificateAuthorityMissing`] when the Secret is missing and
     /// `may_create` is false (the control plane was initialized with another CA); API
-    /// and PKI errors as [`Self::lookup_ca`].
-    pub async fn ensure_ca(
-        &self,
-        name: &str,
-        common_name: &str,
-        may_create: bool,
-    ) -> Result<CertificateAuthority, ReconcileError> {
-        if let CaLookup::Found(ca) = self.lookup_ca(name).await? {
-            return Ok(ca);
+    /// and PKI errors as [`Self::load_ca`].
+    pub async fn ensure_ca(&self, name: &str, common_name: &str, may_create: bool) -> Result<CaRef, ReconcileError> {
+        if let Some(found) = self.require_ca(name).await? {
+            return Ok(found);
         }
         if !may_create {
             return Err(ReconcileError::CertificateAuthorityMissing(name.to_string()));
@@ -126,17 +328,21 @@ impl<'a> CertificateStore<'a> {
         let ca = CertificateAuthority::generate(common_name, self.now, KeyAlgorithm::default())
             .map_err(Self::pki_error(name))?;
         tracing::info!(secret = name, cluster = self.cluster, "created certificate authority");
-        if self
-            .create(tls_secret(name, self.namespace, self.cluster, ca.pem()))
+        let not_after = crate::pki::not_after(ca.cert_pem()).map_err(Self::pki_error(name))?;
+        let secret = Self::annotate(
+            tls_secret(name, self.namespace, self.cluster, ca.pem()),
+            not_after,
+            None,
+        );
+        self.create(secret).await?;
+        // Ours or a concurrent creator's: whichever the API server holds is the CA.
+        self.fetch(name)
             .await?
-        {
-            return Ok(ca);
-        }
-        // Someone else created it meanwhile: theirs is the CA.
-        match self.lookup_ca(name).await? {
-            CaLookup::Found(ca) => Ok(ca),
-            CaLookup::Missing => Err(ReconcileError::CertificateAuthorityMissing(name.to_string())),
-        }
+            .map(|secret| CaRef {
+                name: name.to_string(),
+                resource_version: secret.resource_version().unwrap_or_default(),
+            })
+            .ok_or_else(|| ReconcileError::CertificateAuthorityMissing(name.to_string()))
     }
 
     /// The service-account key pair in Secret `name`, created only when it does not exist
@@ -145,7 +351,7 @@ impl<'a> CertificateStore<'a> {
     /// # Errors
     /// As [`Self::ensure_ca`].
     pub async fn ensure_service_account_key(&self, name: &str, may_create: bool) -> Result<(), ReconcileError> {
-        if self.api.get_opt(name).await?.is_some() {
+        if self.cached_version(name).is_some() || self.fetch(name).await?.is_some() {
             return Ok(());
         }
         if !may_create {
@@ -158,67 +364,232 @@ impl<'a> CertificateStore<'a> {
     }
 
     /// Ensures Secret `name` holds a leaf certificate for `wanted` signed by `ca`: kept when
-    /// [`needs_reissue`] is false, (re-)issued otherwise. Returns its expiry.
+    /// [`check_leaf`] finds it current, (re-)issued otherwise. Returns its expiry and the
+    /// time it will be renewed.
     ///
     /// # Errors
     /// API errors; PKI errors while issuing.
     pub async fn ensure_leaf(
         &self,
         name: &str,
-        ca: &CertificateAuthority,
+        ca: &CaRef,
         wanted: &LeafSpec,
-    ) -> Result<OffsetDateTime, ReconcileError> {
-        if let Some(secret) = self.api.get_opt(name).await?
-            && let Ok(existing) = key_pair_from_secret(&secret)
-            && !needs_reissue(&existing, ca, wanted, self.now)
-        {
-            return crate::pki::not_after(&existing.cert_pem).map_err(Self::pki_error(name));
+    ) -> Result<(OffsetDateTime, OffsetDateTime), ReconcileError> {
+        let times = self.ensure_leaf_inner(name, ca, wanted).await?;
+        self.note_renewal(name, times.1);
+        Ok(times)
+    }
+
+    async fn ensure_leaf_inner(
+        &self,
+        name: &str,
+        ca: &CaRef,
+        wanted: &LeafSpec,
+    ) -> Result<(OffsetDateTime, OffsetDateTime), ReconcileError> {
+        let wanted_hash = wanted_hash(&[wanted, &self.policy]);
+        if let Some(kept) = self.still_current(name, ca, wanted_hash) {
+            return Ok(kept);
         }
-        let pair = ca
-            .issue(wanted, self.now, KeyAlgorithm::default())
+        let loaded = self.load_ca(ca).await?;
+        if let Some(secret) = self.fetch(name).await?
+            && let Ok(existing) = key_pair_from_secret(&secret)
+            && let Some((not_after, renew_at)) = check_leaf(&existing, &loaded, wanted, &self.policy, self.now)
+        {
+            self.remember(name, &secret, Some(self.verdict(ca, wanted_hash, renew_at)));
+            return Ok((not_after, renew_at));
+        }
+        let pair = loaded
+            .issue_valid_for(wanted, self.now, KeyAlgorithm::default(), self.policy.validity)
             .map_err(Self::pki_error(name))?;
-        tracing::info!(secret = name, cluster = self.cluster, "issued certificate");
-        self.write(tls_secret(name, self.namespace, self.cluster, &pair))
+        let (not_after, renew_at) = self.times(name, &pair.cert_pem)?;
+        tracing::info!(secret = name, cluster = self.cluster, not_after = %rfc3339(not_after), "issued certificate");
+        let secret = Self::annotate(
+            tls_secret(name, self.namespace, self.cluster, &pair),
+            not_after,
+            Some(renew_at),
+        );
+        self.write(secret, Some(self.verdict(ca, wanted_hash, renew_at)))
             .await?;
-        crate::pki::not_after(&pair.cert_pem).map_err(Self::pki_error(name))
+        Ok((not_after, renew_at))
+    }
+
+    /// The earliest renewal time of the leaves and kubeconfigs ensured so far.
+    pub fn next_renewal(&self) -> Option<OffsetDateTime> {
+        self.next_renewal.lock().ok()?.as_ref().map(|(at, _)| *at)
+    }
+
+    /// The earliest renewal, with the Secret it renews.
+    pub fn next_renewal_of(&self) -> Option<(OffsetDateTime, String)> {
+        self.next_renewal.lock().ok()?.clone()
+    }
+
+    fn note_renewal(&self, name: &str, renew_at: OffsetDateTime) {
+        if let Ok(mut next) = self.next_renewal.lock()
+            && next.as_ref().is_none_or(|(at, _)| renew_at < *at)
+        {
+            *next = Some((renew_at, name.to_string()));
+        }
+    }
+
+    fn verdict(&self, ca: &CaRef, wanted: u64, renew_at: OffsetDateTime) -> LeafVerdict {
+        LeafVerdict {
+            ca: ca.resource_version.clone(),
+            wanted,
+            renew_at,
+        }
+    }
+
+    /// The expiry and renewal time remembered for `name`, when nothing it was checked
+    /// against has changed and its renewal is not due.
+    fn still_current(&self, name: &str, ca: &CaRef, wanted: u64) -> Option<(OffsetDateTime, OffsetDateTime)> {
+        let verified = self.verified(name)?;
+        let leaf = verified.leaf?;
+        (leaf.ca == ca.resource_version && leaf.wanted == wanted && self.now < leaf.renew_at)
+            .then_some((verified.not_after?, leaf.renew_at))
+    }
+
+    fn times(&self, name: &str, cert_pem: &str) -> Result<(OffsetDateTime, OffsetDateTime), ReconcileError> {
+        let not_after = crate::pki::not_after(cert_pem).map_err(Self::pki_error(name))?;
+        let not_before = self.now - crate::pki::NOT_BEFORE_BACKDATE;
+        Ok((not_after, self.policy.renew_at(not_before, not_after)))
     }
 
     /// Ensures Secret `name` holds a kubeconfig for `user` at `server_url` whose client
     /// certificate (for `wanted`) and CA are current; rewritten otherwise. Returns the
-    /// client certificate's expiry.
+    /// client certificate's expiry and the time it will be renewed.
     ///
     /// # Errors
     /// API errors; PKI errors while issuing.
     pub async fn ensure_kubeconfig(
         &self,
         name: &str,
-        ca: &CertificateAuthority,
+        ca: &CaRef,
         wanted: &LeafSpec,
         user: &str,
         server_url: &str,
-    ) -> Result<OffsetDateTime, ReconcileError> {
-        if let Some(secret) = self.api.get_opt(name).await?
+    ) -> Result<(OffsetDateTime, OffsetDateTime), ReconcileError> {
+        let times = self.ensure_kubeconfig_inner(name, ca, wanted, user, server_url).await?;
+        self.note_renewal(name, times.1);
+        Ok(times)
+    }
+
+    async fn ensure_kubeconfig_inner(
+        &self,
+        name: &str,
+        ca: &CaRef,
+        wanted: &LeafSpec,
+        user: &str,
+        server_url: &str,
+    ) -> Result<(OffsetDateTime, OffsetDateTime), ReconcileError> {
+        let wanted_hash = wanted_hash(&[wanted, &self.policy, &user, &server_url]);
+        if let Some(kept) = self.still_current(name, ca, wanted_hash) {
+            return Ok(kept);
+        }
+        let loaded = self.load_ca(ca).await?;
+        if let Some(secret) = self.fetch(name).await?
             && let Ok(text) = kubeconfig_from_secret(&secret)
             && let Some(current) = parse_kubeconfig(&text)
             && current.server == server_url
-            && current.ca_pem == ca.cert_pem()
-            && !needs_reissue(&current.client, ca, wanted, self.now)
+            && current.ca_pem == loaded.cert_pem()
+            && let Some((not_after, renew_at)) = check_leaf(&current.client, &loaded, wanted, &self.policy, self.now)
         {
-            return crate::pki::not_after(&current.client.cert_pem).map_err(Self::pki_error(name));
+            self.remember(name, &secret, Some(self.verdict(ca, wanted_hash, renew_at)));
+            return Ok((not_after, renew_at));
         }
-        let client = ca
-            .issue(wanted, self.now, KeyAlgorithm::default())
+        let client = loaded
+            .issue_valid_for(wanted, self.now, KeyAlgorithm::default(), self.policy.validity)
             .map_err(Self::pki_error(name))?;
-        let config = kubeconfig(self.cluster, user, server_url, ca.cert_pem(), &client);
+        let (not_after, renew_at) = self.times(name, &client.cert_pem)?;
+        let config = kubeconfig(self.cluster, user, server_url, loaded.cert_pem(), &client);
         tracing::info!(
             secret = name,
             cluster = self.cluster,
             server = server_url,
+            not_after = %rfc3339(not_after),
             "wrote kubeconfig"
         );
-        self.write(kubeconfig_secret(name, self.namespace, self.cluster, &config))
+        let secret = Self::annotate(
+            kubeconfig_secret(name, self.namespace, self.cluster, &config),
+            not_after,
+            Some(renew_at),
+        );
+        self.write(secret, Some(self.verdict(ca, wanted_hash, renew_at)))
             .await?;
-        crate::pki::not_after(&client.cert_pem).map_err(Self::pki_error(name))
+        Ok((not_after, renew_at))
+    }
+
+    /// SHA-256 (hex) of the data of Secret `name`, read in full only when its version
+    /// changed since it was last read. `Ok(None)` when it does not exist.
+    ///
+    /// # Errors
+    /// API errors.
+    pub async fn data_digest(&self, name: &str) -> Result<Option<String>, ReconcileError> {
+        if let Some(v) = self.verified(name) {
+            return Ok(Some(v.data));
+        }
+        Ok(self.fetch(name).await?.map(|secret| data_digest(&secret)))
+    }
+}
+
+/// Reading and writing an authority's Secret as a whole, for a CA rotation
+/// ([`crate::pki::rotation`]).
+impl CertificateStore<'_> {
+    /// The key pair in Secret `name`, read in full; `Ok(None)` when it does not exist.
+    ///
+    /// # Errors
+    /// API errors; [`ReconcileError::Pki`] when the Secret lacks `tls.crt` or `tls.key`.
+    pub async fn read_pair(&self, name: &str) -> Result<Option<KeyPairPem>, ReconcileError> {
+        match self.fetch(name).await? {
+            None => Ok(None),
+            Some(secret) => key_pair_from_secret(&secret).map(Some).map_err(Self::pki_error(name)),
+        }
+    }
+
+    /// Writes `pair` into Secret `name` (server-side apply; capn owns it afterwards).
+    ///
+    /// # Errors
+    /// API errors.
+    pub async fn write_pair(&self, name: &str, pair: &KeyPairPem) -> Result<(), ReconcileError> {
+        let mut secret = tls_secret(name, self.namespace, self.cluster, pair);
+        if let Ok(not_after) = crate::pki::not_after(&pair.cert_pem) {
+            secret = Self::annotate(secret, not_after, None);
+        }
+        tracing::info!(secret = name, cluster = self.cluster, "wrote certificate authority");
+        self.write(secret, None).await
+    }
+
+    /// Creates Secret `name` holding `pair` unless it exists; returns what it holds then.
+    ///
+    /// # Errors
+    /// API errors; PKI errors reading an existing Secret.
+    pub async fn create_pair(&self, name: &str, pair: &KeyPairPem) -> Result<KeyPairPem, ReconcileError> {
+        if let Some(existing) = self.read_pair(name).await? {
+            return Ok(existing);
+        }
+        self.create(tls_secret(name, self.namespace, self.cluster, pair))
+            .await?;
+        self.read_pair(name)
+            .await?
+            .ok_or_else(|| ReconcileError::CertificateAuthorityMissing(name.to_string()))
+    }
+
+    /// Deletes Secret `name`; gone already is fine.
+    ///
+    /// # Errors
+    /// API errors other than NotFound.
+    pub async fn delete(&self, name: &str) -> Result<(), ReconcileError> {
+        match self.api.delete(name, &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether Secret `name` was created by capn for this control plane (owned by it), as
+    /// opposed to supplied by the user; `None` when the cache has not seen it.
+    pub fn owned_by_control_plane(&self, name: &str) -> Option<bool> {
+        let meta = self.ctx.caches.secret(self.namespace, name)?;
+        Some(meta.owner_references().iter().any(|o| o.uid == self.owner.uid))
     }
 }
 
@@ -244,20 +615,6 @@ fn parse_kubeconfig(text: &str) -> Option<ParsedKubeconfig> {
             key_pem: decode("/users/0/user/client-key-data")?,
         },
     })
-}
-
-impl CertificateStore<'_> {
-    /// The CA in Secret `name`, which the NestedControlPlane controller creates. `Ok(None)`
-    /// while it does not exist yet (the component waits).
-    ///
-    /// # Errors
-    /// As [`Self::lookup_ca`].
-    pub async fn require_ca(&self, name: &str) -> Result<Option<CertificateAuthority>, ReconcileError> {
-        Ok(match self.lookup_ca(name).await? {
-            CaLookup::Found(ca) => Some(ca),
-            CaLookup::Missing => None,
-        })
-    }
 }
 
 /// The wait of a component whose CA is not there yet.

@@ -1,32 +1,39 @@
 //! The reconciler shared by NestedEtcd, NestedAPIServer and NestedControllerManager.
 //!
-//! read (owning NestedControlPlane, cluster settings, upstream outputs) → plan (pure) →
-//! apply (Services, then certificates, then the rest) → report status. The per-kind steps
-//! are in [`super::etcd`], [`super::apiserver`] and [`super::controller_manager`].
+//! read (owning NestedControlPlane, cluster settings, upstream outputs: all from the watch
+//! caches) → plan (pure) → apply (Services, then certificates, then the workloads stamped
+//! with the certificates digest) → report status. What differs per kind (the gate, the
+//! certificates) is behind [`ComponentResource`], implemented in [`super::etcd`],
+//! [`super::apiserver`] and [`super::controller_manager`].
 
 use std::fmt::Debug;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::cache::{Caches, Subscriptions};
 use super::certificates::CertificateStore;
-use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane};
-use super::{Context, ReconcileError, apiserver, controller_manager, etcd, events};
+use super::read::{
+    cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane, renewal_policy,
+};
+use super::{Context, ReconcileError, events};
 use crate::api::{
-    ComponentSpec, ComponentStatus, EtcdStorage, InventoryEntry, NestedAPIServer, NestedControlPlane,
-    NestedControllerManager, NestedEtcd, ServiceOutput,
+    AppliedCertificates, ComponentSpec, ComponentStatus, EtcdStorage, InventoryEntry, NestedAPIServer,
+    NestedControlPlane, NestedControllerManager, ServiceOutput,
 };
 use crate::apply::applyset::{
     CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, contains_group_kinds, group_kind,
@@ -34,12 +41,12 @@ use crate::apply::applyset::{
 use crate::apply::{FIELD_MANAGER, apply_rank, readiness};
 use crate::component::ComponentKind;
 use crate::plan::{
-    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, check, check_members, component_applyset_id,
-    plan, resolve,
+    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, certificates_digest, check, check_members,
+    component_applyset_id, plan, resolve, stamp_certificates_digest,
 };
 use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, phase, set_condition};
 
-/// A component custom resource.
+/// A component custom resource, and what its reconcile does differently from the others.
 pub trait ComponentResource:
     Resource<DynamicType = (), Scope = NamespaceResourceScope>
     + Clone
@@ -51,6 +58,8 @@ pub trait ComponentResource:
     + 'static
 {
     const KIND: ComponentKind;
+    /// The field of NestedControlPlane `spec` holding the reference to this kind.
+    const REFERENCE_FIELD: &'static str;
     fn component(&self) -> &ComponentSpec;
     fn component_status(&self) -> Option<&ComponentStatus>;
     fn etcd_storage(&self) -> Option<&EtcdStorage> {
@@ -58,46 +67,75 @@ pub trait ComponentResource:
     }
     /// The reference to this kind in a NestedControlPlane's spec.
     fn reference(ncp: &NestedControlPlane) -> Option<&str>;
-    /// The field of NestedControlPlane `spec` holding that reference.
-    const REFERENCE_FIELD: &'static str;
     /// A new resource of this kind with the default spec.
     fn with_defaults(name: &str) -> Self;
+    /// The shared watch cache of this kind.
+    fn cache(caches: &Caches) -> &Store<Self>;
+    /// The change stream of this kind's shared watch.
+    fn subscription(subscriptions: &Subscriptions) -> ReflectHandle<Self>;
+
+    /// Whether the component may proceed (design §5: each waits for its predecessor, ready
+    /// on the release it should run), with the upstream outputs it renders against. Reads
+    /// only the caches.
+    fn gate(ctx: &Context, ncp: &NestedControlPlane, cluster: &ClusterSettings, ns: &str) -> Gate;
+
+    /// Changes of the predecessor that may open the gate, as requests to reconcile this
+    /// kind (no hop through the NestedControlPlane). `None` for the first component.
+    fn predecessor_changes(
+        ctx: &Arc<Context>,
+        subscriptions: &Subscriptions,
+    ) -> Option<BoxStream<'static, ObjectRef<Self>>>;
+
+    /// Issues the component's certificates before its workloads are applied (`applied`:
+    /// the objects applied so far this round, the Services).
+    fn ensure_certificates(
+        store: &CertificateStore<'_>,
+        cluster: &ClusterSettings,
+        ncp: &NestedControlPlane,
+        plan: &Plan,
+        applied: &[serde_json::Value],
+    ) -> impl Future<Output = Result<Gate, ReconcileError>> + Send;
+
+    /// The Service this component publishes in its status (the apiserver's), from the
+    /// objects as applied.
+    fn service_output(_cluster: &ClusterSettings, _applied: &[serde_json::Value]) -> Option<ServiceOutput> {
+        None
+    }
 }
 
-/// Implements [`ComponentResource`] for a component kind whose spec embeds the shared
-/// component spec as `component` and whose control plane reference is `$field`.
-macro_rules! component_resource {
-    ($kind:ty, $component:expr, $field:ident, $json_field:literal $(, storage: $storage:ident)?) => {
-        impl ComponentResource for $kind {
-            const KIND: ComponentKind = $component;
-            const REFERENCE_FIELD: &'static str = $json_field;
-            fn component(&self) -> &ComponentSpec {
-                &self.spec.component
-            }
-            fn component_status(&self) -> Option<&ComponentStatus> {
-                self.status.as_ref()
-            }
-            $(fn etcd_storage(&self) -> Option<&EtcdStorage> {
-                self.spec.$storage.as_ref()
-            })?
-            fn reference(ncp: &NestedControlPlane) -> Option<&str> {
-                ncp.spec.$field.as_ref().map(|r| r.name.as_str())
-            }
-            fn with_defaults(name: &str) -> Self {
-                Self::new(name, Default::default())
-            }
+/// Implements the plain accessors of [`ComponentResource`] for a component kind whose spec
+/// embeds the shared component spec as `component` and whose control plane reference is
+/// `$field`; used inside each kind's `impl` block.
+macro_rules! component_accessors {
+    ($component:expr, $field:ident, $json_field:literal, $cache:ident $(, storage: $storage:ident)?) => {
+        const KIND: $crate::component::ComponentKind = $component;
+        const REFERENCE_FIELD: &'static str = $json_field;
+        fn component(&self) -> &$crate::api::ComponentSpec {
+            &self.spec.component
+        }
+        fn component_status(&self) -> Option<&$crate::api::ComponentStatus> {
+            self.status.as_ref()
+        }
+        $(fn etcd_storage(&self) -> Option<&$crate::api::EtcdStorage> {
+            self.spec.$storage.as_ref()
+        })?
+        fn reference(ncp: &$crate::api::NestedControlPlane) -> Option<&str> {
+            ncp.spec.$field.as_ref().map(|r| r.name.as_str())
+        }
+        fn with_defaults(name: &str) -> Self {
+            Self::new(name, Default::default())
+        }
+        fn cache(caches: &$crate::controllers::cache::Caches) -> &kube::runtime::reflector::Store<Self> {
+            &caches.$cache
+        }
+        fn subscription(
+            subscriptions: &$crate::controllers::cache::Subscriptions,
+        ) -> kube::runtime::reflector::ReflectHandle<Self> {
+            subscriptions.$cache.clone()
         }
     };
 }
-
-component_resource!(NestedEtcd, ComponentKind::Etcd, etcd, "etcd", storage: storage);
-component_resource!(NestedAPIServer, ComponentKind::ApiServer, apiserver, "apiserver");
-component_resource!(
-    NestedControllerManager,
-    ComponentKind::ControllerManager,
-    controller_manager,
-    "controllerManager"
-);
+pub(crate) use component_accessors;
 
 /// Whether a component may proceed, and with which upstream outputs.
 pub enum Gate {
@@ -107,28 +145,25 @@ pub enum Gate {
 
 /// The status of the control plane's component of kind `P` when it is ready on the release
 /// it should run (design §5: each component waits for its predecessor, and during an upgrade
-/// for the predecessor's new release); otherwise why not, for a wait message.
-///
-/// # Errors
-/// API errors reading the component.
-pub async fn predecessor_ready<P: ComponentResource>(
+/// for the predecessor's new release); otherwise why not, for a wait message. Reads the cache.
+pub fn predecessor_ready<P: ComponentResource>(
     ctx: &Context,
     ncp: &NestedControlPlane,
     cluster: &ClusterSettings,
     ns: &str,
-) -> Result<Result<ComponentStatus, String>, ReconcileError> {
+) -> Result<ComponentStatus, String> {
     let kind = P::kind(&());
     let Some(name) = P::reference(ncp) else {
-        return Ok(Err(format!("the NestedControlPlane has no {kind} yet")));
+        return Err(format!("the NestedControlPlane has no {kind} yet"));
     };
-    let Some(component) = Api::<P>::namespaced(ctx.client.clone(), ns).get_opt(name).await? else {
-        return Ok(Err(format!("{kind} {name} does not exist")));
+    let Some(component) = P::cache(&ctx.caches).get(&ObjectRef::new(name).within(ns)) else {
+        return Err(format!("{kind} {name} does not exist"));
     };
     let desired = resolve(&ctx.channels, cluster, P::KIND, component.component())
         .ok()
         .map(|r| r.version.to_string());
     let generation = component.meta().generation;
-    Ok(match component.component_status() {
+    match component.component_status() {
         Some(s) if s.ready && s.observed_generation == generation && s.version == desired => Ok(s.clone()),
         Some(s) if s.ready => Err(format!(
             "{kind} {name} runs {} and is moving to {}",
@@ -136,7 +171,25 @@ pub async fn predecessor_ready<P: ComponentResource>(
             desired.unwrap_or_default()
         )),
         _ => Err(format!("{kind} {name} is not ready")),
-    })
+    }
+}
+
+/// Requests to reconcile `K` whenever its predecessor `P` changes: `P` → its owning
+/// NestedControlPlane (from the cache) → the `K` that control plane references.
+pub fn successor_of<P: ComponentResource, K: ComponentResource>(
+    ctx: &Arc<Context>,
+    subscriptions: &Subscriptions,
+) -> BoxStream<'static, ObjectRef<K>> {
+    let ctx = ctx.clone();
+    P::subscription(subscriptions)
+        .filter_map(move |predecessor| {
+            let next = predecessor.namespace().and_then(|ns| {
+                let ncp = owning_control_plane(&ctx, &*predecessor, &ns)?;
+                K::reference(&ncp).map(|name| ObjectRef::new(name).within(&ns))
+            });
+            std::future::ready(next)
+        })
+        .boxed()
 }
 
 /// What one pass ended with.
@@ -153,7 +206,33 @@ enum Outcome {
         desired: i32,
         ready_replicas: i32,
         service: Option<ServiceOutput>,
+        certificates: AppliedCertificates,
+        /// When the first of the component's certificates is renewed.
+        next_renewal: Option<time::OffsetDateTime>,
+        /// Readiness is a provider kind's, which no watch reports.
+        provider_readiness: bool,
     },
+}
+
+/// The longest a component or control plane waits before it looks at its certificates
+/// again, when none is due earlier.
+pub const CERTIFICATE_RECHECK: Duration = Duration::from_secs(3600);
+
+/// When to look again: at the next renewal, at most [`CERTIFICATE_RECHECK`] from now, plus
+/// a spread of up to a tenth derived from `name`, so that a thousand control planes created
+/// together do not all look at the same moment. The look is served from the caches unless
+/// something is due.
+pub fn recheck_after(name: &str, next_renewal: Option<time::OffsetDateTime>, now: time::OffsetDateTime) -> Duration {
+    let until_renewal = next_renewal
+        .map(|at| Duration::try_from(at - now).unwrap_or(Duration::ZERO))
+        .unwrap_or(CERTIFICATE_RECHECK);
+    let base = until_renewal.min(CERTIFICATE_RECHECK);
+    let spread = name
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+        % 1000;
+    // A renewal that is due waits a second at least (a pod's clock skew, a Secret in flight).
+    base.max(Duration::from_secs(1)) + base * u32::try_from(spread).unwrap_or(0) / 10_000
 }
 
 /// One clock reading per pass, in the two shapes the code needs.
@@ -171,35 +250,50 @@ impl Now {
     }
 }
 
-/// Runs the controller of component kind `K` until the stream ends.
-pub async fn run<K: ComponentResource>(ctx: Arc<Context>) {
+/// The controller of component kind `K`, ready to be spawned: woken by its own changes,
+/// its StatefulSets and Services, its control plane, its predecessor and its Secrets.
+pub fn run<K: ComponentResource>(
+    ctx: Arc<Context>,
+    subscriptions: &Subscriptions,
+) -> impl Future<Output = ()> + Send + 'static {
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=capn");
-    Controller::new(ctx.api::<K>(), ctx.primary_watch_config())
+    let secrets = ctx
+        .caches
+        .secret_triggers(|ncp: &NestedControlPlane| reference_of::<K>(ncp));
+    let mut controller = Controller::for_shared_stream(K::subscription(subscriptions), K::cache(&ctx.caches).clone())
         .owns(ctx.api::<StatefulSet>(), owned.clone())
         .owns(ctx.api::<Service>(), owned)
-        // A control plane's status change (a sibling became ready) wakes its components.
-        .watches(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config(), |ncp| {
-            let ns = ncp.namespace();
-            K::reference(&ncp).map(|name| {
-                let r = ObjectRef::<K>::new(name);
-                match ns {
-                    Some(ns) => r.within(&ns),
-                    None => r,
+        // A control plane's spec or status change (a new version, a sibling's status) wakes
+        // its components.
+        .watches_shared_stream(subscriptions.control_planes.clone(), |ncp| reference_of::<K>(&ncp))
+        // A re-issued, changed or deleted Secret wakes the components that mount it.
+        .reconcile_on(secrets);
+    if let Some(predecessor) = K::predecessor_changes(&ctx, subscriptions) {
+        controller = controller.reconcile_on(predecessor);
+    }
+    async move {
+        controller
+            .shutdown_on_signal()
+            .run(
+                |object, ctx| async move {
+                    super::instrumented(&ctx.clone(), K::KIND.as_str(), reconcile(object, ctx)).await
+                },
+                error_policy::<K>,
+                ctx.clone(),
+            )
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "reconcile failed");
                 }
             })
-        })
-        .shutdown_on_signal()
-        .run(
-            |object, ctx| async move { super::instrumented(&ctx.clone(), K::KIND.as_str(), reconcile(object, ctx)).await },
-            error_policy::<K>,
-            ctx.clone(),
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile failed");
-            }
-        })
-        .await;
+            .await;
+    }
+}
+
+/// The component of kind `K` that `ncp` references.
+fn reference_of<K: ComponentResource>(ncp: &NestedControlPlane) -> Option<ObjectRef<K>> {
+    let ns = ncp.namespace()?;
+    K::reference(ncp).map(|name| ObjectRef::new(name).within(&ns))
 }
 
 fn error_policy<K: ComponentResource>(object: Arc<K>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
@@ -255,6 +349,9 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             desired,
             ready_replicas,
             service,
+            certificates,
+            next_renewal,
+            provider_readiness,
         }) => {
             let members = format!("{ready_replicas}/{desired} members ready");
             set(ConditionUpdate::new(
@@ -288,10 +385,16 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             status.inventory = plan.inventory();
             status.endpoints = plan.etcd_endpoints.clone();
             status.service = service;
+            status.certificates = Some(certificates);
             // Owned StatefulSets and Services wake us on change; a provider's own kinds are
-            // not watched, so look again soon while not ready.
-            let again = if ready { 3600 } else { 10 };
-            (Action::requeue(Duration::from_secs(again)), Ok(()))
+            // not watched, so look again soon while one is not ready. Otherwise come back when
+            // the next certificate is due.
+            let again = if !ready && provider_readiness {
+                Duration::from_secs(10)
+            } else {
+                recheck_after(&object.name_any(), next_renewal, now.time)
+            };
+            (Action::requeue(again), Ok(()))
         }
         Err(e) => {
             set(ConditionUpdate::new(SYNCED, false, e.reason(), e.to_string()));
@@ -343,7 +446,7 @@ async fn drive<K: ComponentResource>(
     now: &Now,
 ) -> Result<Outcome, ReconcileError> {
     // read
-    let Some(ncp) = owning_control_plane(ctx, object, ns).await? else {
+    let Some(ncp) = owning_control_plane(ctx, object, ns) else {
         return Ok(Outcome::Waiting {
             reason: "WaitingForControlPlane",
             message: "no NestedControlPlane owns this resource yet; reference it from one".into(),
@@ -356,7 +459,7 @@ async fn drive<K: ComponentResource>(
     let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
     // The version rules come before waiting for a predecessor: a refused upgrade must say
     // so at once, not wait for an etcd that will never move.
-    let running = running_versions::<K>(ctx, object, &ncp, ns).await?;
+    let running = running_versions::<K>(ctx, object, &ncp, ns);
     if let Err(e) = resolve(&ctx.channels, &cluster, K::KIND, object.component())
         .and_then(|r| check(K::KIND, &r, &running).map_err(PlanError::from))
         .and_then(|()| {
@@ -365,12 +468,11 @@ async fn drive<K: ComponentResource>(
     {
         return Ok(Outcome::Invalid(e));
     }
-    let upstream = match K::KIND {
-        ComponentKind::Etcd => Gate::Open(Upstream::default()),
-        ComponentKind::ApiServer => apiserver::gate(ctx, &ncp, &cluster, ns).await?,
-        ComponentKind::ControllerManager => controller_manager::gate(ctx, &ncp, &cluster, ns).await?,
+    let policy = match renewal_policy(&ncp, ctx.settings.certificate_validity) {
+        Ok(policy) => policy,
+        Err(message) => return Ok(Outcome::Invalid(PlanError::InvalidCertificateValidity(message))),
     };
-    let upstream = match upstream {
+    let upstream = match K::gate(ctx, &ncp, &cluster, ns) {
         Gate::Open(u) => u,
         Gate::Wait { reason, message } => return Ok(Outcome::Waiting { reason, message }),
     };
@@ -397,10 +499,10 @@ async fn drive<K: ComponentResource>(
         Err(e) => return Ok(Outcome::Invalid(e)),
     };
     // act
-    let Some(ncp_owner) = controller_reference(&ncp) else {
+    let Some(ncp_owner) = controller_reference(&*ncp) else {
         return Err(ReconcileError::NoNamespace);
     };
-    let store = CertificateStore::new(ctx.client.clone(), ns, &cluster.name, &ncp_owner, now.time);
+    let store = CertificateStore::new(ctx, ns, &cluster.name, &ncp_owner, now.time, policy);
     let applyset = component_applyset_id(K::KIND, &object.name_any(), ns);
     let previous = object
         .component_status()
@@ -420,21 +522,30 @@ async fn drive<K: ComponentResource>(
         &contains_group_kinds(union.iter().map(String::as_str)),
     )
     .await?;
-    let mut ordered: Vec<&serde_json::Value> = plan.objects.iter().collect();
-    ordered.sort_by_key(|o| apply_rank(o));
-    let mut applied = Vec::with_capacity(ordered.len());
-    let mut certificates_done = false;
-    for object in ordered {
-        if apply_rank(object) > 0 && !certificates_done {
-            if let Some(wait) = ensure_certificates::<K>(&store, &cluster, &ncp, &plan, &applied).await? {
-                return Ok(wait);
-            }
-            certificates_done = true;
-        }
+    let mut plan = plan;
+    plan.objects.sort_by_key(apply_rank);
+    let services = plan.objects.iter().take_while(|o| apply_rank(o) == 0).count();
+    let mut applied = Vec::with_capacity(plan.objects.len());
+    for object in &plan.objects[..services] {
         applied.push(ctx.applier.apply(object).await?);
     }
-    if !certificates_done && let Some(wait) = ensure_certificates::<K>(&store, &cluster, &ncp, &plan, &applied).await? {
-        return Ok(wait);
+    if let Gate::Wait { reason, message } = K::ensure_certificates(&store, &cluster, &ncp, &plan, &applied).await? {
+        return Ok(Outcome::Waiting { reason, message });
+    }
+    // What the processes read only at start is in the pod templates' digest: a re-issued
+    // Secret rolls the component (design §9).
+    let certificates = match applied_certificates(&store, &plan.startup_secrets).await? {
+        Ok(certificates) => certificates,
+        Err(missing) => {
+            return Ok(Outcome::Waiting {
+                reason: "WaitingForCertificates",
+                message: format!("secret {missing} does not exist yet"),
+            });
+        }
+    };
+    stamp_certificates_digest(&mut plan.objects[services..], &certificates.digest);
+    for object in &plan.objects[services..] {
+        applied.push(ctx.applier.apply(object).await?);
     }
     // Prune only after every apply of the round succeeded.
     let stale: Vec<InventoryEntry> = previous.into_iter().filter(|e| !planned.contains(e)).collect();
@@ -466,7 +577,6 @@ async fn drive<K: ComponentResource>(
         true => 0,
         false => deciding.iter().map(|r| r.ready_replicas).min().unwrap_or(0),
     };
-    let mut plan = plan;
     if let Some(source) = declared.and_then(|d| d.endpoints.as_ref()) {
         plan.etcd_endpoints = applied
             .iter()
@@ -476,16 +586,16 @@ async fn drive<K: ComponentResource>(
             .map(|urls| urls.iter().filter_map(|u| u.as_str().map(str::to_string)).collect())
             .unwrap_or_default();
     }
-    let service = match K::KIND {
-        ComponentKind::ApiServer => apiserver::service_output(&cluster, &applied),
-        _ => None,
-    };
+    let service = K::service_output(&cluster, &applied);
     Ok(Outcome::Applied {
         plan,
         ready,
         desired,
         ready_replicas,
         service,
+        certificates,
+        next_renewal: store.next_renewal(),
+        provider_readiness: declared.and_then(|d| d.readiness.as_ref()).is_some(),
     })
 }
 
@@ -526,13 +636,9 @@ async fn update_applyset_parent<K: ComponentResource>(
     Ok(())
 }
 
-/// The releases running now: this component's and the sibling the skew rules compare it with.
-async fn running_versions<K: ComponentResource>(
-    ctx: &Context,
-    object: &K,
-    ncp: &NestedControlPlane,
-    ns: &str,
-) -> Result<Running, ReconcileError> {
+/// The releases running now: this component's and the sibling the skew rules compare it
+/// with (from the cache).
+fn running_versions<K: ComponentResource>(ctx: &Context, object: &K, ncp: &NestedControlPlane, ns: &str) -> Running {
     let parse = |s: Option<&ComponentStatus>| {
         s.and_then(|s| s.version.as_deref())
             .and_then(|v| semver::Version::parse(v).ok())
@@ -546,37 +652,45 @@ async fn running_versions<K: ComponentResource>(
             .and_then(|s| s.replicas),
         ..Running::default()
     };
+    let sibling = |name: Option<&str>, store: &dyn Fn(&str) -> Option<ComponentStatus>| name.and_then(store);
     match K::KIND {
         ComponentKind::ApiServer => {
-            if let Some(name) = NestedControllerManager::reference(ncp) {
-                let api: Api<NestedControllerManager> = Api::namespaced(ctx.client.clone(), ns);
-                running.controller_manager = parse(api.get_opt(name).await?.and_then(|c| c.status).as_ref());
-            }
+            let status = sibling(NestedControllerManager::reference(ncp), &|name| {
+                ctx.caches
+                    .controller_managers
+                    .get(&ObjectRef::new(name).within(ns))
+                    .and_then(|c| c.status.clone())
+            });
+            running.controller_manager = parse(status.as_ref());
         }
         ComponentKind::ControllerManager | ComponentKind::Etcd => {
-            if let Some(name) = NestedAPIServer::reference(ncp) {
-                let api: Api<NestedAPIServer> = Api::namespaced(ctx.client.clone(), ns);
-                running.apiserver = parse(api.get_opt(name).await?.and_then(|c| c.status).as_ref());
-            }
+            let status = sibling(NestedAPIServer::reference(ncp), &|name| {
+                ctx.caches
+                    .apiservers
+                    .get(&ObjectRef::new(name).within(ns))
+                    .and_then(|c| c.status.clone())
+            });
+            running.apiserver = parse(status.as_ref());
         }
     }
-    Ok(running)
+    running
 }
 
-async fn ensure_certificates<K: ComponentResource>(
+/// The digest of the Secrets the processes read only at start, or the first of them that
+/// does not exist.
+async fn applied_certificates(
     store: &CertificateStore<'_>,
-    cluster: &ClusterSettings,
-    ncp: &NestedControlPlane,
-    plan: &Plan,
-    applied: &[serde_json::Value],
-) -> Result<Option<Outcome>, ReconcileError> {
-    let gate = match K::KIND {
-        ComponentKind::Etcd => etcd::ensure_certificates(store, cluster, plan).await?,
-        ComponentKind::ApiServer => apiserver::ensure_certificates(store, cluster, ncp, applied).await?,
-        ComponentKind::ControllerManager => controller_manager::ensure_certificates(store, cluster).await?,
-    };
-    Ok(match gate {
-        Gate::Open(_) => None,
-        Gate::Wait { reason, message } => Some(Outcome::Waiting { reason, message }),
-    })
+    secrets: &[String],
+) -> Result<Result<AppliedCertificates, String>, ReconcileError> {
+    let mut digests = Vec::with_capacity(secrets.len());
+    for name in secrets {
+        match store.data_digest(name).await? {
+            Some(digest) => digests.push((name.as_str(), digest)),
+            None => return Ok(Err(name.clone())),
+        }
+    }
+    Ok(Ok(AppliedCertificates {
+        digest: certificates_digest(digests.iter().map(|(n, d)| (*n, d.as_str()))),
+        secrets: secrets.to_vec(),
+    }))
 }

@@ -5,24 +5,29 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+
 use futures::StreamExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
+use super::cache::Subscriptions;
 use super::certificates::CertificateStore;
-use super::component::{ComponentResource, Now};
-use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster};
+use super::certificates::{NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTATION};
+use super::component::{ComponentResource, Now, recheck_after};
+use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster, renewal_policy};
 use super::{Context, ReconcileError, WATCH_FILTER_LABEL, events};
 use crate::api::{
-    ApiEndpoint, CLUSTER_NAME_LABEL, ComponentSummary, ComponentsStatus, ControlPlaneInitialization, NestedAPIServer,
-    NestedControlPlane, NestedControlPlaneStatus, NestedControllerManager, NestedEtcd,
+    ApiEndpoint, CLUSTER_NAME_LABEL, CertificateRenewal, ComponentSummary, ComponentsStatus,
+    ControlPlaneInitialization, NestedAPIServer, NestedControlPlane, NestedControlPlaneStatus, NestedControllerManager,
+    NestedEtcd,
 };
 use crate::apply::FIELD_MANAGER;
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, SecretNames, admin_leaf, admin_user,
-    apiserver_service_host, not_after, server_url,
+    apiserver_service_host, server_url,
 };
 use crate::plan::{APISERVER_PORT, ClusterSettings};
 use crate::status::{
@@ -30,25 +35,33 @@ use crate::status::{
     READY, ROLLING_OUT, is_true, set_condition,
 };
 
-/// Runs the NestedControlPlane controller until the stream ends.
-pub async fn run(ctx: Arc<Context>) {
-    let owned = watcher::Config::default();
-    Controller::new(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config())
-        .owns(ctx.api::<NestedEtcd>(), owned.clone())
-        .owns(ctx.api::<NestedAPIServer>(), owned.clone())
-        .owns(ctx.api::<NestedControllerManager>(), owned)
-        .shutdown_on_signal()
-        .run(
-            |ncp, ctx| async move { super::instrumented(&ctx.clone(), "control-plane", reconcile(ncp, ctx)).await },
-            error_policy,
-            ctx.clone(),
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile failed");
-            }
-        })
-        .await;
+/// The NestedControlPlane controller, ready to be spawned: woken by its own changes, its
+/// components' and its Secrets' (a deleted CA is noticed within a moment).
+pub fn run(ctx: Arc<Context>, subscriptions: &Subscriptions) -> impl Future<Output = ()> + Send + 'static {
+    let secrets = ctx.caches.secret_triggers(|ncp: &NestedControlPlane| {
+        ncp.namespace().map(|ns| ObjectRef::new(&ncp.name_any()).within(&ns))
+    });
+    let controller =
+        Controller::for_shared_stream(subscriptions.control_planes.clone(), ctx.caches.control_planes.clone())
+            .owns_shared_stream(subscriptions.etcds.clone())
+            .owns_shared_stream(subscriptions.apiservers.clone())
+            .owns_shared_stream(subscriptions.controller_managers.clone())
+            .reconcile_on(secrets);
+    async move {
+        controller
+            .shutdown_on_signal()
+            .run(
+                |ncp, ctx| async move { super::instrumented(&ctx.clone(), "control-plane", reconcile(ncp, ctx)).await },
+                error_policy,
+                ctx.clone(),
+            )
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "reconcile failed");
+                }
+            })
+            .await;
+    }
 }
 
 fn error_policy(ncp: Arc<NestedControlPlane>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
@@ -140,7 +153,11 @@ async fn drive(
         return Err(ReconcileError::NoNamespace);
     };
     let names = SecretNames::new(&cluster.name);
-    let store = CertificateStore::new(ctx.client.clone(), ns, &cluster.name, &owner, now.time);
+    let policy = renewal_policy(ncp, ctx.settings.certificate_validity).map_err(ReconcileError::InvalidSpec)?;
+    let store = CertificateStore::new(ctx, ns, &cluster.name, &owner, now.time, policy);
+
+    // 0. A CA rotation requested or in progress moves first: it may bring back a lost CA.
+    super::rotation::step(ctx, ncp, &store, &names, status, now).await?;
 
     // 1. CAs and the service-account key: created once; after that a missing one is an
     //    error for a human, never a silent re-mint (design §6).
@@ -162,10 +179,10 @@ async fn drive(
         generation,
         &now.k8s,
     );
-    let mut expiry: Vec<time::OffsetDateTime> = [ca.cert_pem(), etcd_ca.cert_pem(), proxy_ca.cert_pem()]
-        .into_iter()
-        .filter_map(|pem| not_after(pem).ok())
-        .collect();
+    let mut expiry: Vec<time::OffsetDateTime> = Vec::new();
+    for authority in [&ca, &etcd_ca, &proxy_ca] {
+        expiry.extend(store.ca_not_after(authority).await?);
+    }
 
     // 2. The components: created with defaults or adopted.
     let mut refs = serde_json::Map::new();
@@ -219,7 +236,7 @@ async fn drive(
     if let Some(e) = &endpoint {
         let port = u16::try_from(e.port).unwrap_or(APISERVER_PORT as u16);
         let server = server_url(&e.host, port);
-        let admin_expiry = store
+        let (admin_expiry, _) = store
             .ensure_kubeconfig(
                 &names.kubeconfig,
                 &ca,
@@ -230,11 +247,22 @@ async fn drive(
             .await?;
         expiry.push(admin_expiry);
     }
-    status.certificates_expiry_date = expiry
-        .into_iter()
-        .min()
-        .and_then(|t| k8s_openapi::jiff::Timestamp::from_second(t.unix_timestamp()).ok())
-        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
+    // The leaves the components issued say when they expire and are renewed in their
+    // Secrets' annotations: read from the metadata cache, no request.
+    let leaves = leaf_schedule(ctx, ns, &names);
+    expiry.extend(leaves.iter().map(|l| l.not_after));
+    status.certificates_expiry_date = expiry.into_iter().min().and_then(kube_time);
+    let next_renewal = leaves
+        .iter()
+        .filter_map(|l| l.renew_at.map(|at| (at, l.secret.clone())))
+        .chain(store.next_renewal_of())
+        .min();
+    status.next_certificate_renewal = next_renewal.as_ref().and_then(|(at, secret)| {
+        kube_time(*at).map(|time| CertificateRenewal {
+            secret: secret.clone(),
+            time,
+        })
+    });
 
     // 5. Aggregate status.
     let summary = |name: Option<String>, s: Option<&crate::api::ComponentStatus>| {
@@ -382,8 +410,46 @@ async fn drive(
     };
     set_condition(&mut status.conditions, rolling_out, generation, &now.k8s);
     status.components = Some(components);
-    // Re-check certificates well before any expires.
-    Ok(Action::requeue(Duration::from_secs(3600)))
+    // Look again when the admin kubeconfig is due (the components watch their own).
+    Ok(Action::requeue(recheck_after(
+        &ncp.name_any(),
+        store.next_renewal(),
+        now.time,
+    )))
+}
+
+fn kube_time(t: time::OffsetDateTime) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
+    k8s_openapi::jiff::Timestamp::from_second(t.unix_timestamp())
+        .ok()
+        .map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)
+}
+
+/// What a leaf Secret's annotations say about its certificate.
+struct LeafSchedule {
+    secret: String,
+    not_after: time::OffsetDateTime,
+    renew_at: Option<time::OffsetDateTime>,
+}
+
+/// The expiry and renewal times the cluster's leaf Secrets carry (annotations written when
+/// capn issued them), from the metadata cache.
+fn leaf_schedule(ctx: &Context, ns: &str, names: &SecretNames) -> Vec<LeafSchedule> {
+    let parse = |value: Option<&String>| {
+        value.and_then(|v| time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339).ok())
+    };
+    names
+        .all()
+        .into_iter()
+        .filter_map(|name| {
+            let meta = ctx.caches.secret(ns, name)?;
+            let annotations = meta.annotations();
+            Some(LeafSchedule {
+                secret: name.to_string(),
+                not_after: parse(annotations.get(NOT_AFTER_ANNOTATION))?,
+                renew_at: parse(annotations.get(RENEW_AFTER_ANNOTATION)),
+            })
+        })
+        .collect()
 }
 
 /// Finds, adopts or creates the component of kind `K`; records a new reference in `refs`.
@@ -399,16 +465,14 @@ async fn ensure_component<K: ComponentResource>(
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
     let uid = ncp.uid().unwrap_or_default();
     let owner = controller_reference(ncp).ok_or(ReconcileError::NoNamespace)?;
+    let cache = K::cache(&ctx.caches);
     let component = match K::reference(ncp) {
-        Some(name) => api.get_opt(name).await?,
+        Some(name) => cache.get(&ObjectRef::new(name).within(ns)).map(|c| (*c).clone()),
         None => {
             // A component in the namespace that points back at this control plane.
-            let existing = api
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .find(|c| c.owner_references().iter().any(|o| o.uid == uid));
+            let existing = cache
+                .find(|c| c.namespace().as_deref() == Some(ns) && c.owner_references().iter().any(|o| o.uid == uid))
+                .map(|c| (*c).clone());
             let component = match existing {
                 Some(c) => c,
                 None => {

@@ -17,9 +17,12 @@ pub enum ReconcileError {
     Pki { secret: String, source: PkiError },
     /// A CA that existed is gone: capn never silently re-mints one (design §6).
     #[error(
-        "secret {0} (a certificate authority) is missing after the control plane was initialized; restore it from backup, capn will not mint a new CA"
+        "secret {0} (a certificate authority) is missing after the control plane was initialized, and capn will not mint a new CA by itself; nothing else is changed meanwhile. Recover by restoring the Secret from a backup (the running control plane keeps working and nothing is re-issued), or by requesting a CA rotation with the annotation controlplane.cluster.x-k8s.io/rotate-certificate-authority (README: \"CA rotation\"; clients must then fetch the new kubeconfig)"
     )]
     CertificateAuthorityMissing(String),
+    /// A setting of the spec is unusable; the message names the field.
+    #[error("{0}")]
+    InvalidSpec(String),
     #[error("object has no namespace")]
     NoNamespace,
 }
@@ -32,6 +35,7 @@ impl ReconcileError {
             Self::Apply(e) => e.reason(),
             Self::Pki { source, .. } => source.reason(),
             Self::CertificateAuthorityMissing(_) => "CertificateAuthorityMissing",
+            Self::InvalidSpec(_) => "InvalidSpec",
             Self::NoNamespace => "NoNamespace",
         }
     }

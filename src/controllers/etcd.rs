@@ -1,28 +1,50 @@
-//! NestedEtcd specifics: the etcd server/peer certificate, whose SANs follow the member
-//! count (reference.md "etcd certificate").
+//! NestedEtcd specifics: the first component (no gate), and the etcd server/peer
+//! certificate, whose SANs follow the member count (reference.md "etcd certificate").
 
-use super::ReconcileError;
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use kube::runtime::reflector::ObjectRef;
+
 use super::certificates::{CertificateStore, waiting_for_ca};
-use super::component::Gate;
+use super::component::{ComponentResource, Gate, component_accessors};
+use super::{Context, ReconcileError};
+use crate::api::{NestedControlPlane, NestedEtcd};
+use crate::component::ComponentKind;
 use crate::pki::{SecretNames, etcd_server_leaf};
 use crate::plan::{ClusterSettings, Plan, Upstream};
 
-/// Issues `<c>-etcd-server` (server and client usage; every member's names) before the
-/// StatefulSet is applied. Waits while the etcd CA does not exist.
-///
-/// # Errors
-/// API and PKI errors.
-pub async fn ensure_certificates(
-    store: &CertificateStore<'_>,
-    cluster: &ClusterSettings,
-    plan: &Plan,
-) -> Result<Gate, ReconcileError> {
-    let names = SecretNames::new(&cluster.name);
-    let Some(etcd_ca) = store.require_ca(&names.etcd_ca).await? else {
-        return Ok(waiting_for_ca(&names.etcd_ca));
-    };
-    let replicas = u32::try_from(plan.replicas).unwrap_or(1);
-    let leaf = etcd_server_leaf(&cluster.name, &cluster.namespace, &cluster.super_dns_domain, replicas);
-    store.ensure_leaf(&names.etcd_server, &etcd_ca, &leaf).await?;
-    Ok(Gate::Open(Upstream::default()))
+impl ComponentResource for NestedEtcd {
+    component_accessors!(ComponentKind::Etcd, etcd, "etcd", etcds, storage: storage);
+
+    /// etcd comes first: always open.
+    fn gate(_ctx: &Context, _ncp: &NestedControlPlane, _cluster: &ClusterSettings, _ns: &str) -> Gate {
+        Gate::Open(Upstream::default())
+    }
+
+    fn predecessor_changes(
+        _ctx: &Arc<Context>,
+        _subscriptions: &super::cache::Subscriptions,
+    ) -> Option<BoxStream<'static, ObjectRef<Self>>> {
+        None
+    }
+
+    /// Issues `<c>-etcd-server` (server and client usage; every member's names) before the
+    /// StatefulSet is applied. Waits while the etcd CA does not exist.
+    async fn ensure_certificates(
+        store: &CertificateStore<'_>,
+        cluster: &ClusterSettings,
+        _ncp: &NestedControlPlane,
+        plan: &Plan,
+        _applied: &[serde_json::Value],
+    ) -> Result<Gate, ReconcileError> {
+        let names = SecretNames::new(&cluster.name);
+        let Some(etcd_ca) = store.require_ca(&names.etcd_ca).await? else {
+            return Ok(waiting_for_ca(&names.etcd_ca));
+        };
+        let replicas = u32::try_from(plan.replicas).unwrap_or(1);
+        let leaf = etcd_server_leaf(&cluster.name, &cluster.namespace, &cluster.super_dns_domain, replicas);
+        store.ensure_leaf(&names.etcd_server, &etcd_ca, &leaf).await?;
+        Ok(Gate::Open(Upstream::default()))
+    }
 }

@@ -9,6 +9,7 @@
 //! - [`cluster`]: NestedCluster — the CAPI infrastructure object.
 
 pub mod apiserver;
+pub mod cache;
 pub mod certificates;
 pub mod cluster;
 pub mod component;
@@ -19,6 +20,7 @@ pub mod etcd;
 mod events;
 pub mod public_crds;
 pub mod read;
+pub mod rotation;
 
 use std::sync::Arc;
 
@@ -71,6 +73,9 @@ pub struct Settings {
     /// Adjusts the client configuration built from a tenant's kubeconfig before the public
     /// CRD sync connects (tests reach tenants at addresses their kubeconfig cannot name).
     pub tenant_config_hook: Option<TenantConfigHook>,
+    /// Lifetime of leaf certificates when a control plane does not set
+    /// `certificateValidityPeriod` (`capn run --certificate-validity`); `None` is one year.
+    pub certificate_validity: Option<std::time::Duration>,
 }
 
 /// See [`Settings::tenant_config_hook`].
@@ -94,11 +99,13 @@ impl Default for Settings {
             watch_filter: None,
             enabled: EnabledControllers::default(),
             tenant_config_hook: None,
+            certificate_validity: None,
         }
     }
 }
 
-/// What every reconcile gets: the client, the applier, the channels and the settings.
+/// What every reconcile gets: the client, the applier, the channels, the settings and the
+/// shared watch caches.
 pub struct Context {
     pub client: Client,
     pub applier: Applier,
@@ -106,10 +113,19 @@ pub struct Context {
     pub settings: Settings,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    pub caches: Arc<cache::Caches>,
+    /// What capn verified about certificate Secrets, per process.
+    pub verified: certificates::VerifiedSecrets,
 }
 
 impl Context {
-    pub fn new(client: Client, channels: Arc<ChannelRegistry>, settings: Settings, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        client: Client,
+        channels: Arc<ChannelRegistry>,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        caches: Arc<cache::Caches>,
+    ) -> Self {
         let reporter = Reporter {
             controller: "capn".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -121,17 +137,15 @@ impl Context {
             channels,
             settings,
             metrics,
+            caches,
+            verified: Default::default(),
         }
     }
 
     /// The watcher configuration of the resources this instance reconciles
     /// (`--watch-filter`).
     pub fn primary_watch_config(&self) -> kube::runtime::watcher::Config {
-        let config = kube::runtime::watcher::Config::default();
-        match &self.settings.watch_filter {
-            Some(value) => config.labels(&format!("{WATCH_FILTER_LABEL}={value}")),
-            None => config,
-        }
+        primary_watch_config(&self.settings)
     }
 
     /// An API for `K` in the watched namespace, or in all namespaces.
@@ -166,26 +180,49 @@ where
     result
 }
 
+fn primary_watch_config(settings: &Settings) -> kube::runtime::watcher::Config {
+    let config = kube::runtime::watcher::Config::default();
+    match &settings.watch_filter {
+        Some(value) => config.labels(&format!("{WATCH_FILTER_LABEL}={value}")),
+        None => config,
+    }
+}
+
 /// Runs every enabled controller until all of them stop (they stop on SIGTERM/ctrl-c, or
-/// when the future is dropped).
+/// when the future is dropped). The watch caches are filled first, once for all of them.
 pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Settings, metrics: Arc<Metrics>) {
+    use crate::api::{NestedAPIServer, NestedControllerManager, NestedEtcd};
     let enabled = settings.enabled;
-    let ctx = Arc::new(Context::new(client, channels, settings, metrics));
+    let reads_caches = enabled.control_plane || enabled.etcd || enabled.apiserver || enabled.controller_manager;
+    let (caches, subscriptions, _drivers) = cache::Caches::start(
+        &client,
+        settings.namespace.as_deref(),
+        primary_watch_config(&settings),
+        reads_caches,
+    )
+    .await;
+    let ctx = Arc::new(Context::new(client, channels, settings, metrics, caches));
     let mut tasks = Vec::new();
     if enabled.control_plane {
-        tasks.push(tokio::spawn(control_plane::run(ctx.clone())));
+        tasks.push(tokio::spawn(control_plane::run(ctx.clone(), &subscriptions)));
     }
     if enabled.etcd {
-        tasks.push(tokio::spawn(component::run::<crate::api::NestedEtcd>(ctx.clone())));
+        tasks.push(tokio::spawn(component::run::<NestedEtcd>(ctx.clone(), &subscriptions)));
     }
     if enabled.apiserver {
-        tasks.push(tokio::spawn(component::run::<crate::api::NestedAPIServer>(ctx.clone())));
-    }
-    if enabled.controller_manager {
-        tasks.push(tokio::spawn(component::run::<crate::api::NestedControllerManager>(
+        tasks.push(tokio::spawn(component::run::<NestedAPIServer>(
             ctx.clone(),
+            &subscriptions,
         )));
     }
+    if enabled.controller_manager {
+        tasks.push(tokio::spawn(component::run::<NestedControllerManager>(
+            ctx.clone(),
+            &subscriptions,
+        )));
+    }
+    // Subscriptions nobody took must not hold up the shared watches.
+    drop(subscriptions);
     if enabled.cluster {
         tasks.push(tokio::spawn(cluster::run(ctx.clone())));
     }

@@ -6,8 +6,11 @@ use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Resource, ResourceExt};
 
+use std::sync::Arc;
+
 use super::{Context, ReconcileError};
 use crate::api::{CLUSTER_NAME_LABEL, CONTROL_PLANE_GROUP, NestedControlPlane};
+use crate::pki::RenewalPolicy;
 use crate::plan::{ClusterSettings, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR};
 
 /// API group of Cluster API's core types.
@@ -44,26 +47,55 @@ pub fn cluster_name<K: Resource>(object: &K) -> String {
         .unwrap_or_else(|| object.name_any())
 }
 
-/// The NestedControlPlane that owns a component resource (by owner reference), read
-/// from the API. `Ok(None)` when there is no such owner or it no longer exists.
-///
-/// # Errors
-/// Transient API errors other than NotFound.
-pub async fn owning_control_plane<K: Resource>(
+/// The NestedControlPlane that owns a component resource (by owner reference), from the
+/// watch cache. `None` when there is no such owner or it no longer exists.
+pub fn owning_control_plane<K: Resource>(
     ctx: &Context,
     object: &K,
     namespace: &str,
-) -> Result<Option<NestedControlPlane>, ReconcileError> {
-    let Some(owner) = object
+) -> Option<Arc<NestedControlPlane>> {
+    let owner = object
         .owner_references()
         .iter()
-        .find(|o| o.kind == "NestedControlPlane" && group_of(&o.api_version) == CONTROL_PLANE_GROUP)
-    else {
-        return Ok(None);
-    };
-    let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), namespace);
-    let ncp = api.get_opt(&owner.name).await?;
-    Ok(ncp.filter(|n| n.uid().as_deref() == Some(owner.uid.as_str())))
+        .find(|o| o.kind == "NestedControlPlane" && group_of(&o.api_version) == CONTROL_PLANE_GROUP)?;
+    ctx.caches
+        .control_plane(namespace, &owner.name)
+        .filter(|n| n.uid().as_deref() == Some(owner.uid.as_str()))
+}
+
+/// How the leaf certificates of `ncp` are issued and renewed: its
+/// `certificateValidityPeriod` (else `default_validity`, `capn run --certificate-validity`)
+/// and `rolloutBefore.certificatesExpiryDays`.
+///
+/// # Errors
+/// A message naming the field when `certificateValidityPeriod` is not a positive Go
+/// duration (`8760h`, `90m`).
+pub fn renewal_policy(
+    ncp: &NestedControlPlane,
+    default_validity: Option<std::time::Duration>,
+) -> Result<RenewalPolicy, String> {
+    let mut policy = RenewalPolicy::default();
+    if let Some(validity) = default_validity {
+        policy.validity = time::Duration::try_from(validity).unwrap_or(policy.validity);
+    }
+    if let Some(text) = &ncp.spec.certificate_validity_period {
+        let parsed: kube::core::Duration = text.parse().map_err(|e| {
+            format!("spec.certificateValidityPeriod {text:?} is not a duration like \"8760h\" or \"90m\": {e}")
+        })?;
+        let validity = time::Duration::try_from(std::time::Duration::from(parsed)).unwrap_or_default();
+        if parsed.is_negative() || validity <= time::Duration::ZERO {
+            return Err(format!("spec.certificateValidityPeriod {text:?} must be positive"));
+        }
+        policy.validity = validity;
+    }
+    policy.renew_before = ncp
+        .spec
+        .rollout_before
+        .as_ref()
+        .and_then(|r| r.certificates_expiry_days)
+        .filter(|days| *days > 0)
+        .map(|days| time::Duration::days(i64::from(days)));
+    Ok(policy)
 }
 
 /// Whether reconciliation of `ncp` is paused: the `cluster.x-k8s.io/paused` annotation on

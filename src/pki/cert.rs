@@ -153,6 +153,21 @@ impl CertificateAuthority {
     /// Errors: [`PkiError::Generate`] when key generation or signing fails, for example a DNS
     /// name that is not ASCII.
     pub fn issue(&self, leaf: &LeafSpec, now: OffsetDateTime, alg: KeyAlgorithm) -> Result<KeyPairPem, PkiError> {
+        self.issue_valid_for(leaf, now, alg, LEAF_VALIDITY)
+    }
+
+    /// [`Self::issue`] with a lifetime of `validity` instead of one year (`NotAfter = now +
+    /// validity`): the `--certificate-validity` of `capn run`, or a control plane's
+    /// `certificateValidityPeriod`.
+    ///
+    /// Errors: as [`Self::issue`].
+    pub fn issue_valid_for(
+        &self,
+        leaf: &LeafSpec,
+        now: OffsetDateTime,
+        alg: KeyAlgorithm,
+        validity: time::Duration,
+    ) -> Result<KeyPairPem, PkiError> {
         let key = generate_key(alg)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = distinguished_name(&leaf.common_name, leaf.organization.as_deref());
@@ -180,7 +195,7 @@ impl CertificateAuthority {
         params.subject_alt_names = sans;
         params.serial_number = Some(random_serial()?);
         params.not_before = now - NOT_BEFORE_BACKDATE;
-        params.not_after = now + LEAF_VALIDITY;
+        params.not_after = now + validity;
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(|e| PkiError::Generate(format!("certificate {:?}: {e}", leaf.common_name)))?;
@@ -200,40 +215,92 @@ impl CertificateAuthority {
     }
 }
 
-/// Whether an existing leaf certificate must be re-issued for `wanted`. True when any of:
+/// Whether an existing leaf certificate must be re-issued for `wanted`, under the default
+/// [`RenewalPolicy`]. See [`check_leaf`] for the rules.
+pub fn needs_reissue(existing: &KeyPairPem, ca: &CertificateAuthority, wanted: &LeafSpec, now: OffsetDateTime) -> bool {
+    check_leaf(existing, ca, wanted, &RenewalPolicy::default(), now).is_none()
+}
+
+/// Checks an existing leaf certificate against `wanted`: `None` when it must be re-issued,
+/// else its `NotAfter` and the time `policy` renews it ([`RenewalPolicy::renew_at`]).
+/// It must be re-issued when any of:
 /// - the certificate or the private key does not parse, or the key is not the certificate's;
-/// - it is not signed by `ca` (another CA, for example after the CA Secret was replaced);
-/// - it is not yet valid at `now`, or a third of its lifetime or less remains at `now`
-///   (reference.md: "renewed when a third of the lifetime remains");
+/// - it is not signed by `ca` (another CA, for example after the CA Secret was replaced, or
+///   during a CA rotation once the new CA signs);
+/// - it is not yet valid at `now`, or `now` is at or past its renewal time;
 /// - its CN, O, serverAuth/clientAuth usages or SAN sets differ from `wanted` (SAN order and
 ///   DNS letter case ignored).
 ///
-/// Otherwise false. The key algorithm is not compared: a key of another algorithm stays valid.
-pub fn needs_reissue(existing: &KeyPairPem, ca: &CertificateAuthority, wanted: &LeafSpec, now: OffsetDateTime) -> bool {
-    let Ok(der) = first_certificate_der(&existing.cert_pem, "certificate") else {
-        return true;
-    };
-    let Ok(cert) = parse_der_cert(&der) else {
-        return true;
-    };
+/// The key algorithm is not compared: a key of another algorithm stays valid.
+pub fn check_leaf(
+    existing: &KeyPairPem,
+    ca: &CertificateAuthority,
+    wanted: &LeafSpec,
+    policy: &RenewalPolicy,
+    now: OffsetDateTime,
+) -> Option<(OffsetDateTime, OffsetDateTime)> {
+    let der = first_certificate_der(&existing.cert_pem, "certificate").ok()?;
+    let cert = parse_der_cert(&der).ok()?;
     match parse_private_key_pem(&existing.key_pem, "private key") {
         Ok(key) if key_matches_spki(&key, cert.public_key()) => {}
-        _ => return true,
+        _ => return None,
     }
     if !ca.signed(&cert) {
-        return true;
+        return None;
     }
     let validity = cert.validity();
-    let (Ok(not_before), Ok(not_after)) = (
-        OffsetDateTime::from_unix_timestamp(validity.not_before.timestamp()),
-        OffsetDateTime::from_unix_timestamp(validity.not_after.timestamp()),
-    ) else {
-        return true;
-    };
-    if now < not_before || (not_after - now) * 3 <= not_after - not_before {
-        return true;
+    let not_before = OffsetDateTime::from_unix_timestamp(validity.not_before.timestamp()).ok()?;
+    let not_after = OffsetDateTime::from_unix_timestamp(validity.not_after.timestamp()).ok()?;
+    let renew_at = policy.renew_at(not_before, not_after);
+    if now < not_before || now >= renew_at || !subject_and_usages_match(&cert, wanted) {
+        return None;
     }
-    !subject_and_usages_match(&cert, wanted)
+    Some((not_after, renew_at))
+}
+
+/// How long new leaf certificates are valid and when they are renewed.
+///
+/// Defaults: one year of validity (kubeadm `certificateValidityPeriod`), renewed when a third
+/// of the lifetime remains (reference.md "Identities").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewalPolicy {
+    /// Lifetime of a newly issued leaf (`NotAfter - now`; `NotBefore` is backdated a further
+    /// [`NOT_BEFORE_BACKDATE`]).
+    pub validity: time::Duration,
+    /// Renew once no more than this remains, when that comes before the third-of-lifetime
+    /// rule: Cluster API's `rolloutBefore.certificatesExpiryDays`, in days there.
+    pub renew_before: Option<time::Duration>,
+}
+
+impl Default for RenewalPolicy {
+    fn default() -> Self {
+        Self {
+            validity: LEAF_VALIDITY,
+            renew_before: None,
+        }
+    }
+}
+
+impl RenewalPolicy {
+    /// When a certificate valid from `not_before` to `not_after` is renewed: when a third of
+    /// its lifetime remains, or `renew_before` ahead of `not_after` if that is earlier — but
+    /// never before a third of its lifetime has passed, so that a threshold longer than the
+    /// lifetime cannot renew in a loop.
+    ///
+    /// The lifetime counts from `not_before` plus the [`NOT_BEFORE_BACKDATE`] capn puts
+    /// before the issue time: that is slack for clock skew, not life, and would otherwise
+    /// swallow a short validity (`--certificate-validity 1m`) whole.
+    pub fn renew_at(&self, not_before: OffsetDateTime, not_after: OffsetDateTime) -> OffsetDateTime {
+        let issued = (not_before + NOT_BEFORE_BACKDATE).min(not_after);
+        let lifetime = not_after - issued;
+        let not_before = issued;
+        let third_left: OffsetDateTime = not_after - lifetime / 3;
+        let earliest: OffsetDateTime = not_before + lifetime / 3;
+        match self.renew_before {
+            Some(before) => third_left.min(not_after - before).max(earliest),
+            None => third_left,
+        }
+    }
 }
 
 fn subject_and_usages_match(cert: &X509Certificate<'_>, wanted: &LeafSpec) -> bool {

@@ -21,6 +21,7 @@
 mod cert;
 mod keys;
 mod kubeconfig;
+pub mod rotation;
 mod sans;
 mod secret;
 
@@ -28,8 +29,8 @@ use std::fmt;
 use std::net::IpAddr;
 
 pub use cert::{
-    CertificateAuthority, fingerprint_sha256, needs_reissue, not_after, service_account_key_pair,
-    verify_service_account_key_pair,
+    CertificateAuthority, RenewalPolicy, check_leaf, fingerprint_sha256, needs_reissue, not_after,
+    service_account_key_pair, verify_service_account_key_pair,
 };
 pub use kubeconfig::{
     APISERVER_PORT, CONTROLLER_MANAGER_USER, admin_user, apiserver_service_host, kubeconfig, server_url,

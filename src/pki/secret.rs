@@ -54,21 +54,48 @@ pub struct SecretNames {
 }
 
 impl SecretNames {
+    /// The suffixes after `<c>-`, in the table's order (design.md §6).
+    pub const SUFFIXES: [&'static str; 11] = [
+        "ca",
+        "etcd",
+        "proxy",
+        "sa",
+        "apiserver",
+        "apiserver-etcd-client",
+        "etcd-server",
+        "apiserver-kubelet-client",
+        "front-proxy-client",
+        "controller-manager-kubeconfig",
+        "kubeconfig",
+    ];
+
     /// The Secret names of cluster `cluster_name` (design.md §6).
     pub fn new(cluster_name: &str) -> Self {
-        let n = |suffix: &str| format!("{cluster_name}-{suffix}");
+        let [
+            ca,
+            etcd_ca,
+            proxy_ca,
+            sa,
+            apiserver,
+            apiserver_etcd_client,
+            etcd_server,
+            apiserver_kubelet_client,
+            front_proxy_client,
+            controller_manager_kubeconfig,
+            kubeconfig,
+        ] = Self::SUFFIXES.map(|suffix| format!("{cluster_name}-{suffix}"));
         SecretNames {
-            ca: n("ca"),
-            etcd_ca: n("etcd"),
-            proxy_ca: n("proxy"),
-            sa: n("sa"),
-            apiserver: n("apiserver"),
-            apiserver_etcd_client: n("apiserver-etcd-client"),
-            etcd_server: n("etcd-server"),
-            apiserver_kubelet_client: n("apiserver-kubelet-client"),
-            front_proxy_client: n("front-proxy-client"),
-            controller_manager_kubeconfig: n("controller-manager-kubeconfig"),
-            kubeconfig: n("kubeconfig"),
+            ca,
+            etcd_ca,
+            proxy_ca,
+            sa,
+            apiserver,
+            apiserver_etcd_client,
+            etcd_server,
+            apiserver_kubelet_client,
+            front_proxy_client,
+            controller_manager_kubeconfig,
+            kubeconfig,
         }
     }
 
@@ -87,6 +114,19 @@ impl SecretNames {
             &self.controller_manager_kubeconfig,
             &self.kubeconfig,
         ]
+    }
+
+    /// The cluster names that have a Secret called `secret_name` in the table above
+    /// (`demo-etcd-server` → `demo`). A name can fit more than one cluster
+    /// (`p-controller-manager-kubeconfig` is cluster `p`'s controller-manager kubeconfig and
+    /// cluster `p-controller-manager`'s admin kubeconfig), so every fit is listed.
+    pub fn clusters_of(secret_name: &str) -> impl Iterator<Item = &str> {
+        Self::SUFFIXES.into_iter().filter_map(move |suffix| {
+            secret_name
+                .strip_suffix(suffix)
+                .and_then(|rest| rest.strip_suffix('-'))
+                .filter(|cluster| !cluster.is_empty())
+        })
     }
 }
 

@@ -716,6 +716,30 @@ fn secret_names_follow_design_table() {
 }
 
 #[test]
+fn clusters_of_a_secret_name_are_every_fitting_prefix() {
+    fn clusters(name: &str) -> Vec<&str> {
+        SecretNames::clusters_of(name).collect()
+    }
+    assert_eq!(clusters("demo-etcd-server"), ["demo"]);
+    assert_eq!(clusters("demo-apiserver-etcd-client"), ["demo"]);
+    // `x-etcd` is x's etcd CA; `x-apiserver` is x's serving certificate.
+    assert_eq!(clusters("x-etcd"), ["x"]);
+    // The CA of a cluster named `a-front-proxy` (`a`'s client is `a-front-proxy-client`).
+    assert_eq!(clusters("a-front-proxy-ca"), ["a-front-proxy"]);
+    // Ambiguous: `p-kubeconfig` of cluster `p-controller-manager`, or cluster `p`'s CM kubeconfig.
+    let mut both = clusters("p-controller-manager-kubeconfig");
+    both.sort();
+    assert_eq!(both, ["p", "p-controller-manager"]);
+    assert!(clusters("kubeconfig").is_empty());
+    assert!(clusters("-ca").is_empty());
+    assert!(clusters("unrelated").is_empty());
+    // Every name of the table maps back to its cluster.
+    for name in SecretNames::new("demo").all() {
+        assert!(clusters(name).contains(&"demo"), "{name}");
+    }
+}
+
+#[test]
 fn rsa_ca_and_leaves() {
     let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::Rsa2048).unwrap();
     with_cert(ca.cert_pem(), |c| {
@@ -755,4 +779,55 @@ fn certificate_authority_is_send_and_sync() {
     assert_send_sync::<PkiError>();
     // Small enough to sit in an enum variant without clippy's large_enum_variant.
     assert!(std::mem::size_of::<CertificateAuthority>() < 200);
+}
+
+#[test]
+fn renewal_comes_when_a_third_of_the_life_remains_or_earlier_by_policy() {
+    let issued = t0();
+    let not_before = issued - NOT_BEFORE_BACKDATE;
+    let year = RenewalPolicy::default();
+    let not_after = issued + Duration::days(360);
+    assert_eq!(year.renew_at(not_before, not_after), issued + Duration::days(240));
+    // rolloutBefore.certificatesExpiryDays: earlier when it says so...
+    let before_150 = RenewalPolicy {
+        renew_before: Some(Duration::days(150)),
+        ..year
+    };
+    assert_eq!(before_150.renew_at(not_before, not_after), issued + Duration::days(210));
+    // ...never later than the third-of-life rule...
+    let before_10 = RenewalPolicy {
+        renew_before: Some(Duration::days(10)),
+        ..year
+    };
+    assert_eq!(before_10.renew_at(not_before, not_after), issued + Duration::days(240));
+    // ...and never before a third of the life passed, so a long threshold cannot loop.
+    let before_1000 = RenewalPolicy {
+        renew_before: Some(Duration::days(1000)),
+        ..year
+    };
+    assert_eq!(
+        before_1000.renew_at(not_before, not_after),
+        issued + Duration::days(120)
+    );
+    // A short validity is not swallowed by the clock-skew backdate.
+    let short = issued + Duration::seconds(90);
+    assert_eq!(year.renew_at(not_before, short), issued + Duration::seconds(60));
+}
+
+#[test]
+fn check_leaf_keeps_a_leaf_until_its_renewal_time() {
+    let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::default()).unwrap();
+    let policy = RenewalPolicy {
+        validity: Duration::seconds(90),
+        renew_before: None,
+    };
+    let wanted = front_proxy_client_leaf();
+    let leaf = ca
+        .issue_valid_for(&wanted, t0(), KeyAlgorithm::default(), policy.validity)
+        .unwrap();
+    let (not_after, renew_at) = check_leaf(&leaf, &ca, &wanted, &policy, t0()).expect("fresh");
+    assert_eq!(not_after, t0() + Duration::seconds(90));
+    assert_eq!(renew_at, t0() + Duration::seconds(60));
+    assert!(check_leaf(&leaf, &ca, &wanted, &policy, t0() + Duration::seconds(59)).is_some());
+    assert!(check_leaf(&leaf, &ca, &wanted, &policy, t0() + Duration::seconds(60)).is_none());
 }

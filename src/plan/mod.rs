@@ -6,11 +6,15 @@
 //! Pure: no client, no clock, no randomness. Nothing is applied unless the whole set planned.
 
 mod context;
+mod digest;
 mod labels;
 mod rules;
 mod validate;
 
 pub use context::*;
+pub use digest::{
+    CERTIFICATES_DIGEST_ANNOTATION, DIGEST_PLACEHOLDER, certificates_digest, mounted_secrets, stamp_certificates_digest,
+};
 pub use labels::{MANAGED_BY, selector_labels, standard_labels};
 pub use rules::{Resolved, Running, SkewError, check, check_members, resolve};
 pub use validate::validate_channel;
@@ -90,6 +94,10 @@ pub struct Plan {
     pub objects: Vec<serde_json::Value>,
     /// etcd only: the client URL of every member, in member order.
     pub etcd_endpoints: Vec<String>,
+    /// The Secrets the pod templates mount whose content the processes read only at
+    /// start (every mounted Secret but the channel's `reloadedSecrets`), sorted: their
+    /// digest is the pod templates' [`CERTIFICATES_DIGEST_ANNOTATION`] (design §9).
+    pub startup_secrets: Vec<String>,
 }
 
 impl Plan {
@@ -131,6 +139,9 @@ pub enum PlanError {
     Skew(#[from] SkewError),
     #[error("replicas must be at least 1, got {0}")]
     InvalidReplicas(i32),
+    /// `certificateValidityPeriod` or `rolloutBefore` of the control plane is unusable.
+    #[error("{0}")]
+    InvalidCertificateValidity(String),
     #[error("the apiserver needs the etcd endpoints, and NestedEtcd has published none yet")]
     NoEtcdEndpoints,
     #[error("rendered {kind}/{name} {message}")]
@@ -150,6 +161,7 @@ impl PlanError {
             Self::Patch(e) => e.reason(),
             Self::Skew(e) => e.reason(),
             Self::InvalidReplicas(_) => "InvalidReplicas",
+            Self::InvalidCertificateValidity(_) => "InvalidCertificateValidityPeriod",
             Self::NoEtcdEndpoints => "WaitingForEtcd",
             Self::InvalidObject { .. } => "InvalidObject",
         }
@@ -228,6 +240,12 @@ pub fn plan(
     let mut objects = render_templates(templates, &context)?;
     apply_extra_args(&mut objects, &spec.extra_args)?;
     apply_patches(&mut objects, &spec.patches)?;
+    let reloaded = reloaded_secret_names(&channel.name, channel.component(kind), &context)?;
+    let startup_secrets: Vec<String> = mounted_secrets(&objects)
+        .into_iter()
+        .filter(|name| !reloaded.contains(name))
+        .collect();
+    stamp_certificates_digest(&mut objects, DIGEST_PLACEHOLDER);
     for object in &mut objects {
         labels::finalize_object(object, &cluster.namespace, &context.labels, &request.owner).map_err(|message| {
             let entry = inventory_entry(object);
@@ -249,7 +267,33 @@ pub fn plan(
         } else {
             Vec::new()
         },
+        startup_secrets,
     })
+}
+
+/// The names of the Secrets a channel declares its component's processes reload by
+/// themselves (`reloadedSecrets`, by their `secrets.<key>` in the render context).
+fn reloaded_secret_names(
+    channel: &str,
+    versions: Option<&crate::channel::ComponentVersions>,
+    context: &RenderContext,
+) -> Result<Vec<String>, PlanError> {
+    versions
+        .map(|v| v.reloaded_secrets.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|key| {
+            context.secrets.get(key.as_str()).cloned().ok_or_else(|| {
+                PlanError::Channel(ChannelError::InvalidChannel {
+                    channel: channel.to_string(),
+                    message: format!(
+                        "reloadedSecrets names {key:?}, which is not a Secret of the render context (one of: {})",
+                        context.secrets.keys().copied().collect::<Vec<_>>().join(", ")
+                    ),
+                })
+            })
+        })
+        .collect()
 }
 
 fn build_context(

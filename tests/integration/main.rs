@@ -3,6 +3,7 @@
 
 mod boot;
 mod capi;
+mod certificates;
 mod control_plane;
 mod engine;
 mod harness;

@@ -1,0 +1,276 @@
+//! The process-wide watch caches every controller reads from (design §5: "reads come from
+//! watch caches"; issue "Efficiency"). One watch per kind for the whole process:
+//!
+//! - NestedControlPlane and the three component kinds: shared reflectors
+//!   (kube-runtime's `store_shared`), each controller subscribing to the kinds it needs;
+//! - Secrets, **metadata only** (`PartialObjectMeta<Secret>`): their resourceVersions say
+//!   when a certificate must be read again, and every change or deletion of a control
+//!   plane's Secret wakes that control plane's controllers within a moment, not at the next
+//!   resync (a deleted CA is noticed at once).
+//!
+//! Cached objects keep what reconciles read: `managedFields` and the last-applied
+//! annotation are stripped as they arrive.
+
+use std::future::ready;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, Lookup, ObjectRef, ReflectHandle, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use super::read::cluster_name;
+use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use crate::pki::SecretNames;
+
+/// Events a shared reflector buffers per subscriber before it waits for the slowest one.
+const SHARED_BUFFER: usize = 1024;
+/// Secret changes buffered for the controllers' triggers; a controller that falls further
+/// behind skips the oldest (each control plane is also resynced, so nothing is lost for good).
+const SECRET_EVENTS: usize = 4096;
+/// Annotation `kubectl apply` leaves on objects: never read, never cached.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The caches, readable from every reconcile through [`super::Context::caches`].
+pub struct Caches {
+    pub control_planes: Store<NestedControlPlane>,
+    pub etcds: Store<NestedEtcd>,
+    pub apiservers: Store<NestedAPIServer>,
+    pub controller_managers: Store<NestedControllerManager>,
+    /// Metadata of every Secret in the watched namespaces.
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    secret_events: broadcast::Sender<Arc<PartialObjectMeta<Secret>>>,
+}
+
+/// The change streams of the shared reflectors. Each must be polled or dropped: a shared
+/// reflector waits for its slowest subscriber.
+pub struct Subscriptions {
+    pub control_planes: ReflectHandle<NestedControlPlane>,
+    pub etcds: ReflectHandle<NestedEtcd>,
+    pub apiservers: ReflectHandle<NestedAPIServer>,
+    pub controller_managers: ReflectHandle<NestedControllerManager>,
+}
+
+/// Drops everything a value holds only once: keeps the reflector tasks alive while the
+/// controllers run, and stops them with the controllers.
+pub struct Drivers(Vec<JoinHandle<()>>);
+
+impl Drop for Drivers {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+fn strip<K: Resource>(object: &mut K) {
+    object.managed_fields_mut().clear();
+    object.annotations_mut().remove(LAST_APPLIED);
+}
+
+/// A shared reflector of `K`: its store, one subscription, and the task driving the watch.
+fn shared<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, ReflectHandle<K>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()>
+        + Lookup<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store_shared(SHARED_BUFFER);
+    let handle = writer.subscribe().expect("a shared store hands out subscriptions");
+    let driver = watcher(api, config)
+        .default_backoff()
+        .modify(strip)
+        .reflect_shared(writer)
+        .for_each(|event| {
+            if let Err(error) = event {
+                tracing::warn!(%error, kind = %<K as Resource>::kind(&()), "watch failed; retrying");
+            }
+            ready(())
+        });
+    (reader, handle, tokio::spawn(driver))
+}
+
+impl Caches {
+    /// Starts one watch per kind in `namespace` (all namespaces when `None`), the custom
+    /// resources filtered by `primary` (the `--watch-filter` label selector). Returns once
+    /// every cache holds its first complete list, so no reconcile mistakes a cache that is
+    /// still filling for an object that does not exist.
+    ///
+    /// With `watch` false nothing is watched and the caches stay empty: for a process that
+    /// runs none of the controllers reading them (the infrastructure provider), whose
+    /// ClusterRole does not allow those watches.
+    pub async fn start(
+        client: &Client,
+        namespace: Option<&str>,
+        primary: watcher::Config,
+        watch: bool,
+    ) -> (Arc<Caches>, Subscriptions, Drivers) {
+        if !watch {
+            let (control_planes, subscribe_cp) = reflector::store_shared(1);
+            let (etcds, subscribe_etcd) = reflector::store_shared(1);
+            let (apiservers, subscribe_apiserver) = reflector::store_shared(1);
+            let (controller_managers, subscribe_cm) = reflector::store_shared(1);
+            let subscription = "a shared store hands out subscriptions";
+            let subscriptions = Subscriptions {
+                control_planes: subscribe_cp.subscribe().expect(subscription),
+                etcds: subscribe_etcd.subscribe().expect(subscription),
+                apiservers: subscribe_apiserver.subscribe().expect(subscription),
+                controller_managers: subscribe_cm.subscribe().expect(subscription),
+            };
+            let caches = Caches {
+                control_planes,
+                etcds,
+                apiservers,
+                controller_managers,
+                secrets: reflector::store().0,
+                secret_events: broadcast::channel(1).0,
+            };
+            return (Arc::new(caches), subscriptions, Drivers(Vec::new()));
+        }
+        fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+        where
+            K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+        {
+            match namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            }
+        }
+        let (control_planes, cp_handle, cp_task) = shared(api(client, namespace), primary.clone());
+        let (etcds, etcd_handle, etcd_task) = shared(api(client, namespace), primary.clone());
+        let (apiservers, apiserver_handle, apiserver_task) = shared(api(client, namespace), primary.clone());
+        let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary);
+
+        let (secret_reader, secret_writer) = reflector::store();
+        let (secret_events, _) = broadcast::channel(SECRET_EVENTS);
+        let sender = secret_events.clone();
+        let secrets_api: Api<PartialObjectMeta<Secret>> = match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let secret_task = tokio::spawn(
+            watcher(secrets_api, watcher::Config::default())
+                .default_backoff()
+                .modify(strip)
+                .reflect(secret_writer)
+                .touched_objects()
+                .for_each(move |event| {
+                    match event {
+                        // Nobody listening yet is fine: the caches still fill.
+                        Ok(secret) => drop(sender.send(Arc::new(secret))),
+                        Err(error) => tracing::warn!(%error, "Secret watch failed; retrying"),
+                    }
+                    ready(())
+                }),
+        );
+        let caches = Arc::new(Caches {
+            control_planes,
+            etcds,
+            apiservers,
+            controller_managers,
+            secrets: secret_reader,
+            secret_events,
+        });
+        let drivers = Drivers(vec![cp_task, etcd_task, apiserver_task, cm_task, secret_task]);
+        let subscriptions = Subscriptions {
+            control_planes: cp_handle,
+            etcds: etcd_handle,
+            apiservers: apiserver_handle,
+            controller_managers: cm_handle,
+        };
+        // The subscriptions are not polled yet: the shared reflectors may only fill as far
+        // as their buffers before the controllers start, so wait for the lists while
+        // draining nothing but the initial events into the stores.
+        let waits = [
+            caches.control_planes.wait_until_ready().boxed(),
+            caches.etcds.wait_until_ready().boxed(),
+            caches.apiservers.wait_until_ready().boxed(),
+            caches.controller_managers.wait_until_ready().boxed(),
+            caches.secrets.wait_until_ready().boxed(),
+        ];
+        for wait in waits {
+            if wait.await.is_err() {
+                tracing::warn!("a watch cache stopped before its first list");
+            }
+        }
+        (caches, subscriptions, drivers)
+    }
+
+    /// The Secret's metadata as last seen, or `None` when the cache has not seen it.
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<PartialObjectMeta<Secret>>> {
+        self.secrets.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The NestedControlPlane `name` in `namespace`, as last seen.
+    pub fn control_plane(&self, namespace: &str, name: &str) -> Option<Arc<NestedControlPlane>> {
+        self.control_planes.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The control planes `secret` belongs to: the NestedControlPlane owning it (capn's own
+    /// Secrets), else those whose cluster has a Secret of that name (design §6), so that
+    /// user-supplied Secrets without an owner count too.
+    pub fn control_planes_of_secret(&self, secret: &PartialObjectMeta<Secret>) -> Vec<Arc<NestedControlPlane>> {
+        let Some(ns) = ResourceExt::namespace(secret) else {
+            return Vec::new();
+        };
+        let owners: Vec<_> = secret
+            .owner_references()
+            .iter()
+            .filter(|o| o.kind == <NestedControlPlane as Resource>::kind(&()))
+            .filter_map(|o| self.control_plane(&ns, &o.name))
+            .collect();
+        if !owners.is_empty() {
+            return owners;
+        }
+        let name = secret.name_any();
+        let clusters: Vec<&str> = SecretNames::clusters_of(&name).collect();
+        if clusters.is_empty() {
+            return Vec::new();
+        }
+        self.control_planes.state_filter(|ncp| {
+            ResourceExt::namespace(ncp).as_deref() == Some(ns.as_ref())
+                && clusters.contains(&cluster_name(ncp).as_ref())
+        })
+    }
+
+    /// A stream of the control plane objects of kind `K` (mapped by `map`) whose Secrets
+    /// changed or were deleted.
+    pub fn secret_triggers<K, F>(self: &Arc<Self>, map: F) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
+    where
+        K: Lookup<DynamicType = ()> + Clone + 'static,
+        F: Fn(&NestedControlPlane) -> Option<ObjectRef<K>> + Send + Sync + 'static,
+    {
+        let caches = self.clone();
+        let receiver = self.secret_events.subscribe();
+        futures::stream::unfold(receiver, |mut receiver| async move {
+            loop {
+                match receiver.recv().await {
+                    Ok(secret) => return Some((secret, receiver)),
+                    Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                        tracing::debug!(skipped, "Secret triggers lagged");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+        .flat_map(move |secret| {
+            let refs: Vec<ObjectRef<K>> = caches
+                .control_planes_of_secret(&secret)
+                .iter()
+                .filter_map(|ncp| map(ncp))
+                .collect();
+            futures::stream::iter(refs)
+        })
+    }
+}

@@ -1,0 +1,416 @@
+//! Issue "Certificates that reach the running processes": on the real super cluster with the
+//! StatefulSet stand-in — a re-issued Secret rolls exactly the components that read it at
+//! start, a deleted CA is reported at once and nothing is invented, short validities renew,
+//! and a requested CA rotation walks every phase. The booted proofs are in `boot.rs`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use capn::api::NestedControlPlane;
+use capn::controllers::Settings;
+use capn::controllers::rotation::ROTATE_ANNOTATION;
+use capn::plan::CERTIFICATES_DIGEST_ANNOTATION;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Event, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::harness::*;
+use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
+
+/// The certificates digest on each StatefulSet's pod template.
+async fn digests(client: &Client, ns: &str) -> BTreeMap<String, String> {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| {
+            let digest = s
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.template.metadata.as_ref())
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(CERTIFICATES_DIGEST_ANNOTATION).cloned())
+                .unwrap_or_default();
+            (s.name_any(), digest)
+        })
+        .collect()
+}
+
+/// Stands in for the StatefulSet controller and kubelet for as long as it lives: whenever a
+/// StatefulSet's template changes (a roll), its pods are "rolled" and ready again.
+struct RollingStandIn(Arc<AtomicBool>, tokio::task::JoinHandle<()>);
+
+impl RollingStandIn {
+    fn start(client: &Client, ns: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (client, ns, flag) = (client.clone(), ns.to_string(), stop.clone());
+        let task = tokio::spawn(async move {
+            let api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+            while !flag.load(Ordering::SeqCst) {
+                for sts in api
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default()
+                {
+                    let observed = sts.status.as_ref().and_then(|s| s.observed_generation);
+                    if observed != sts.metadata.generation {
+                        let _ = mark_statefulset_ready(&client, &ns, &sts.name_any()).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Self(stop, task)
+    }
+
+    async fn stop(self) {
+        self.0.store(true, Ordering::SeqCst);
+        let _ = self.1.await;
+    }
+}
+
+async fn ready_demo(client: &Client, ns: &str) {
+    wait_until("the NestedControlPlane is ready", STEP, || async {
+        control_plane(client, ns, "demo")
+            .await
+            .status
+            .filter(|s| s.ready)
+            .map(|_| ())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reissued_secret_rolls_exactly_the_components_that_read_it_at_start() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    bring_up(&client, &ns, "demo").await;
+    let before = digests(&client, &ns).await;
+    assert_eq!(before.len(), 3);
+    for (name, digest) in &before {
+        assert_eq!(digest.len(), 32, "{name} carries a digest, not the placeholder");
+    }
+    let fingerprints = secret_fingerprints(&client, &ns).await;
+
+    // kube-apiserver reads its etcd client certificate only at start.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    secrets
+        .delete("demo-apiserver-etcd-client", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until("the apiserver's pod template changes", STEP, || async {
+        let now = digests(&client, &ns).await;
+        (now["demo-apiserver"] != before["demo-apiserver"]).then_some(now)
+    })
+    .await;
+    let reissued = secret_fingerprints(&client, &ns).await;
+    assert_ne!(
+        reissued["demo-apiserver-etcd-client"], fingerprints["demo-apiserver-etcd-client"],
+        "re-issued from the etcd CA"
+    );
+    let after = digests(&client, &ns).await;
+    assert_eq!(after["demo-etcd"], before["demo-etcd"], "etcd does not mount it");
+    assert_eq!(
+        after["demo-controller-manager"], before["demo-controller-manager"],
+        "the controller-manager does not mount it"
+    );
+    let applied = Api::<capn::api::NestedAPIServer>::namespaced(client.clone(), &ns)
+        .get("demo-apiserver")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.certificates)
+        .expect("the applied certificates are in status");
+    assert_eq!(applied.digest, after["demo-apiserver"]);
+    assert!(applied.secrets.contains(&"demo-apiserver-etcd-client".to_string()));
+    assert!(
+        !applied.secrets.contains(&"demo-apiserver".to_string()),
+        "the serving certificate is reloaded by the apiserver: the channel says so"
+    );
+
+    // The serving certificate is reloaded by kube-apiserver itself: re-issued, no roll.
+    make_ready(&client, &ns, "demo-apiserver").await;
+    ready_demo(&client, &ns).await;
+    let before = digests(&client, &ns).await;
+    let serving = secret_fingerprints(&client, &ns).await["demo-apiserver"].clone();
+    secrets
+        .delete("demo-apiserver", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until("the serving certificate is re-issued", STEP, || async {
+        secret_fingerprints(&client, &ns)
+            .await
+            .get("demo-apiserver")
+            .filter(|f| **f != serving)
+            .map(|_| ())
+    })
+    .await;
+    assert_eq!(digests(&client, &ns).await, before, "nothing rolls");
+    capn.stop().await;
+}
+
+#[tokio::test]
+async fn a_deleted_ca_is_reported_at_once_changes_nothing_and_its_restore_reissues_nothing() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    bring_up(&client, &ns, "demo").await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let ca = secrets.get("demo-ca").await.unwrap();
+    let fingerprints = secret_fingerprints(&client, &ns).await;
+    let workloads = statefulset_versions(&client, &ns).await;
+
+    secrets.delete("demo-ca", &DeleteParams::default()).await.unwrap();
+    // Within the step bound (seconds), not at the hourly re-check.
+    let condition = wait_until("CertificatesAvailable turns False", STEP, || async {
+        control_plane(&client, &ns, "demo")
+            .await
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "CertificatesAvailable" && c.status == "False")
+    })
+    .await;
+    assert_eq!(condition.reason, "CertificateAuthorityMissing");
+    assert!(
+        condition.message.contains("restoring the Secret from a backup")
+            && condition.message.contains(ROTATE_ANNOTATION),
+        "the message says how to recover: {}",
+        condition.message
+    );
+    let events = Api::<Event>::namespaced(client.clone(), &ns);
+    wait_until("a Warning Event says so", STEP, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("CertificateAuthorityMissing"))
+            .map(|_| ())
+    })
+    .await;
+    // Nothing is invented or changed while it is missing: the components are woken by the
+    // deletion too, and must leave everything as it is.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(secrets.get_opt("demo-ca").await.unwrap().is_none(), "no CA was minted");
+    let mut now = secret_fingerprints(&client, &ns).await;
+    now.remove("demo-ca");
+    let mut expected = fingerprints.clone();
+    expected.remove("demo-ca");
+    assert_eq!(now, expected, "no certificate was re-issued");
+    assert_eq!(
+        statefulset_versions(&client, &ns).await,
+        workloads,
+        "no workload was touched"
+    );
+
+    // Restoring the Secret from a backup converges with no re-issue.
+    let mut restored = ca.clone();
+    restored.metadata = kube::api::ObjectMeta {
+        name: Some("demo-ca".into()),
+        labels: ca.metadata.labels.clone(),
+        ..Default::default()
+    };
+    secrets.create(&PostParams::default(), &restored).await.unwrap();
+    wait_until("CertificatesAvailable turns True again", STEP, || async {
+        control_plane(&client, &ns, "demo")
+            .await
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "CertificatesAvailable" && c.status == "True")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        secret_fingerprints(&client, &ns).await,
+        fingerprints,
+        "nothing re-issued"
+    );
+    assert_eq!(moved_statefulsets(&client, &ns, &workloads).await, Vec::<String>::new());
+    capn.stop().await;
+}
+
+/// The StatefulSets whose resourceVersion moved since `before`.
+async fn moved_statefulsets(client: &Client, ns: &str, before: &[(String, Option<String>)]) -> Vec<String> {
+    let now = statefulset_versions(client, ns).await;
+    now.iter()
+        .zip(before)
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.0.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn short_validity_renews_every_leaf_and_status_names_the_next_renewal() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let mut settings = Settings {
+        namespace: Some(ns.clone()),
+        certificate_validity: Some(Duration::from_secs(30)),
+        ..Settings::default()
+    };
+    settings.enabled.public_crds = false;
+    let capn = Capn::start_with_settings(&client, settings, &[]);
+    let stand_in = RollingStandIn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    ready_demo(&client, &ns).await;
+    let status = control_plane(&client, &ns, "demo").await.status.unwrap();
+    let renewal = status.next_certificate_renewal.expect("the next renewal is named");
+    let expiry = status.certificates_expiry_date.expect("the earliest expiry is named");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let in_secs = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| (t.0 - now).get_seconds();
+    assert!(
+        in_secs(&renewal.time) <= 21,
+        "renewed at two thirds of 30 s: {renewal:?}"
+    );
+    assert!(in_secs(&expiry) <= 31, "leaves expire within 30 s: {expiry:?}");
+    let first = secret_fingerprints(&client, &ns).await;
+    let digests_first = digests(&client, &ns).await;
+    // Every leaf and kubeconfig is renewed, CAs are not.
+    let renewed = wait_until("every leaf is renewed", Duration::from_secs(60), || async {
+        let now = secret_fingerprints(&client, &ns).await;
+        let leaves = now
+            .keys()
+            .filter(|k| !["demo-ca", "demo-etcd", "demo-proxy", "demo-sa"].contains(&k.as_str()));
+        leaves.clone().all(|k| now[k] != first[k]).then_some(now)
+    })
+    .await;
+    for ca in ["demo-ca", "demo-etcd", "demo-proxy", "demo-sa"] {
+        assert_eq!(renewed[ca], first[ca], "{ca} is not renewed");
+    }
+    let digests_now = digests(&client, &ns).await;
+    assert_ne!(
+        digests_now["demo-apiserver"], digests_first["demo-apiserver"],
+        "etcd client renewed: roll"
+    );
+    assert_ne!(
+        digests_now["demo-controller-manager"], digests_first["demo-controller-manager"],
+        "kubeconfig renewed: roll"
+    );
+    assert_eq!(
+        digests_now["demo-etcd"], digests_first["demo-etcd"],
+        "etcd reloads its own certificate"
+    );
+    ready_demo(&client, &ns).await;
+    stand_in.stop().await;
+    capn.stop().await;
+}
+
+#[tokio::test]
+async fn a_requested_ca_rotation_walks_every_phase_and_ends_with_only_the_new_ca() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    let stand_in = RollingStandIn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    ready_demo(&client, &ns).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let old_ca = secret_value(&secrets.get("demo-ca").await.unwrap(), "tls.crt");
+    let ncps: Api<NestedControlPlane> = Api::namespaced(client.clone(), &ns);
+    ncps.patch(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: "ca"}}})),
+    )
+    .await
+    .unwrap();
+    let rotation = wait_until("the rotation completes", Duration::from_secs(120), || async {
+        control_plane(&client, &ns, "demo")
+            .await
+            .status?
+            .certificate_authority_rotation
+            .filter(|r| r.phase == "Completed")
+    })
+    .await;
+    assert_eq!(
+        rotation.phases.iter().map(|p| p.phase.as_str()).collect::<Vec<_>>(),
+        ["NewAuthority", "TrustBoth", "SignWithNew", "DropOld"]
+    );
+    let new_ca = secret_value(&secrets.get("demo-ca").await.unwrap(), "tls.crt");
+    assert_ne!(new_ca, old_ca);
+    assert_eq!(
+        new_ca.matches("BEGIN CERTIFICATE").count(),
+        1,
+        "only the new CA is trusted"
+    );
+    assert!(
+        secrets.get_opt("demo-ca-next").await.unwrap().is_none(),
+        "the staging Secret is gone"
+    );
+    let new_der = pem_to_der(&new_ca);
+    for leaf in ["demo-apiserver", "demo-apiserver-kubelet-client"] {
+        let der = pem_to_der(&secret_value(&secrets.get(leaf).await.unwrap(), "tls.crt"));
+        assert!(signed_by(&der, &new_der), "{leaf} is signed by the new CA");
+    }
+    for kubeconfig in ["demo-kubeconfig", "demo-controller-manager-kubeconfig"] {
+        let text = secret_value(&secrets.get(kubeconfig).await.unwrap(), "value");
+        let value: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        let decode = |p: &str| {
+            use base64::Engine;
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(value.pointer(p).and_then(|v| v.as_str()).unwrap())
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            decode("/clusters/0/cluster/certificate-authority-data"),
+            new_ca,
+            "{kubeconfig}"
+        );
+        let client_der = pem_to_der(&decode("/users/0/user/client-certificate-data"));
+        assert!(
+            signed_by(&client_der, &new_der),
+            "{kubeconfig}'s client is signed by the new CA"
+        );
+    }
+    let events = Api::<Event>::namespaced(client.clone(), &ns);
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for phase in ["TrustBoth", "SignWithNew", "DropOld", "Completed"] {
+        assert!(reasons.iter().any(|r| r == phase), "an Event for {phase}: {reasons:?}");
+    }
+    // The same request again does nothing; an unknown authority is refused with a condition.
+    ncps.patch(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: "kubelet"}}})),
+    )
+    .await
+    .unwrap();
+    let refused = wait_until("an unknown authority is refused", STEP, || async {
+        control_plane(&client, &ns, "demo")
+            .await
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "CertificateAuthorityRotation" && c.reason == "InvalidRotationRequest")
+    })
+    .await;
+    assert!(
+        refused.message.contains("ca, etcd, front-proxy, sa"),
+        "{}",
+        refused.message
+    );
+    stand_in.stop().await;
+    capn.stop().await;
+}
