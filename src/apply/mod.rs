@@ -62,10 +62,68 @@ impl ApplyError {
     }
 }
 
-/// Applies rendered objects; remembers which API resource serves each kind.
+/// Applies rendered objects; remembers which API resource serves each kind, and what it
+/// applied last (the design §5 short cut: a planned object equal to what was last applied,
+/// with no drift seen on it, costs no request).
 pub struct Applier {
     client: Client,
     resources: Mutex<HashMap<(String, String), ApiResource>>,
+    applied: Mutex<HashMap<ObjectKey, Applied>>,
+}
+
+/// `(namespace, apiVersion, kind, name)` of an applied object.
+type ObjectKey = (String, String, String, String);
+
+/// What was last applied for one object: a hash of the object sent, and what the API
+/// server returned that reveals a later change by someone else.
+#[derive(Clone, Debug)]
+struct Applied {
+    hash: u64,
+    generation: Option<i64>,
+    resource_version: Option<String>,
+    at: std::time::Instant,
+}
+
+/// What the caller knows about the live object, to judge drift without a request.
+pub enum Live {
+    /// The object as the watch cache holds it now (`None`: not in the cache).
+    Cached(Option<serde_json::Value>),
+    /// Nobody watches this kind.
+    Unwatched,
+}
+
+/// Kinds whose readiness never depends on what the API server reports: when unchanged and
+/// unwatched, they are re-applied only after [`UNWATCHED_REAPPLY`].
+const STATIC_KINDS: &[&str] = &[
+    "ConfigMap",
+    "Secret",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "PodDisruptionBudget",
+    "NetworkPolicy",
+];
+
+/// How long an unchanged object of a kind nobody watches is trusted to be as applied:
+/// after that it is applied again, which repairs any drift (once an hour, like the
+/// certificate re-check).
+pub const UNWATCHED_REAPPLY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+fn hash_of(object: &serde_json::Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    object.to_string().hash(&mut hasher);
+    hasher.finish()
+}
+
+fn key_of(object: &serde_json::Value) -> Option<ObjectKey> {
+    let s = |p: &str| object.pointer(p).and_then(|v| v.as_str()).map(str::to_string);
+    Some((
+        s("/metadata/namespace").unwrap_or_default(),
+        s("/apiVersion")?,
+        s("/kind")?,
+        s("/metadata/name")?,
+    ))
 }
 
 impl Applier {
@@ -73,6 +131,74 @@ impl Applier {
         Self {
             client,
             resources: Mutex::default(),
+            applied: Mutex::default(),
+        }
+    }
+
+    /// Applies `object` unless it equals what was last applied and `live` shows no change
+    /// since: a watched object whose `metadata.generation` (or, without one, its
+    /// resourceVersion) is still what the last apply returned, or an unwatched object of a
+    /// kind whose readiness needs no status, applied less than [`UNWATCHED_REAPPLY`] ago.
+    /// Returns the object as the API server holds it (from the cache when nothing was sent).
+    ///
+    /// # Errors
+    /// As [`Self::apply`].
+    pub async fn apply_if_changed(
+        &self,
+        object: &serde_json::Value,
+        live: Live,
+    ) -> Result<serde_json::Value, ApplyError> {
+        let key = key_of(object).ok_or(ApplyError::Malformed)?;
+        let hash = hash_of(object);
+        let last = self.applied.lock().ok().and_then(|m| m.get(&key).cloned());
+        if let Some(last) = last.filter(|l| l.hash == hash) {
+            match live {
+                Live::Cached(Some(live)) => {
+                    let generation = live.pointer("/metadata/generation").and_then(|g| g.as_i64());
+                    let unchanged = match generation {
+                        Some(g) => Some(g) == last.generation,
+                        None => {
+                            live.pointer("/metadata/resourceVersion").and_then(|v| v.as_str())
+                                == last.resource_version.as_deref()
+                        }
+                    };
+                    if unchanged {
+                        return Ok(live);
+                    }
+                }
+                Live::Unwatched if STATIC_KINDS.contains(&key.2.as_str()) && last.at.elapsed() < UNWATCHED_REAPPLY => {
+                    return Ok(object.clone());
+                }
+                _ => {}
+            }
+        }
+        let applied = self.apply(object).await?;
+        let record = Applied {
+            hash,
+            generation: applied.pointer("/metadata/generation").and_then(|g| g.as_i64()),
+            resource_version: applied
+                .pointer("/metadata/resourceVersion")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            at: std::time::Instant::now(),
+        };
+        if let Ok(mut m) = self.applied.lock() {
+            m.insert(key, record);
+        }
+        Ok(applied)
+    }
+
+    /// Forgets what was applied for `entries` in `namespace` (pruned objects).
+    pub fn forget(&self, namespace: &str, entries: &[InventoryEntry]) {
+        if let Ok(mut m) = self.applied.lock() {
+            for e in entries {
+                m.remove(&(
+                    namespace.to_string(),
+                    e.api_version.clone(),
+                    e.kind.clone(),
+                    e.name.clone(),
+                ));
+            }
         }
     }
 
@@ -145,6 +271,7 @@ impl Applier {
     /// # Errors
     /// API errors other than NotFound.
     pub async fn prune(&self, namespace: &str, stale: &[InventoryEntry], applyset_id: &str) -> Result<(), ApplyError> {
+        self.forget(namespace, stale);
         for entry in stale {
             let ar = match self.resource(&entry.api_version, &entry.kind).await {
                 Ok(ar) => ar,

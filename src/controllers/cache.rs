@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Lookup, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -27,6 +28,7 @@ use tokio::task::JoinHandle;
 
 use super::read::cluster_name;
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use crate::apply::Live;
 use crate::pki::SecretNames;
 
 /// Events a shared reflector buffers per subscriber before it waits for the slowest one.
@@ -45,6 +47,11 @@ pub struct Caches {
     pub controller_managers: Store<NestedControllerManager>,
     /// Metadata of every Secret in the watched namespaces.
     pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// The StatefulSets capn applied (label `app.kubernetes.io/managed-by=capn`), without
+    /// their pod templates: readiness needs the counts, not the template.
+    pub statefulsets: Store<StatefulSet>,
+    /// The Services capn applied.
+    pub services: Store<Service>,
     secret_events: broadcast::Sender<Arc<PartialObjectMeta<Secret>>>,
 }
 
@@ -55,6 +62,8 @@ pub struct Subscriptions {
     pub etcds: ReflectHandle<NestedEtcd>,
     pub apiservers: ReflectHandle<NestedAPIServer>,
     pub controller_managers: ReflectHandle<NestedControllerManager>,
+    pub statefulsets: ReflectHandle<StatefulSet>,
+    pub services: ReflectHandle<Service>,
 }
 
 /// Drops everything a value holds only once: keeps the reflector tasks alive while the
@@ -74,8 +83,20 @@ fn strip<K: Resource>(object: &mut K) {
     object.annotations_mut().remove(LAST_APPLIED);
 }
 
-/// A shared reflector of `K`: its store, one subscription, and the task driving the watch.
-fn shared<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, ReflectHandle<K>, JoinHandle<()>)
+fn strip_statefulset(sts: &mut StatefulSet) {
+    strip(sts);
+    if let Some(spec) = sts.spec.as_mut() {
+        spec.template = Default::default();
+        spec.volume_claim_templates = None;
+    }
+}
+
+/// Label of everything capn applies.
+const MANAGED: &str = "app.kubernetes.io/managed-by=capn";
+
+/// A shared reflector of `K`: its store, one subscription, and the task driving the watch;
+/// `modify` trims each object before it is cached.
+fn shared<K>(api: Api<K>, config: watcher::Config, modify: fn(&mut K)) -> (Store<K>, ReflectHandle<K>, JoinHandle<()>)
 where
     K: Resource<DynamicType = ()>
         + Lookup<DynamicType = ()>
@@ -90,7 +111,7 @@ where
     let handle = writer.subscribe().expect("a shared store hands out subscriptions");
     let driver = watcher(api, config)
         .default_backoff()
-        .modify(strip)
+        .modify(modify)
         .reflect_shared(writer)
         .for_each(|event| {
             if let Err(error) = event {
@@ -121,12 +142,16 @@ impl Caches {
             let (etcds, subscribe_etcd) = reflector::store_shared(1);
             let (apiservers, subscribe_apiserver) = reflector::store_shared(1);
             let (controller_managers, subscribe_cm) = reflector::store_shared(1);
+            let (statefulsets, subscribe_sts) = reflector::store_shared(1);
+            let (services, subscribe_svc) = reflector::store_shared(1);
             let subscription = "a shared store hands out subscriptions";
             let subscriptions = Subscriptions {
                 control_planes: subscribe_cp.subscribe().expect(subscription),
                 etcds: subscribe_etcd.subscribe().expect(subscription),
                 apiservers: subscribe_apiserver.subscribe().expect(subscription),
                 controller_managers: subscribe_cm.subscribe().expect(subscription),
+                statefulsets: subscribe_sts.subscribe().expect(subscription),
+                services: subscribe_svc.subscribe().expect(subscription),
             };
             let caches = Caches {
                 control_planes,
@@ -134,6 +159,8 @@ impl Caches {
                 apiservers,
                 controller_managers,
                 secrets: reflector::store().0,
+                statefulsets,
+                services,
                 secret_events: broadcast::channel(1).0,
             };
             return (Arc::new(caches), subscriptions, Drivers(Vec::new()));
@@ -147,10 +174,13 @@ impl Caches {
                 None => Api::all(client.clone()),
             }
         }
-        let (control_planes, cp_handle, cp_task) = shared(api(client, namespace), primary.clone());
-        let (etcds, etcd_handle, etcd_task) = shared(api(client, namespace), primary.clone());
-        let (apiservers, apiserver_handle, apiserver_task) = shared(api(client, namespace), primary.clone());
-        let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary);
+        let (control_planes, cp_handle, cp_task) = shared(api(client, namespace), primary.clone(), strip);
+        let (etcds, etcd_handle, etcd_task) = shared(api(client, namespace), primary.clone(), strip);
+        let (apiservers, apiserver_handle, apiserver_task) = shared(api(client, namespace), primary.clone(), strip);
+        let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary, strip);
+        let managed = watcher::Config::default().labels(MANAGED);
+        let (statefulsets, sts_handle, sts_task) = shared(api(client, namespace), managed.clone(), strip_statefulset);
+        let (services, svc_handle, svc_task) = shared(api(client, namespace), managed, strip);
 
         let (secret_reader, secret_writer) = reflector::store();
         let (secret_events, _) = broadcast::channel(SECRET_EVENTS);
@@ -180,14 +210,26 @@ impl Caches {
             apiservers,
             controller_managers,
             secrets: secret_reader,
+            statefulsets,
+            services,
             secret_events,
         });
-        let drivers = Drivers(vec![cp_task, etcd_task, apiserver_task, cm_task, secret_task]);
+        let drivers = Drivers(vec![
+            cp_task,
+            etcd_task,
+            apiserver_task,
+            cm_task,
+            sts_task,
+            svc_task,
+            secret_task,
+        ]);
         let subscriptions = Subscriptions {
             control_planes: cp_handle,
             etcds: etcd_handle,
             apiservers: apiserver_handle,
             controller_managers: cm_handle,
+            statefulsets: sts_handle,
+            services: svc_handle,
         };
         // The subscriptions are not polled yet: the shared reflectors may only fill as far
         // as their buffers before the controllers start, so wait for the lists while
@@ -198,6 +240,8 @@ impl Caches {
             caches.apiservers.wait_until_ready().boxed(),
             caches.controller_managers.wait_until_ready().boxed(),
             caches.secrets.wait_until_ready().boxed(),
+            caches.statefulsets.wait_until_ready().boxed(),
+            caches.services.wait_until_ready().boxed(),
         ];
         for wait in waits {
             if wait.await.is_err() {
@@ -210,6 +254,28 @@ impl Caches {
     /// The Secret's metadata as last seen, or `None` when the cache has not seen it.
     pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<PartialObjectMeta<Secret>>> {
         self.secrets.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// The cached object a planned object will become, as JSON, for the StatefulSets and
+    /// Services the caches watch; [`Live::Unwatched`] for every other kind.
+    pub fn live(&self, object: &serde_json::Value) -> Live {
+        let s = |p: &str| object.pointer(p).and_then(|v| v.as_str()).unwrap_or_default();
+        let key = |name: &str, ns: &str| (name.to_string(), ns.to_string());
+        let (name, ns) = key(s("/metadata/name"), s("/metadata/namespace"));
+        let json = |v: Option<serde_json::Value>| Live::Cached(v);
+        match (s("/apiVersion"), s("/kind")) {
+            ("apps/v1", "StatefulSet") => json(
+                self.statefulsets
+                    .get(&ObjectRef::new(&name).within(&ns))
+                    .and_then(|o| serde_json::to_value(&*o).ok()),
+            ),
+            ("v1", "Service") => json(
+                self.services
+                    .get(&ObjectRef::new(&name).within(&ns))
+                    .and_then(|o| serde_json::to_value(&*o).ok()),
+            ),
+            _ => Live::Unwatched,
+        }
     }
 
     /// The NestedControlPlane `name` in `namespace`, as last seen.

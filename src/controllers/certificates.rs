@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
@@ -460,6 +461,11 @@ impl<'a> CertificateStore<'a> {
     ///
     /// # Errors
     /// API errors; PKI errors while issuing.
+    ///
+    /// With `with_signer`, the Secret also holds the CA's signing certificate alone and its
+    /// key ([`SIGNING_CERT_KEY`], [`SIGNING_KEY_KEY`]): kube-controller-manager's CSR signer
+    /// accepts exactly one certificate in `--cluster-signing-cert-file`, while the CA
+    /// Secret's `tls.crt` holds two during a CA rotation.
     pub async fn ensure_kubeconfig(
         &self,
         name: &str,
@@ -467,8 +473,11 @@ impl<'a> CertificateStore<'a> {
         wanted: &LeafSpec,
         user: &str,
         server_url: &str,
+        with_signer: bool,
     ) -> Result<(OffsetDateTime, OffsetDateTime), ReconcileError> {
-        let times = self.ensure_kubeconfig_inner(name, ca, wanted, user, server_url).await?;
+        let times = self
+            .ensure_kubeconfig_inner(name, ca, wanted, user, server_url, with_signer)
+            .await?;
         self.note_renewal(name, times.1);
         Ok(times)
     }
@@ -480,8 +489,9 @@ impl<'a> CertificateStore<'a> {
         wanted: &LeafSpec,
         user: &str,
         server_url: &str,
+        with_signer: bool,
     ) -> Result<(OffsetDateTime, OffsetDateTime), ReconcileError> {
-        let wanted_hash = wanted_hash(&[wanted, &self.policy, &user, &server_url]);
+        let wanted_hash = wanted_hash(&[wanted, &self.policy, &user, &server_url, &with_signer]);
         if let Some(kept) = self.still_current(name, ca, wanted_hash) {
             return Ok(kept);
         }
@@ -491,6 +501,7 @@ impl<'a> CertificateStore<'a> {
             && let Some(current) = parse_kubeconfig(&text)
             && current.server == server_url
             && current.ca_pem == loaded.cert_pem()
+            && (!with_signer || signer_of(&secret) == Some(signer(&loaded)))
             && let Some((not_after, renew_at)) = check_leaf(&current.client, &loaded, wanted, &self.policy, self.now)
         {
             self.remember(name, &secret, Some(self.verdict(ca, wanted_hash, renew_at)));
@@ -508,11 +519,17 @@ impl<'a> CertificateStore<'a> {
             not_after = %rfc3339(not_after),
             "wrote kubeconfig"
         );
-        let secret = Self::annotate(
+        let mut secret = Self::annotate(
             kubeconfig_secret(name, self.namespace, self.cluster, &config),
             not_after,
             Some(renew_at),
         );
+        if with_signer {
+            let pair = signer(&loaded);
+            let data = secret.data.get_or_insert_with(Default::default);
+            data.insert(SIGNING_CERT_KEY.into(), ByteString(pair.cert_pem.into_bytes()));
+            data.insert(SIGNING_KEY_KEY.into(), ByteString(pair.key_pem.into_bytes()));
+        }
         self.write(secret, Some(self.verdict(ca, wanted_hash, renew_at)))
             .await?;
         Ok((not_after, renew_at))
@@ -591,6 +608,32 @@ impl CertificateStore<'_> {
         let meta = self.ctx.caches.secret(self.namespace, name)?;
         Some(meta.owner_references().iter().any(|o| o.uid == self.owner.uid))
     }
+}
+
+/// Key of the CA's signing certificate (alone) in the controller-manager's kubeconfig Secret.
+pub const SIGNING_CERT_KEY: &str = "ca-signing.crt";
+/// Key of the CA's signing key in the controller-manager's kubeconfig Secret.
+pub const SIGNING_KEY_KEY: &str = "ca-signing.key";
+
+/// The CA's signing certificate alone (the first of its `tls.crt`) and its key.
+fn signer(ca: &CertificateAuthority) -> KeyPairPem {
+    KeyPairPem {
+        cert_pem: crate::pki::rotation::pem_blocks(ca.cert_pem())
+            .into_iter()
+            .next()
+            .unwrap_or_default(),
+        key_pem: ca.pem().key_pem.clone(),
+    }
+}
+
+/// The signing pair a Secret holds under [`SIGNING_CERT_KEY`] and [`SIGNING_KEY_KEY`].
+fn signer_of(secret: &Secret) -> Option<KeyPairPem> {
+    let data = secret.data.as_ref()?;
+    let text = |key: &str| String::from_utf8(data.get(key)?.0.clone()).ok();
+    Some(KeyPairPem {
+        cert_pem: text(SIGNING_CERT_KEY)?,
+        key_pem: text(SIGNING_KEY_KEY)?,
+    })
 }
 
 /// The parts of a kubeconfig capn checks before rewriting it.

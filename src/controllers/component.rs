@@ -14,13 +14,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -256,13 +253,12 @@ pub fn run<K: ComponentResource>(
     ctx: Arc<Context>,
     subscriptions: &Subscriptions,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=capn");
     let secrets = ctx
         .caches
         .secret_triggers(|ncp: &NestedControlPlane| reference_of::<K>(ncp));
     let mut controller = Controller::for_shared_stream(K::subscription(subscriptions), K::cache(&ctx.caches).clone())
-        .owns(ctx.api::<StatefulSet>(), owned.clone())
-        .owns(ctx.api::<Service>(), owned)
+        .owns_shared_stream(subscriptions.statefulsets.clone())
+        .owns_shared_stream(subscriptions.services.clone())
         // A control plane's spec or status change (a new version, a sibling's status) wakes
         // its components.
         .watches_shared_stream(subscriptions.control_planes.clone(), |ncp| reference_of::<K>(&ncp))
@@ -527,7 +523,7 @@ async fn drive<K: ComponentResource>(
     let services = plan.objects.iter().take_while(|o| apply_rank(o) == 0).count();
     let mut applied = Vec::with_capacity(plan.objects.len());
     for object in &plan.objects[..services] {
-        applied.push(ctx.applier.apply(object).await?);
+        applied.push(ctx.applier.apply_if_changed(object, ctx.caches.live(object)).await?);
     }
     if let Gate::Wait { reason, message } = K::ensure_certificates(&store, &cluster, &ncp, &plan, &applied).await? {
         return Ok(Outcome::Waiting { reason, message });
@@ -545,7 +541,7 @@ async fn drive<K: ComponentResource>(
     };
     stamp_certificates_digest(&mut plan.objects[services..], &certificates.digest);
     for object in &plan.objects[services..] {
-        applied.push(ctx.applier.apply(object).await?);
+        applied.push(ctx.applier.apply_if_changed(object, ctx.caches.live(object)).await?);
     }
     // Prune only after every apply of the round succeeded.
     let stale: Vec<InventoryEntry> = previous.into_iter().filter(|e| !planned.contains(e)).collect();

@@ -243,6 +243,7 @@ async fn drive(
                 &admin_leaf(),
                 &admin_user(&cluster.name),
                 &server,
+                false,
             )
             .await?;
         expiry.push(admin_expiry);

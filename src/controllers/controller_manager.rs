@@ -65,6 +65,7 @@ impl ComponentResource for NestedControllerManager {
                 &controller_manager_leaf(),
                 CONTROLLER_MANAGER_USER,
                 &server,
+                true,
             )
             .await?;
         Ok(Gate::Open(Upstream::default()))

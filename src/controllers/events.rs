@@ -36,6 +36,12 @@ where
             continue;
         }
         let warning = c.status != "True" && !c.reason.starts_with("Waiting") && c.reason != "Provisioning";
+        // A condition appearing for the first time as False without a failure (`Paused`
+        // False, `Ready` False while provisioning...) is no news: the status says it, and an
+        // Event per condition per object would cost the super cluster a write each.
+        if before.is_none() && c.status == "False" && !warning {
+            continue;
+        }
         let note = format!("{} is {}: {}", c.type_, c.status, c.message);
         publish(ctx, object, warning, &c.reason, note, "Reconcile").await;
     }

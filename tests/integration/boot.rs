@@ -18,37 +18,58 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::harness::{Capn, apply_doc, apply_example, secret, secret_value};
+use crate::harness::{Capn, CapnProcess, apply_doc, apply_example, secret, secret_value};
 use crate::support::runner::Runner;
 use crate::support::{cluster, test_namespace};
 
 /// From apply to a ready control plane: generous, the tests share two cores with the others.
 const BOOT: Duration = Duration::from_secs(360);
 /// One step inside a booted control plane.
-const STEP: Duration = Duration::from_secs(90);
+pub(crate) const STEP: Duration = Duration::from_secs(90);
 
 /// Prints past libtest's capture, so timings show in every run.
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "boot: {line}");
 }
 
 /// A booted control plane `demo` in its own namespace.
-struct Booted {
-    client: Client,
-    ns: String,
-    runner: Runner,
-    capn: Capn,
+pub(crate) struct Booted {
+    pub client: Client,
+    pub ns: String,
+    pub runner: Runner,
+    capn: Running,
+}
+
+/// How capn runs next to a booted control plane.
+pub(crate) enum Running {
+    InProcess(Capn),
+    Process(CapnProcess),
+}
+
+/// How a booted control plane's capn is started: in this test's runtime, or as `capn run`
+/// with these extra arguments (its log then goes to a file the test can read).
+pub(crate) enum StartCapn {
+    InProcess,
+    Process(Vec<String>),
 }
 
 /// Starts the runner and capn in a fresh namespace, applies `docs` (or the example) and waits
 /// for the NestedControlPlane `demo` to be ready through real readiness.
 async fn boot(test: &str, docs: Option<Vec<serde_json::Value>>) -> Booted {
+    boot_with(test, docs, StartCapn::InProcess).await
+}
+
+/// [`boot`], choosing how capn runs.
+pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, start: StartCapn) -> Booted {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
     let runner = Runner::start(&client, &ns, cluster().assets_dir())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
-    let capn = Capn::start(&client, &ns);
+    let capn = match start {
+        StartCapn::InProcess => Running::InProcess(Capn::start(&client, &ns)),
+        StartCapn::Process(args) => Running::Process(CapnProcess::start(&ns, &args)),
+    };
     let applied = Instant::now();
     match docs {
         Some(docs) => {
@@ -84,7 +105,7 @@ async fn boot(test: &str, docs: Option<Vec<serde_json::Value>>) -> Booted {
 
 impl Booted {
     /// The admin kubeconfig from `demo-kubeconfig`.
-    async fn kubeconfig(&self) -> String {
+    pub async fn kubeconfig(&self) -> String {
         let secret = secret(&self.client, &self.ns, "demo-kubeconfig")
             .await
             .expect("demo-kubeconfig exists once the control plane is ready");
@@ -94,7 +115,7 @@ impl Booted {
     /// A client of the nested control plane from a kubeconfig, through the runner's one
     /// adaptation: dial the address `demo-apiserver.<ns>.svc` resolves to, verify the
     /// certificate for that name.
-    async fn nested(&self, kubeconfig: &str) -> Client {
+    pub async fn nested(&self, kubeconfig: &str) -> Client {
         let config = self
             .runner
             .client_config(kubeconfig)
@@ -116,9 +137,20 @@ impl Booted {
             .unwrap()
     }
 
-    async fn stop(self) {
-        self.capn.stop().await;
+    pub async fn stop(self) {
+        match self.capn {
+            Running::InProcess(capn) => capn.stop().await,
+            Running::Process(process) => drop(process),
+        }
         drop(self.runner);
+    }
+
+    /// capn's log so far, when it runs as a process.
+    pub fn capn_log(&self) -> Option<String> {
+        match &self.capn {
+            Running::Process(process) => Some(process.log()),
+            Running::InProcess(_) => None,
+        }
     }
 }
 
@@ -151,7 +183,7 @@ fn cmdline(pid: i32) -> Vec<String> {
 }
 
 /// The one container of pod `pod`: its pid.
-fn pid_of(runner: &Runner, pod: &str) -> i32 {
+pub(crate) fn pid_of(runner: &Runner, pod: &str) -> i32 {
     let pods = runner.pods();
     let pod = pods
         .iter()
@@ -363,7 +395,7 @@ async fn one_replica_control_plane_boots_and_serves_through_its_kubeconfig() {
 }
 
 /// The user a client authenticates as (SelfSubjectReview), or the error text.
-async fn whoami(client: &Client) -> Result<String, String> {
+pub(crate) async fn whoami(client: &Client) -> Result<String, String> {
     let review = Api::<SelfSubjectReview>::all(client.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await
@@ -377,7 +409,7 @@ async fn whoami(client: &Client) -> Result<String, String> {
 
 /// A client of the nested control plane that presents `token` instead of the admin
 /// certificate (same server and CA).
-async fn with_token(booted: &Booted, kubeconfig: &str, token: &str) -> Client {
+pub(crate) async fn with_token(booted: &Booted, kubeconfig: &str, token: &str) -> Client {
     let mut config = booted
         .runner
         .client_config(kubeconfig)

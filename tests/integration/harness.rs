@@ -67,6 +67,55 @@ impl Capn {
     }
 }
 
+/// `capn run` as a child process for one namespace, with the test cluster's kubeconfig, its
+/// log (debug level, JSON) in a file. Killed when dropped.
+pub struct CapnProcess {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl CapnProcess {
+    /// Starts `capn run --namespace <namespace>` without the public CRD sync, on ephemeral
+    /// loopback ports, with `args` appended.
+    ///
+    /// # Panics
+    /// If the binary cannot be started.
+    pub fn start(namespace: &str, args: &[String]) -> Self {
+        let log = std::env::temp_dir().join(format!("capn-test-{namespace}.log"));
+        let file = std::fs::File::create(&log).expect("capn's log file");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_capn"))
+            .args(["run", "--namespace", namespace, "--controllers", "*,-public-crds"])
+            .args([
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+                "--health-probe-bind-address",
+                "127.0.0.1:0",
+            ])
+            .args(["--log-format", "json"])
+            .args(args)
+            .env("KUBECONFIG", crate::support::cluster().kubeconfig_path())
+            .env("RUST_LOG", "debug")
+            .stdout(file.try_clone().expect("capn's log file"))
+            .stderr(file)
+            .spawn()
+            .expect("capn starts");
+        Self { child, log }
+    }
+
+    /// Everything capn logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for CapnProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
 /// Creates every document of an example file in `namespace` (like `kubectl apply -f`).
 pub async fn apply_example(client: &Client, namespace: &str, path: &str) {
     let text = std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();

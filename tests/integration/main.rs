@@ -2,6 +2,7 @@
 //! binary; run with `KUBEBUILDER_ASSETS` set (`export KUBEBUILDER_ASSETS=$(hack/kube-assets.sh)`).
 
 mod boot;
+mod boot_certificates;
 mod capi;
 mod certificates;
 mod control_plane;

@@ -1,0 +1,325 @@
+//! Issue "Certificates that reach the running processes", proven on booted control planes
+//! (the runner plays the kubelet, refreshing Secret volumes as it does): leaves renew into
+//! the running processes for two cycles and past the first expiry, and a CA rotation keeps
+//! the tenant answering and ends with the old CA refused. capn runs as `capn run` so that
+//! its log can be searched for key material.
+//!
+//! Availability figures (probes, failures, longest outage) are printed, not asserted as
+//! times; what is asserted is behaviour: every outage ends, the tenant works after.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use capn::api::NestedControlPlane;
+use capn::controllers::rotation::ROTATE_ANNOTATION;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Event, Namespace, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::boot::{Booted, STEP, StartCapn, boot_with, pid_of, say, whoami, with_token};
+use crate::harness::secret_fingerprints;
+
+/// The CAs and the service-account key: never renewed.
+const AUTHORITIES: [&str; 4] = ["demo-ca", "demo-etcd", "demo-proxy", "demo-sa"];
+
+/// What a prober saw.
+#[derive(Debug, Default)]
+struct Availability {
+    probes: u32,
+    failures: u32,
+    longest_outage: Duration,
+}
+
+/// Asks `/readyz` every second through a kubeconfig read fresh from `demo-kubeconfig`, until
+/// `done`. A probe tries a fresh client up to three times (the runner resolves the Service
+/// to the pods ready at that moment, as a Service would, and one may be going away).
+async fn probe(booted: &Booted, done: &AtomicBool) -> Availability {
+    let mut seen = Availability::default();
+    let mut down_since: Option<Instant> = None;
+    while !done.load(Ordering::SeqCst) {
+        let mut ok = false;
+        for _ in 0..3 {
+            let kubeconfig = booted.kubeconfig().await;
+            if let Ok(config) = booted.runner.client_config(&kubeconfig).await
+                && let Ok(client) = kube::Client::try_from(config)
+                && let Ok(Ok(text)) = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    client.request_text(http::Request::get("/readyz").body(Vec::new()).unwrap()),
+                )
+                .await
+                && text == "ok"
+            {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        seen.probes += 1;
+        match (ok, down_since) {
+            (true, Some(since)) => {
+                seen.longest_outage = seen.longest_outage.max(since.elapsed());
+                down_since = None;
+            }
+            (false, None) => {
+                seen.failures += 1;
+                down_since = Some(Instant::now());
+            }
+            (false, Some(_)) => seen.failures += 1,
+            (true, None) => {}
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    if let Some(since) = down_since {
+        seen.longest_outage = seen.longest_outage.max(since.elapsed());
+    }
+    seen
+}
+
+/// A client of the tenant through the kubeconfig read fresh from `demo-kubeconfig`, when an
+/// apiserver pod is ready (with one replica, a roll leaves none for a moment).
+async fn fresh_client(booted: &Booted) -> Option<kube::Client> {
+    let config = booted.runner.client_config(&booted.kubeconfig().await).await.ok()?;
+    kube::Client::try_from(config).ok()
+}
+
+/// [`fresh_client`], waiting for a ready apiserver.
+async fn tenant(booted: &Booted) -> kube::Client {
+    booted
+        .runner
+        .wait_for("an apiserver pod is ready", STEP, || fresh_client(booted))
+        .await
+}
+
+/// Creates namespace `name` in the tenant and waits for its `default` ServiceAccount: the
+/// controller-manager is alive with its current identity. Each try uses a fresh client, so
+/// that a roll in between does not leave it dialling a pod that is gone.
+async fn namespace_gets_its_service_account(booted: &Booted, name: &str) {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    booted
+        .runner
+        .wait_for(&format!("namespace {name} is created"), STEP, || async {
+            let namespaces: Api<Namespace> = Api::all(fresh_client(booted).await?);
+            match namespaces.create(&PostParams::default(), &namespace).await {
+                Ok(_) => Some(()),
+                Err(kube::Error::Api(status)) if status.code == 409 => Some(()),
+                Err(_) => None,
+            }
+        })
+        .await;
+    booted
+        .runner
+        .wait_for(&format!("{name} gets its default ServiceAccount"), STEP, || async {
+            let accounts: Api<ServiceAccount> = Api::namespaced(fresh_client(booted).await?, name);
+            accounts.get_opt("default").await.ok().flatten()
+        })
+        .await;
+}
+
+/// A TokenRequest token of a new ServiceAccount in `namespace` authenticates.
+async fn token_authenticates(booted: &Booted, namespace: &str) {
+    let nested = tenant(booted).await;
+    let kubeconfig = booted.kubeconfig().await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(nested, namespace);
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("probe".into()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("a ServiceAccount");
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let token = accounts
+        .create_token_request("probe", &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest")
+        .status
+        .and_then(|s| s.token)
+        .expect("a token");
+    assert_eq!(
+        whoami(&with_token(booted, &kubeconfig, &token).await).await.unwrap(),
+        format!("system:serviceaccount:{namespace}:probe")
+    );
+}
+
+/// No private key, raw or base64-encoded, in capn's log, its Events or the status.
+async fn no_key_material(booted: &Booted) {
+    let markers = ["PRIVATE KEY", "LS0tLS1CRUdJTi"];
+    let log = booted.capn_log().expect("capn runs as a process");
+    assert!(log.len() > 1000, "capn logged at debug level: {} bytes", log.len());
+    let events: Vec<String> = Api::<Event>::namespaced(booted.client.clone(), &booted.ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| serde_json::to_string(&e).unwrap())
+        .collect();
+    let status = serde_json::to_string(
+        &Api::<NestedControlPlane>::namespaced(booted.client.clone(), &booted.ns)
+            .get("demo")
+            .await
+            .unwrap()
+            .status,
+    )
+    .unwrap();
+    for marker in markers {
+        assert!(!log.contains(marker), "capn's log holds {marker:?}");
+        assert!(events.iter().all(|e| !e.contains(marker)), "an Event holds {marker:?}");
+        assert!(!status.contains(marker), "the status holds {marker:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_certificates_renew_into_the_running_processes_for_two_cycles() {
+    const VALIDITY: Duration = Duration::from_secs(100);
+    let booted = boot_with(
+        "renewal",
+        None,
+        StartCapn::Process(vec!["--certificate-validity".into(), "100s".into()]),
+    )
+    .await;
+    let started = Instant::now();
+    let done = AtomicBool::new(false);
+    let mut history: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let watch = async {
+        let mut checks = 0;
+        let deadline = Instant::now() + Duration::from_secs(480);
+        loop {
+            for (name, fingerprint) in secret_fingerprints(&booted.client, &booted.ns).await {
+                history.entry(name).or_default().insert(fingerprint);
+            }
+            let leaves: Vec<_> = history
+                .iter()
+                .filter(|(name, _)| !AUTHORITIES.contains(&name.as_str()))
+                .collect();
+            let renewed_twice = leaves.len() >= 7 && leaves.iter().all(|(_, seen)| seen.len() >= 3);
+            // Past the expiry of the first certificates, with every leaf renewed twice.
+            if renewed_twice && started.elapsed() > VALIDITY + Duration::from_secs(10) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "leaves not renewed twice in time: {history:?}"
+            );
+            if started.elapsed() > Duration::from_secs(30 * (checks + 1)) {
+                checks += 1;
+                namespace_gets_its_service_account(&booted, &format!("renewal-{checks}")).await;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        done.store(true, Ordering::SeqCst);
+    };
+    let (availability, ()) = tokio::join!(probe(&booted, &done), watch);
+    say(&format!(
+        "renewal, 1 apiserver: {} probes over {:.0?}, {} failed, longest outage {:.1?}",
+        availability.probes,
+        started.elapsed(),
+        availability.failures,
+        availability.longest_outage
+    ));
+    for authority in AUTHORITIES {
+        assert_eq!(history[authority].len(), 1, "{authority} is never renewed");
+    }
+    // The first certificates have expired. Make the apiserver dial etcd anew: a connection
+    // made with an expired client certificate would be refused, and /readyz would stay red.
+    let etcd = pid_of(&booted.runner, "demo-etcd-0");
+    // SAFETY: kill(2) on a process the runner started for this test.
+    unsafe { libc::kill(etcd, libc::SIGKILL) };
+    namespace_gets_its_service_account(&booted, "after-etcd-restart").await;
+    token_authenticates(&booted, "after-etcd-restart").await;
+    no_key_material(&booted).await;
+    booted.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_a_ca_rotation_keeps_the_tenant_answering_and_ends_with_the_old_ca_refused() {
+    let docs = vec![json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+        "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"},
+        "spec": {"version": "1.36", "replicas": 3},
+    })];
+    let booted = boot_with("rotation", Some(docs), StartCapn::Process(Vec::new())).await;
+    let old_kubeconfig = booted.kubeconfig().await;
+    namespace_gets_its_service_account(&booted, "before-rotation").await;
+    let ncps: Api<NestedControlPlane> = Api::namespaced(booted.client.clone(), &booted.ns);
+    let requested = Instant::now();
+    ncps.patch(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: "ca"}}})),
+    )
+    .await
+    .unwrap();
+    let done = AtomicBool::new(false);
+    let rotate = async {
+        let rotation = booted
+            .runner
+            .wait_for("the CA rotation completes", Duration::from_secs(600), || async {
+                ncps.get("demo")
+                    .await
+                    .ok()?
+                    .status?
+                    .certificate_authority_rotation
+                    .filter(|r| r.phase == "Completed")
+            })
+            .await;
+        done.store(true, Ordering::SeqCst);
+        rotation
+    };
+    let (availability, rotation) = tokio::join!(probe(&booted, &done), rotate);
+    say(&format!(
+        "CA rotation, 3 apiservers: {:.0?} in all; phases {:?}; {} probes, {} failed, longest outage {:.1?}",
+        requested.elapsed(),
+        rotation
+            .phases
+            .iter()
+            .map(|p| format!("{} at {}", p.phase, p.completion_time.0))
+            .collect::<Vec<_>>(),
+        availability.probes,
+        availability.failures,
+        availability.longest_outage
+    ));
+    // The tenant works with the new kubeconfig, its objects are there, its controller-manager
+    // and token signing work.
+    let kubeconfig = booted.kubeconfig().await;
+    assert_ne!(kubeconfig, old_kubeconfig);
+    assert_eq!(
+        whoami(&booted.nested(&kubeconfig).await).await.unwrap(),
+        "kubernetes-admin"
+    );
+    namespace_gets_its_service_account(&booted, "after-rotation").await;
+    token_authenticates(&booted, "before-rotation").await;
+    // A client certificate signed by the old CA is refused (trusting the new CA, so that the
+    // refusal is the server's).
+    let mut old: serde_json::Value = serde_saphyr::from_str(&old_kubeconfig).unwrap();
+    let new: serde_json::Value = serde_saphyr::from_str(&kubeconfig).unwrap();
+    old["clusters"][0]["cluster"]["certificate-authority-data"] =
+        new["clusters"][0]["cluster"]["certificate-authority-data"].clone();
+    let old_client = booted.nested(&serde_json::to_string(&old).unwrap()).await;
+    let refused = whoami(&old_client)
+        .await
+        .expect_err("the old CA's client certificate is refused");
+    assert!(refused.contains("401") || refused.contains("Unauthorized"), "{refused}");
+    no_key_material(&booted).await;
+    booted.stop().await;
+}
