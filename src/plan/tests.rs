@@ -230,16 +230,26 @@ fn controller_manager_uses_its_own_identity_the_ca_for_signing_and_the_same_serv
     let volumes = sts["spec"]["template"]["spec"]["volumes"].as_array().unwrap();
     let kubeconfig = volumes.iter().find(|v| v["name"] == "kubeconfig").unwrap();
     assert_eq!(kubeconfig["secret"]["secretName"], "demo-controller-manager-kubeconfig");
-    let signing = flag(sts, "cluster-signing-cert-file").unwrap();
-    let ca_volume = volumes.iter().find(|v| v["secret"]["secretName"] == "demo-ca").unwrap();
-    let mounts = sts["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
-        .as_array()
-        .unwrap();
-    let ca_mount = mounts.iter().find(|m| m["name"] == ca_volume["name"]).unwrap();
-    assert!(
-        signing.starts_with(ca_mount["mountPath"].as_str().unwrap()),
-        "signing cert {signing} is not the cluster CA"
+    // CSRs are signed with the cluster CA's signing pair, which capn copies into the
+    // controller-manager's kubeconfig Secret (the signer accepts a single certificate; the
+    // CA's own tls.crt holds two during a rotation). The CA volume carries no key.
+    assert_eq!(
+        flag(sts, "cluster-signing-cert-file").as_deref(),
+        Some("/etc/kubernetes/controller-manager/ca-signing.crt")
     );
+    assert_eq!(
+        flag(sts, "cluster-signing-key-file").as_deref(),
+        Some("/etc/kubernetes/controller-manager/ca-signing.key")
+    );
+    let items: Vec<&str> = kubeconfig["secret"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(items, ["value", "ca-signing.crt", "ca-signing.key"]);
+    let ca_volume = volumes.iter().find(|v| v["secret"]["secretName"] == "demo-ca").unwrap();
+    assert_eq!(ca_volume["secret"]["items"], serde_json::json!([{"key": "tls.crt", "path": "tls.crt"}]));
     assert_eq!(
         flag(sts, "service-cluster-ip-range"),
         flag(find(&api, "StatefulSet"), "service-cluster-ip-range"),

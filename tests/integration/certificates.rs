@@ -377,6 +377,11 @@ async fn a_requested_ca_rotation_walks_every_phase_and_ends_with_only_the_new_ca
             "{kubeconfig}'s client is signed by the new CA"
         );
     }
+    let signer = secret_value(
+        &secrets.get("demo-controller-manager-kubeconfig").await.unwrap(),
+        "ca-signing.crt",
+    );
+    assert_eq!(signer, new_ca, "the controller-manager signs CSRs with the new CA");
     let events = Api::<Event>::namespaced(client.clone(), &ns);
     let reasons: Vec<String> = events
         .list(&ListParams::default())
