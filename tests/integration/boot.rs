@@ -14,7 +14,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -769,4 +769,87 @@ async fn wait_until_refused(runner: &Runner) -> String {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Issue 9, item 3: a change to a Secret a running kube-apiserver mounts reaches the files
+/// the process reads (through its own mounts) within the runner's bound, while the same
+/// process keeps running and serving. The change is a key of the test's own (its own field
+/// manager) in `demo-apiserver-kubelet-client`, so capn's certificates stay valid and
+/// untouched: a Secret the apiserver reloads by itself, so no roll is expected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_secret_reaches_the_running_apiserver_through_its_volume() {
+    const MANAGER: &str = "capn-test-volume-refresh";
+    const KEY: &str = "refresh-probe";
+    let booted = boot("volume refresh", None).await;
+    let (client, ns, runner) = (&booted.client, booted.ns.as_str(), &booted.runner);
+    let pod = "demo-apiserver-0";
+    let pid = pid_of(runner, pod);
+    let dir = format!("/proc/{pid}/root/etc/kubernetes/pki/apiserver-kubelet-client");
+    let probe = std::path::PathBuf::from(format!("{dir}/{KEY}"));
+    let read = |path: &std::path::Path| std::fs::read_to_string(path).ok();
+    let name = "demo-apiserver-kubelet-client";
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let certificate = secret_value(&secret(client, ns, name).await.unwrap(), "tls.crt");
+    assert_eq!(read(format!("{dir}/tls.crt").as_ref()), Some(certificate.clone()));
+    assert_eq!(read(&probe), None);
+    let apply = |data: serde_json::Value| {
+        let secrets = secrets.clone();
+        async move {
+            let patch = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data});
+            secrets
+                .patch(name, &PatchParams::apply(MANAGER), &Patch::Apply(&patch))
+                .await
+                .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+        }
+    };
+    // Polls every 10 ms, to measure the delay; the deadline is the runner's bound (2 s after
+    // its watch has the change) with room for a busy machine.
+    let arrives = |want: Option<&'static str>| {
+        let probe = probe.clone();
+        async move {
+            let since = Instant::now();
+            while read(&probe).as_deref() != want {
+                runner.check().unwrap_or_else(|e| panic!("{e}\n{}", runner.report()));
+                assert!(
+                    since.elapsed() < Duration::from_secs(15),
+                    "{} does not read {want:?}\n{}",
+                    probe.display(),
+                    runner.report()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            since.elapsed()
+        }
+    };
+    let b64 = |s: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    apply(json!({KEY: b64("one")})).await;
+    let added = arrives(Some("one")).await;
+    apply(json!({KEY: b64("two")})).await;
+    let changed = arrives(Some("two")).await;
+    apply(json!({})).await;
+    let removed = arrives(None).await;
+    say(&format!(
+        "volume refresh: key added / changed / removed → seen by kube-apiserver's mount after {added:.2?} / {changed:.2?} / {removed:.2?}"
+    ));
+    // capn's own keys are as they were; the same process ran throughout and still serves.
+    assert_eq!(read(format!("{dir}/tls.crt").as_ref()), Some(certificate));
+    assert_eq!(pid_of(runner, pod), pid, "kube-apiserver was not restarted");
+    let apiserver = runner.pods().into_iter().find(|p| p.name == pod).unwrap();
+    assert_eq!(apiserver.containers[0].restarts, 0);
+    let volume = apiserver
+        .volumes
+        .iter()
+        .find(|v| v.name == "apiserver-kubelet-client")
+        .expect("the volume is reported");
+    assert_eq!((volume.updates, volume.failing.as_deref()), (3, None), "{volume:?}");
+    let nested = booted.nested(&booted.kubeconfig().await).await;
+    let readyz = nested
+        .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
+        .await
+        .expect("GET /readyz");
+    assert_eq!(readyz, "ok");
+    booted.stop().await;
 }

@@ -642,6 +642,13 @@ impl Runner {
                 "pod {} ip={:?} ready={} deleting={} waiting={:?}",
                 pod.name, pod.ip, pod.ready, pod.deleting, pod.waiting
             );
+            for v in &pod.volumes {
+                let _ = writeln!(
+                    out,
+                    "  volume {} from {}: updates={} failing={:?}",
+                    v.name, v.source, v.updates, v.failing
+                );
+            }
             for c in &pod.containers {
                 let _ = writeln!(
                     out,
@@ -701,6 +708,9 @@ impl Drop for Runner {
         let mut state = lock(&self.shared.state);
         for pod in state.sets.values().flat_map(|s| s.pods.values()) {
             pod.task.abort();
+            // Waits for a volume refresh in progress (its task may be mid-write on another
+            // thread); none starts afterwards.
+            lock(&pod.shared.volumes).clear();
         }
         for (&pid, _) in state.live.iter() {
             // SAFETY: signals and reaps our own children.
@@ -1099,6 +1109,9 @@ fn start_pod(
 /// as the kubelet's volume manager remounts them: the atomic writer writes only what changed;
 /// a source that cannot be read (deleted, a key missing) leaves the last content in place.
 fn refresh_volumes(shared: &Shared) {
+    if shared.stopping.load(Ordering::SeqCst) {
+        return;
+    }
     let pods: Vec<Arc<PodShared>> = lock(&shared.state)
         .sets
         .values()

@@ -476,7 +476,7 @@ impl SourcedVolume {
         let data = match data {
             Some(data) => data,
             None if self.optional => &empty,
-            None => return Err(format!("{what} does not exist (yet)")),
+            None => return Err(format!("{what} does not exist")),
         };
         let mut payload = Payload::new();
         let Some(items) = &self.items else {
@@ -1032,7 +1032,7 @@ mod tests {
         );
         // A missing source or key: an error (the volume keeps its content), unless optional.
         let missing = volume(None, false).payload(None).unwrap_err();
-        assert_eq!(missing, "Secret demo-apiserver does not exist (yet)");
+        assert_eq!(missing, "Secret demo-apiserver does not exist");
         assert!(volume(None, true).payload(None).unwrap().is_empty());
         let mut short = data.clone();
         short.remove("tls.key");
