@@ -155,6 +155,8 @@ struct Shared {
     wake: Notify,
     /// Woken by every change to a Secret or ConfigMap of the namespace.
     volumes_wake: Notify,
+    /// How many times [`refresh_volumes`] ran, for reports.
+    volume_passes: AtomicU64,
     stopping: Arc<AtomicBool>,
     quiet: bool,
 }
@@ -348,6 +350,7 @@ impl Runner {
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             volumes_wake: Notify::new(),
+            volume_passes: AtomicU64::new(0),
             stopping: Arc::new(AtomicBool::new(false)),
             quiet: std::env::var_os("CAPN_RUNNER_QUIET").is_some_and(|v| v != "0"),
         });
@@ -375,19 +378,30 @@ impl Runner {
         let watch_config_maps =
             reflector::reflector(config_maps_writer, watcher(config_maps_api, watcher::Config::default()))
                 .default_backoff();
-        for stream in [
-            watch_secrets.map(|e| e.map(drop)).boxed(),
-            watch_config_maps.map(|e| e.map(drop)).boxed(),
+        for (kind, stream) in [
+            ("Secrets", watch_secrets.map(|e| e.map(drop)).boxed()),
+            ("ConfigMaps", watch_config_maps.map(|e| e.map(drop)).boxed()),
         ] {
             let shared = shared.clone();
             tasks.push(tokio::spawn(async move {
-                stream.for_each(|_| async { shared.volumes_wake.notify_one() }).await;
+                stream
+                    .for_each(|event| {
+                        if let Err(e) = event {
+                            // Retried with back-off; meanwhile volumes keep what they have.
+                            shared.event(format!("watching {kind}: {e}"));
+                        }
+                        shared.volumes_wake.notify_one();
+                        async {}
+                    })
+                    .await;
             }));
         }
         let volumes_shared = shared.clone();
         tasks.push(tokio::spawn(async move {
-            let _ = volumes_shared.secrets.wait_until_ready().await;
-            let _ = volumes_shared.config_maps.wait_until_ready().await;
+            // No `wait_until_ready` here: volumes exist only once the main loop below has seen
+            // these caches ready, and kube-runtime 5.0's `wait_until_ready` wakes only the last
+            // of several tasks waiting at once (DelayedInit polls one futures oneshot, which
+            // keeps one waker), so a second waiter could sleep forever.
             loop {
                 refresh_volumes(&volumes_shared);
                 tokio::select! {
@@ -632,6 +646,11 @@ impl Runner {
             let _ = writeln!(out, "{problems}");
         }
         let events = lock(&self.shared.state).events.clone();
+        let _ = writeln!(
+            out,
+            "volume refresh passes: {}",
+            self.shared.volume_passes.load(Ordering::SeqCst)
+        );
         let _ = writeln!(out, "runner events:");
         for e in events.iter().rev().take(60).rev() {
             let _ = writeln!(out, "  {e}");
@@ -1112,6 +1131,7 @@ fn refresh_volumes(shared: &Shared) {
     if shared.stopping.load(Ordering::SeqCst) {
         return;
     }
+    shared.volume_passes.fetch_add(1, Ordering::SeqCst);
     let pods: Vec<Arc<PodShared>> = lock(&shared.state)
         .sets
         .values()

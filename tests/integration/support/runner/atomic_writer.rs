@@ -121,7 +121,13 @@ pub(super) fn write(
     match published {
         Some(name) => {
             if let Some(old_path) = &old_path {
-                fs::remove_dir_all(old_path).map_err(|e| io("cannot remove the old payload", old_path, e))?;
+                match fs::remove_dir_all(old_path) {
+                    // Like Go's os.RemoveAll: already gone is fine.
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        return Err(io("cannot remove the old payload", old_path, e));
+                    }
+                    _ => {}
+                }
             }
             Ok(Written::Published(name))
         }
@@ -455,6 +461,13 @@ mod tests {
         assert_eq!(fs::read_to_string(volume.join("a")).unwrap(), "1");
         // Cleaned paths are the same file: `./b//c` is `b/c`.
         write(volume, &payload(&[("./b//c", "3", 0o644)]), || Ok(())).unwrap();
+        assert_eq!(fs::read_to_string(volume.join("b/c")).unwrap(), "3");
+        assert_eq!(entries(volume)[1..], ["..data", "b"]);
+        // A payload directory removed behind the writer's back: the next write publishes the
+        // payload again.
+        fs::remove_dir_all(volume.join(link(&volume.join("..data")))).unwrap();
+        assert!(fs::read_to_string(volume.join("b/c")).is_err());
+        published(write(volume, &payload(&[("b/c", "3", 0o644)]), || Ok(())).unwrap());
         assert_eq!(fs::read_to_string(volume.join("b/c")).unwrap(), "3");
     }
 
