@@ -249,7 +249,10 @@ fn controller_manager_uses_its_own_identity_the_ca_for_signing_and_the_same_serv
         .collect();
     assert_eq!(items, ["value", "ca-signing.crt", "ca-signing.key"]);
     let ca_volume = volumes.iter().find(|v| v["secret"]["secretName"] == "demo-ca").unwrap();
-    assert_eq!(ca_volume["secret"]["items"], serde_json::json!([{"key": "tls.crt", "path": "tls.crt"}]));
+    assert_eq!(
+        ca_volume["secret"]["items"],
+        serde_json::json!([{"key": "tls.crt", "path": "tls.crt"}])
+    );
     assert_eq!(
         flag(sts, "service-cluster-ip-range"),
         flag(find(&api, "StatefulSet"), "service-cluster-ip-range"),

@@ -10,5 +10,6 @@ mod engine;
 mod harness;
 mod operations;
 mod public_crds;
+mod runner_volumes;
 mod smoke;
 mod support;

@@ -7,9 +7,10 @@
 //! time from the highest ordinal), and for each pod:
 //! - a network namespace of its own with one address on a private bridge, and a UTS namespace
 //!   whose hostname is the pod name;
-//! - its volumes: Secret and ConfigMap volumes (`items`, `defaultMode`, `optional`), emptyDir,
-//!   and the StatefulSet's volume claims, with the owner and modes the kubelet gives them
-//!   (`fsGroup` included);
+//! - its volumes: Secret and ConfigMap volumes (`items`, `defaultMode`, `optional`) in the
+//!   kubelet's atomic-writer layout ([`atomic_writer`]) and kept up to date while the pod
+//!   runs, emptyDir, and the StatefulSet's volume claims, with the owner and modes the kubelet
+//!   gives them (`fsGroup` included);
 //! - for every container, a process started exactly from the container's `command` + `args`
 //!   (`$(VAR)` expanded from `env` like the kubelet, downward-API `fieldRef`s included), in a
 //!   private mount namespace whose root is the container's own directory with every
@@ -49,9 +50,19 @@
 //! 4. **Network.** Pod addresses come from a private 198.18.N.0/24 (RFC 2544) on a bridge in
 //!    the runner's own network namespace; the host reaches it through the interface
 //!    `capn<N>`. Pods have no default route: nothing leaves the pod network.
-//! 5. **Volumes are written once** when the pod starts (the kubelet refreshes Secret and
-//!    ConfigMap volumes within about a minute); volume claims are directories that live as
-//!    long as the StatefulSet, whatever its `persistentVolumeClaimRetentionPolicy` says.
+//! 5. **Volumes.** Secret and ConfigMap volumes are written as the kubelet writes them (the
+//!    payload in a timestamped `..<time>` directory, published by renaming the `..data` link
+//!    over the old one, and `<key> -> ..data/<key>`), from the runner's own watch of the
+//!    namespace's Secrets and ConfigMaps. While the pod runs they are refreshed faster than on
+//!    a node: at once when that watch reports a change to any of them, and compared with it
+//!    again every 2 s ([`VOLUME_RESYNC`]), so a change is on disk at the latest 2 s after the
+//!    watch has it (the kubelet: its sync period plus cache delay, about a minute). As on a
+//!    node, unchanged content writes nothing, a source that is deleted or loses an item's key
+//!    leaves the files as they were (an `optional` one that is deleted empties the volume),
+//!    the volume directory stays the same (so the containers' bind mounts show the new files)
+//!    and a `subPath` mount keeps the file it was bound to at start. Volume claims are
+//!    directories that live as long as the StatefulSet, whatever its
+//!    `persistentVolumeClaimRetentionPolicy` says.
 //! 6. **Not emulated:** Pod, PersistentVolumeClaim and Endpoints objects in the super cluster,
 //!    PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
 //!    and resource limits, seccomp profiles, capability sets (the processes simply run as
@@ -68,6 +79,7 @@
 //! process, mount or network namespace outlives the test binary even if it is killed (only its
 //! directory in the temporary directory would stay behind then).
 
+mod atomic_writer;
 mod dns;
 mod pod;
 mod probe;
@@ -85,7 +97,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PodSpec, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Secret, Service};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -94,7 +106,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use self::pod::{ContainerPlan, PodIdentity};
+use self::atomic_writer::Written;
+use self::pod::{ContainerPlan, PodIdentity, SourcedVolume, Sources};
 use self::probe::{Prober, Verdict};
 use self::sandbox::{Namespaces, Network, Spawner};
 
@@ -106,6 +119,10 @@ const STATUS_MANAGER: &str = "capn-runner";
 const DNS_DOMAIN: &str = "cluster.local";
 /// How often the runner looks again without being woken.
 const RESYNC: Duration = Duration::from_millis(500);
+/// How often Secret and ConfigMap volumes are compared with the watch caches without being
+/// woken by a change (which refreshes them at once): the bound on a refresh that failed, and
+/// on one whose wake-up was lost.
+const VOLUME_RESYNC: Duration = Duration::from_secs(2);
 /// How often a container is checked for having exited.
 const EXIT_POLL: Duration = Duration::from_millis(200);
 /// The kubelet's crash back-off: first delay and cap.
@@ -132,8 +149,14 @@ struct Shared {
     host_link: String,
     host_ip: Ipv4Addr,
     services: Store<Service>,
+    secrets: Store<Secret>,
+    config_maps: Store<ConfigMap>,
     state: Mutex<State>,
     wake: Notify,
+    /// Woken by every change to a Secret or ConfigMap of the namespace.
+    volumes_wake: Notify,
+    /// How many times [`refresh_volumes`] ran, for reports.
+    volume_passes: AtomicU64,
     stopping: Arc<AtomicBool>,
     quiet: bool,
 }
@@ -188,7 +211,19 @@ struct PodShared {
     containers: Mutex<BTreeMap<String, ContainerReport>>,
     waiting: Mutex<Option<String>>,
     hosts: Mutex<String>,
+    /// Its Secret and ConfigMap volumes once written, kept up to date by
+    /// [`refresh_volumes`]; emptied (under this lock) before the pod's directory is removed.
+    volumes: Mutex<Vec<Refreshed>>,
     done: AtomicBool,
+}
+
+/// A Secret or ConfigMap volume the runner keeps up to date.
+struct Refreshed {
+    volume: SourcedVolume,
+    /// How many times a changed source was written since the pod started.
+    updates: u32,
+    /// Why the last refresh failed (reported once), `None` after a success.
+    failing: Option<String>,
 }
 
 /// A running or finished container, for reports.
@@ -213,6 +248,23 @@ pub struct PodReport {
     pub deleting: bool,
     pub waiting: Option<String>,
     pub containers: Vec<ContainerReport>,
+    /// Its Secret and ConfigMap volumes, once written.
+    pub volumes: Vec<VolumeReport>,
+}
+
+/// A Secret or ConfigMap volume of a pod.
+#[derive(Clone, Debug)]
+pub struct VolumeReport {
+    /// The volume's name in the pod template.
+    pub name: String,
+    /// `Secret <name>` or `ConfigMap <name>`.
+    pub source: String,
+    /// The directory the containers bind-mount.
+    pub dir: PathBuf,
+    /// How many times a change of the source was written since the pod started.
+    pub updates: u32,
+    /// Why the last refresh failed (the volume keeps its last content), if it did.
+    pub failing: Option<String>,
 }
 
 /// A process the runner started, with what identifies it beyond its pid.
@@ -277,8 +329,12 @@ impl Runner {
         };
         let sets_api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
         let services_api: Api<Service> = Api::namespaced(client.clone(), namespace);
+        let secrets_api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let config_maps_api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         let (sets, sets_writer) = reflector::store();
         let (services, services_writer) = reflector::store();
+        let (secrets, secrets_writer) = reflector::store();
+        let (config_maps, config_maps_writer) = reflector::store();
         let shared = Arc::new(Shared {
             client: client.clone(),
             namespace: namespace.to_owned(),
@@ -289,8 +345,12 @@ impl Runner {
             host_ip: network.host_address(),
             network: Mutex::new(Some(network)),
             services,
+            secrets,
+            config_maps,
             state: Mutex::new(State::default()),
             wake: Notify::new(),
+            volumes_wake: Notify::new(),
+            volume_passes: AtomicU64::new(0),
             stopping: Arc::new(AtomicBool::new(false)),
             quiet: std::env::var_os("CAPN_RUNNER_QUIET").is_some_and(|v| v != "0"),
         });
@@ -311,10 +371,52 @@ impl Runner {
                 stream.for_each(|_| async { shared.wake.notify_one() }).await;
             }));
         }
+        // The kubelet's watch-based Secret and ConfigMap managers: pods read their volumes
+        // from these caches, and every change wakes the refresh of the volumes.
+        let watch_secrets =
+            reflector::reflector(secrets_writer, watcher(secrets_api, watcher::Config::default())).default_backoff();
+        let watch_config_maps =
+            reflector::reflector(config_maps_writer, watcher(config_maps_api, watcher::Config::default()))
+                .default_backoff();
+        for (kind, stream) in [
+            ("Secrets", watch_secrets.map(|e| e.map(drop)).boxed()),
+            ("ConfigMaps", watch_config_maps.map(|e| e.map(drop)).boxed()),
+        ] {
+            let shared = shared.clone();
+            tasks.push(tokio::spawn(async move {
+                stream
+                    .for_each(|event| {
+                        if let Err(e) = event {
+                            // Retried with back-off; meanwhile volumes keep what they have.
+                            shared.event(format!("watching {kind}: {e}"));
+                        }
+                        shared.volumes_wake.notify_one();
+                        async {}
+                    })
+                    .await;
+            }));
+        }
+        let volumes_shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            // No `wait_until_ready` here: volumes exist only once the main loop below has seen
+            // these caches ready, and kube-runtime 5.0's `wait_until_ready` wakes only the last
+            // of several tasks waiting at once (DelayedInit polls one futures oneshot, which
+            // keeps one waker), so a second waiter could sleep forever.
+            loop {
+                refresh_volumes(&volumes_shared);
+                tokio::select! {
+                    () = volumes_shared.volumes_wake.notified() => {}
+                    () = tokio::time::sleep(VOLUME_RESYNC) => {}
+                }
+            }
+        }));
         let loop_shared = shared.clone();
         tasks.push(tokio::spawn(async move {
             let _ = sets.wait_until_ready().await;
             let _ = loop_shared.services.wait_until_ready().await;
+            // Pods read their Secret and ConfigMap volumes from these caches.
+            let _ = loop_shared.secrets.wait_until_ready().await;
+            let _ = loop_shared.config_maps.wait_until_ready().await;
             loop {
                 reconcile(&loop_shared, &sets.state()).await;
                 tokio::select! {
@@ -410,6 +512,16 @@ impl Runner {
                 deleting: p.deleting,
                 waiting: lock(&p.shared.waiting).clone(),
                 containers: lock(&p.shared.containers).values().cloned().collect(),
+                volumes: lock(&p.shared.volumes)
+                    .iter()
+                    .map(|r| VolumeReport {
+                        name: r.volume.name.clone(),
+                        source: r.volume.source.to_string(),
+                        dir: r.volume.dir.clone(),
+                        updates: r.updates,
+                        failing: r.failing.clone(),
+                    })
+                    .collect(),
             })
             .collect();
         pods.sort_by(|a, b| a.name.cmp(&b.name));
@@ -534,6 +646,11 @@ impl Runner {
             let _ = writeln!(out, "{problems}");
         }
         let events = lock(&self.shared.state).events.clone();
+        let _ = writeln!(
+            out,
+            "volume refresh passes: {}",
+            self.shared.volume_passes.load(Ordering::SeqCst)
+        );
         let _ = writeln!(out, "runner events:");
         for e in events.iter().rev().take(60).rev() {
             let _ = writeln!(out, "  {e}");
@@ -544,6 +661,13 @@ impl Runner {
                 "pod {} ip={:?} ready={} deleting={} waiting={:?}",
                 pod.name, pod.ip, pod.ready, pod.deleting, pod.waiting
             );
+            for v in &pod.volumes {
+                let _ = writeln!(
+                    out,
+                    "  volume {} from {}: updates={} failing={:?}",
+                    v.name, v.source, v.updates, v.failing
+                );
+            }
             for c in &pod.containers {
                 let _ = writeln!(
                     out,
@@ -603,6 +727,9 @@ impl Drop for Runner {
         let mut state = lock(&self.shared.state);
         for pod in state.sets.values().flat_map(|s| s.pods.values()) {
             pod.task.abort();
+            // Waits for a volume refresh in progress (its task may be mid-write on another
+            // thread); none starts afterwards.
+            lock(&pod.shared.volumes).clear();
         }
         for (&pid, _) in state.live.iter() {
             // SAFETY: signals and reaps our own children.
@@ -629,6 +756,15 @@ impl Drop for Runner {
 }
 
 impl Shared {
+    /// The watch caches Secret and ConfigMap volumes are read from.
+    fn sources(&self) -> Sources<'_> {
+        Sources {
+            namespace: &self.namespace,
+            secrets: &self.secrets,
+            config_maps: &self.config_maps,
+        }
+    }
+
     fn event(&self, message: String) {
         let line = format!("{} {message}", humantime(std::time::SystemTime::now()));
         if !self.quiet {
@@ -954,6 +1090,7 @@ fn start_pod(
         containers: Mutex::new(BTreeMap::new()),
         waiting: Mutex::new(Some("starting".into())),
         hosts: Mutex::new(String::new()),
+        volumes: Mutex::new(Vec::new()),
         done: AtomicBool::new(false),
     });
     let (control, receiver) = watch::channel(Control::Run);
@@ -984,6 +1121,54 @@ fn start_pod(
         control,
         task,
         deleting: false,
+    }
+}
+
+/// Brings the Secret and ConfigMap volumes of every pod up to date with the watch caches,
+/// as the kubelet's volume manager remounts them: the atomic writer writes only what changed;
+/// a source that cannot be read (deleted, a key missing) leaves the last content in place.
+fn refresh_volumes(shared: &Shared) {
+    if shared.stopping.load(Ordering::SeqCst) {
+        return;
+    }
+    shared.volume_passes.fetch_add(1, Ordering::SeqCst);
+    let pods: Vec<Arc<PodShared>> = lock(&shared.state)
+        .sets
+        .values()
+        .flat_map(|s| s.pods.values())
+        .filter(|p| !p.deleting)
+        .map(|p| p.shared.clone())
+        .collect();
+    let sources = shared.sources();
+    let mut events = Vec::new();
+    for pod in pods {
+        let mut volumes = lock(&pod.volumes);
+        for refreshed in volumes.iter_mut() {
+            let volume = &refreshed.volume;
+            match volume.refresh(&sources) {
+                Ok(Written::Unchanged) => refreshed.failing = None,
+                Ok(Written::Published(payload)) => {
+                    refreshed.failing = None;
+                    refreshed.updates += 1;
+                    events.push(format!(
+                        "{}: volume {} updated from {} ({payload})",
+                        pod.name, volume.name, volume.source
+                    ));
+                }
+                Err(why) => {
+                    if refreshed.failing.as_ref() != Some(&why) {
+                        events.push(format!(
+                            "{}: volume {} not refreshed, keeping its last content: {why}",
+                            pod.name, volume.name
+                        ));
+                        refreshed.failing = Some(why);
+                    }
+                }
+            }
+        }
+    }
+    for event in events {
+        shared.event(event);
     }
 }
 
@@ -1092,8 +1277,18 @@ async fn run_pod(
             finish_pod(&shared, &pod, Some(ip), Some(namespaces));
             return;
         }
-        match pod::materialize_volumes(&shared.client, &shared.namespace, &spec, &claims, &claims_dir, &pod.dir).await {
-            Ok(volumes) => break volumes,
+        match pod::materialize_volumes(&shared.sources(), &spec, &claims, &claims_dir, &pod.dir) {
+            Ok((volumes, sourced)) => {
+                *lock(&pod.volumes) = sourced
+                    .into_iter()
+                    .map(|volume| Refreshed {
+                        volume,
+                        updates: 0,
+                        failing: None,
+                    })
+                    .collect();
+                break volumes;
+            }
             Err(why) => {
                 if why != said {
                     shared.event(format!("{name}: waiting for volumes: {why}"));
@@ -1169,6 +1364,8 @@ fn finish_pod(shared: &Shared, pod: &PodShared, ip: Option<Ipv4Addr>, namespaces
         network.release(ip);
     }
     drop(namespaces);
+    // Waits for a refresh in progress; none starts afterwards.
+    lock(&pod.volumes).clear();
     let _ = std::fs::remove_dir_all(&pod.dir);
     lock(&shared.state).retired.push(RetiredPod {
         name: pod.name.clone(),

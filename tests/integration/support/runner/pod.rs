@@ -12,8 +12,9 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, EnvVar, KeyToPath, PodSecurityContext, PodSpec, Probe, Secret, Volume,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::atomic_writer::{self, FileProjection, Payload, Written};
 use super::probe::{Action, ProbeSpec};
 use super::sandbox::{Launch, Mount, MountSource, host_path};
 
@@ -356,41 +357,219 @@ fn field_value(path: &str, pod: &PodIdentity) -> Option<String> {
 /// Why a pod cannot start yet (the kubelet keeps it in ContainerCreating and retries).
 pub(super) type NotYet = String;
 
+/// The object a Secret or ConfigMap volume projects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    Secret(String),
+    ConfigMap(String),
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Secret(name) => write!(f, "Secret {name}"),
+            Self::ConfigMap(name) => write!(f, "ConfigMap {name}"),
+        }
+    }
+}
+
+/// Where Secret and ConfigMap volumes take their data from: the runner's watch caches of its
+/// namespace (as the kubelet's watch-based Secret and ConfigMap managers).
+pub(super) struct Sources<'a> {
+    pub namespace: &'a str,
+    pub secrets: &'a Store<Secret>,
+    pub config_maps: &'a Store<ConfigMap>,
+}
+
+impl Sources<'_> {
+    /// The data of `source` (a ConfigMap's `data` and `binaryData` together), `None` when it
+    /// does not exist.
+    pub fn data(&self, source: &Source) -> Option<BTreeMap<String, Vec<u8>>> {
+        match source {
+            Source::Secret(name) => {
+                let secret = self.secrets.get(&ObjectRef::new(name).within(self.namespace))?;
+                Some(
+                    secret
+                        .data
+                        .iter()
+                        .flatten()
+                        .map(|(k, v)| (k.clone(), v.0.clone()))
+                        .collect(),
+                )
+            }
+            Source::ConfigMap(name) => {
+                let config_map = self.config_maps.get(&ObjectRef::new(name).within(self.namespace))?;
+                let mut data: BTreeMap<String, Vec<u8>> = config_map
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
+                    .collect();
+                data.extend(
+                    config_map
+                        .binary_data
+                        .iter()
+                        .flatten()
+                        .map(|(k, v)| (k.clone(), v.0.clone())),
+                );
+                Some(data)
+            }
+        }
+    }
+}
+
+/// A Secret or ConfigMap volume of a pod: what the kubelet needs to write it again when its
+/// source changes.
+#[derive(Clone, Debug)]
+pub(super) struct SourcedVolume {
+    /// The volume's name in the pod.
+    pub name: String,
+    /// `pod_dir/volumes/<name>`, the directory containers bind-mount.
+    pub dir: PathBuf,
+    pub source: Source,
+    pub items: Option<Vec<KeyToPath>>,
+    /// `defaultMode`, 0644 when unset (the API default).
+    pub default_mode: u32,
+    pub optional: bool,
+    pub fs_group: Option<u32>,
+}
+
+impl SourcedVolume {
+    fn new(volume: &Volume, dir: &Path, fs_group: Option<u32>) -> Option<Self> {
+        let (source, items, default_mode, optional) = if let Some(s) = &volume.secret {
+            (
+                Source::Secret(s.secret_name.clone().unwrap_or_default()),
+                s.items.clone(),
+                s.default_mode,
+                s.optional,
+            )
+        } else {
+            let c = volume.config_map.as_ref()?;
+            (
+                Source::ConfigMap(c.name.clone()),
+                c.items.clone(),
+                c.default_mode,
+                c.optional,
+            )
+        };
+        Some(Self {
+            name: volume.name.clone(),
+            dir: dir.to_owned(),
+            source,
+            items,
+            default_mode: default_mode.unwrap_or(0o644) as u32,
+            optional: optional.unwrap_or(false),
+            fs_group,
+        })
+    }
+
+    /// The files of this volume from its source's `data` (`None`: the source does not
+    /// exist), as the kubelet's `MakePayload`: every key, or the `items` with their own
+    /// modes; a missing source or key is an error unless the volume is `optional`.
+    ///
+    /// # Errors
+    /// Why the volume cannot be written (yet): a missing source or key, or an item path that
+    /// leaves the volume.
+    pub fn payload(&self, data: Option<&BTreeMap<String, Vec<u8>>>) -> Result<Payload, NotYet> {
+        let what = &self.source;
+        let empty = BTreeMap::new();
+        let data = match data {
+            Some(data) => data,
+            None if self.optional => &empty,
+            None => return Err(format!("{what} does not exist")),
+        };
+        let mut payload = Payload::new();
+        let Some(items) = &self.items else {
+            for (key, bytes) in data {
+                payload.insert(
+                    key.clone(),
+                    FileProjection {
+                        data: bytes.clone(),
+                        mode: self.default_mode,
+                    },
+                );
+            }
+            return Ok(payload);
+        };
+        for item in items {
+            let Some(bytes) = data.get(&item.key) else {
+                if self.optional {
+                    continue;
+                }
+                return Err(format!("{what} has no key {}", item.key));
+            };
+            safe_relative(&item.path).ok_or_else(|| format!("{what}: item path {:?} escapes the volume", item.path))?;
+            payload.insert(
+                item.path.clone(),
+                FileProjection {
+                    data: bytes.clone(),
+                    mode: item.mode.map_or(self.default_mode, |m| m as u32),
+                },
+            );
+        }
+        Ok(payload)
+    }
+
+    /// Writes `payload` with the kubelet's atomic writer, fsGroup applied to the whole
+    /// volume before the new payload is published (the secret and configMap plugins'
+    /// `setPerms`; these volumes are read-only: `r--r-----` added).
+    ///
+    /// # Errors
+    /// Filesystem errors; the previous payload then stays.
+    pub fn write(&self, payload: &Payload) -> Result<Written, String> {
+        atomic_writer::write(&self.dir, payload, || match self.fs_group {
+            Some(group) => apply_fs_group(&self.dir, group, true),
+            None => Ok(()),
+        })
+    }
+
+    /// Brings the volume up to date with its source, writing nothing when the files already
+    /// hold its data.
+    ///
+    /// # Errors
+    /// As [`Self::payload`] and [`Self::write`]; the volume then keeps its last content.
+    pub fn refresh(&self, sources: &Sources<'_>) -> Result<Written, NotYet> {
+        let payload = self.payload(sources.data(&self.source).as_ref())?;
+        self.write(&payload)
+    }
+}
+
 /// Writes the pod's volumes under `pod_dir/volumes/<name>` (claims: the directories given),
-/// with the ownership and modes the kubelet gives them (fsGroup included).
-pub(super) async fn materialize_volumes(
-    client: &kube::Client,
-    namespace: &str,
+/// with the ownership and modes the kubelet gives them (fsGroup included). Returns every
+/// volume's directory by name, and the Secret and ConfigMap volumes to keep up to date.
+pub(super) fn materialize_volumes(
+    sources: &Sources<'_>,
     spec: &PodSpec,
     claims: &BTreeMap<String, PathBuf>,
     claims_dir: &Path,
     pod_dir: &Path,
-) -> Result<BTreeMap<String, PathBuf>, NotYet> {
+) -> Result<(BTreeMap<String, PathBuf>, Vec<SourcedVolume>), NotYet> {
     let fs_group = spec
         .security_context
         .as_ref()
         .and_then(|s| s.fs_group)
         .map(|g| g as u32);
     let mut out = BTreeMap::new();
+    let mut sourced = Vec::new();
     for (name, dir) in claims {
         prepare_claim(dir, fs_group)?;
         out.insert(name.clone(), dir.clone());
     }
     for volume in spec.volumes.iter().flatten() {
         let dir = pod_dir.join("volumes").join(&volume.name);
-        let path = materialize(client, namespace, volume, &dir, claims_dir, fs_group).await?;
+        let path = materialize(sources, volume, &dir, claims_dir, fs_group, &mut sourced)?;
         out.insert(volume.name.clone(), path);
     }
-    Ok(out)
+    Ok((out, sourced))
 }
 
-async fn materialize(
-    client: &kube::Client,
-    namespace: &str,
+fn materialize(
+    sources: &Sources<'_>,
     volume: &Volume,
     dir: &Path,
     claims_dir: &Path,
     fs_group: Option<u32>,
+    sourced: &mut Vec<SourcedVolume>,
 ) -> Result<PathBuf, NotYet> {
     if let Some(source) = &volume.persistent_volume_claim {
         let claim = claims_dir.join(&source.claim_name);
@@ -398,93 +577,27 @@ async fn materialize(
         return Ok(claim);
     }
     let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
+    let target = SourcedVolume::new(volume, dir, fs_group);
+    // The payload first: a volume whose source is missing is not created at all.
+    let payload = match &target {
+        Some(target) => Some(target.payload(sources.data(&target.source).as_ref())?),
+        None if volume.empty_dir.is_some() => None,
+        None => return Err(format!("volume {} has no supported source", volume.name)),
+    };
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir).map_err(|e| io("cannot create", e))?;
     // emptyDir and the atomic-writer volumes (secret, configMap) start as 0777 directories.
     fs::set_permissions(dir, fs::Permissions::from_mode(0o777)).map_err(|e| io("chmod", e))?;
-    if volume.empty_dir.is_some() {
-        if let Some(group) = fs_group {
-            apply_fs_group(dir, group, false).map_err(|e| io("fsGroup on", e))?;
+    match (target, payload) {
+        (Some(target), Some(payload)) => {
+            target.write(&payload)?;
+            sourced.push(target);
         }
-        return Ok(dir.to_owned());
-    }
-    let (data, items, default_mode, optional, what) = if let Some(source) = &volume.secret {
-        let name = source.secret_name.clone().unwrap_or_default();
-        let secret = Api::<Secret>::namespaced(client.clone(), namespace)
-            .get_opt(&name)
-            .await
-            .map_err(|e| format!("reading Secret {name}: {e}"))?;
-        let data: Option<BTreeMap<String, Vec<u8>>> =
-            secret.map(|s| s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect());
-        (
-            data,
-            source.items.clone(),
-            source.default_mode,
-            source.optional.unwrap_or(false),
-            format!("Secret {name}"),
-        )
-    } else if let Some(source) = &volume.config_map {
-        let name = source.name.clone();
-        let config_map = Api::<ConfigMap>::namespaced(client.clone(), namespace)
-            .get_opt(&name)
-            .await
-            .map_err(|e| format!("reading ConfigMap {name}: {e}"))?;
-        let data = config_map.map(|c| {
-            let mut data: BTreeMap<String, Vec<u8>> = c
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, v.into_bytes()))
-                .collect();
-            data.extend(c.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)));
-            data
-        });
-        (
-            data,
-            source.items.clone(),
-            source.default_mode,
-            source.optional.unwrap_or(false),
-            format!("ConfigMap {name}"),
-        )
-    } else {
-        return Err(format!("volume {} has no supported source", volume.name));
-    };
-    let data = match data {
-        Some(data) => data,
-        None if optional => BTreeMap::new(),
-        None => return Err(format!("{what} does not exist (yet)")),
-    };
-    let default_mode = default_mode.unwrap_or(0o644) as u32;
-    let projection: Vec<KeyToPath> = match items {
-        Some(items) => items,
-        None => data
-            .keys()
-            .map(|k| KeyToPath {
-                key: k.clone(),
-                path: k.clone(),
-                mode: None,
-            })
-            .collect(),
-    };
-    for item in projection {
-        let Some(bytes) = data.get(&item.key) else {
-            if optional {
-                continue;
+        _ => {
+            if let Some(group) = fs_group {
+                apply_fs_group(dir, group, false).map_err(|e| io("fsGroup on", e))?;
             }
-            return Err(format!("{what} has no key {}", item.key));
-        };
-        let relative =
-            safe_relative(&item.path).ok_or_else(|| format!("{what}: item path {:?} escapes the volume", item.path))?;
-        let file = dir.join(relative);
-        if let Some(parent) = file.parent() {
-            fs::create_dir_all(parent).map_err(|e| io("cannot create a directory in", e))?;
         }
-        fs::write(&file, bytes).map_err(|e| io("cannot write into", e))?;
-        let mode = item.mode.map_or(default_mode, |m| m as u32);
-        fs::set_permissions(&file, fs::Permissions::from_mode(mode)).map_err(|e| io("chmod in", e))?;
-    }
-    if let Some(group) = fs_group {
-        apply_fs_group(dir, group, true).map_err(|e| io("fsGroup on", e))?;
     }
     Ok(dir.to_owned())
 }
@@ -503,14 +616,16 @@ fn prepare_claim(dir: &Path, fs_group: Option<u32>) -> Result<(), NotYet> {
     Ok(())
 }
 
-/// The kubelet's SetVolumeOwnership: group `fs_group` on everything, `rw-rw----` (read-only
-/// volumes `r--r-----`) added to files, plus setgid and `--x--x---` on directories.
+/// The kubelet's SetVolumeOwnership: group `fs_group` on everything (symbolic links
+/// included, through lchown), `rw-rw----` (read-only volumes `r--r-----`) added to files,
+/// plus setgid and `--x--x---` on directories; a link's mode is left alone (chmod would
+/// change its target).
 fn apply_fs_group(path: &Path, group: u32, read_only: bool) -> std::io::Result<()> {
     let meta = fs::symlink_metadata(path)?;
+    std::os::unix::fs::lchown(path, None, Some(group))?;
     if meta.file_type().is_symlink() {
         return Ok(());
     }
-    std::os::unix::fs::lchown(path, None, Some(group))?;
     let mut mask = if read_only { 0o440 } else { 0o660 };
     if meta.is_dir() {
         mask |= 0o2000 | 0o110;
@@ -861,6 +976,73 @@ mod tests {
         for (input, want) in cases {
             assert_eq!(expand(input, &vars), want, "{input}");
         }
+    }
+
+    fn volume(items: Option<Vec<(&str, &str, Option<i32>)>>, optional: bool) -> SourcedVolume {
+        SourcedVolume {
+            name: "pki".into(),
+            dir: PathBuf::from("/nonexistent"),
+            source: Source::Secret("demo-apiserver".into()),
+            items: items.map(|items| {
+                items
+                    .into_iter()
+                    .map(|(key, path, mode)| KeyToPath {
+                        key: key.into(),
+                        path: path.into(),
+                        mode,
+                    })
+                    .collect()
+            }),
+            default_mode: 0o440,
+            optional,
+            fs_group: None,
+        }
+    }
+
+    #[test]
+    fn payloads_follow_the_kubelets_make_payload() {
+        let data: BTreeMap<String, Vec<u8>> = [("tls.crt", "cert"), ("tls.key", "key")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.as_bytes().to_vec()))
+            .collect();
+        let summary = |p: Payload| -> Vec<(String, String, u32)> {
+            p.into_iter()
+                .map(|(path, f)| (path, String::from_utf8(f.data).unwrap(), f.mode))
+                .collect()
+        };
+        // Every key, with defaultMode.
+        assert_eq!(
+            summary(volume(None, false).payload(Some(&data)).unwrap()),
+            [
+                ("tls.crt".to_owned(), "cert".to_owned(), 0o440),
+                ("tls.key".to_owned(), "key".to_owned(), 0o440)
+            ]
+        );
+        // Items: only those, at their paths, with their own modes.
+        let items = Some(vec![
+            ("tls.key", "private/key.pem", Some(0o400)),
+            ("tls.crt", "tls.crt", None),
+        ]);
+        assert_eq!(
+            summary(volume(items.clone(), false).payload(Some(&data)).unwrap()),
+            [
+                ("private/key.pem".to_owned(), "key".to_owned(), 0o400),
+                ("tls.crt".to_owned(), "cert".to_owned(), 0o440)
+            ]
+        );
+        // A missing source or key: an error (the volume keeps its content), unless optional.
+        let missing = volume(None, false).payload(None).unwrap_err();
+        assert_eq!(missing, "Secret demo-apiserver does not exist");
+        assert!(volume(None, true).payload(None).unwrap().is_empty());
+        let mut short = data.clone();
+        short.remove("tls.key");
+        let no_key = volume(items.clone(), false).payload(Some(&short)).unwrap_err();
+        assert_eq!(no_key, "Secret demo-apiserver has no key tls.key");
+        assert_eq!(volume(items, true).payload(Some(&short)).unwrap().len(), 1);
+        let escaping = volume(Some(vec![("tls.crt", "../tls.crt", None)]), false)
+            .payload(Some(&data))
+            .unwrap_err();
+        assert!(escaping.contains("escapes the volume"), "{escaping}");
     }
 
     #[test]
