@@ -71,6 +71,9 @@ pub struct Settings {
     /// Adjusts the client configuration built from a tenant's kubeconfig before the public
     /// CRD sync connects (tests reach tenants at addresses their kubeconfig cannot name).
     pub tenant_config_hook: Option<TenantConfigHook>,
+    /// capn's own pods, which the tenants' NetworkPolicies admit to etcd and the apiserver;
+    /// `None` when capn runs outside the super cluster.
+    pub capn_pods: Option<crate::plan::CapnPods>,
 }
 
 /// See [`Settings::tenant_config_hook`].
@@ -94,6 +97,7 @@ impl Default for Settings {
             watch_filter: None,
             enabled: EnabledControllers::default(),
             tenant_config_hook: None,
+            capn_pods: None,
         }
     }
 }

@@ -6,6 +6,7 @@ mod capi;
 mod control_plane;
 mod engine;
 mod harness;
+mod maintenance;
 mod operations;
 mod public_crds;
 mod smoke;
