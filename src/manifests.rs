@@ -69,7 +69,8 @@ const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["get", "list", "watch", "create", "update", "patch"];
 
 /// The least-privilege rules of a provider's ClusterRole. The control plane provider may
-/// write what the built-in `stable` channel renders (Services, StatefulSets) and the
+/// write what the built-in `stable` channel renders (Services, StatefulSets,
+/// PodDisruptionBudgets, NetworkPolicies) and the
 /// certificate Secrets; a channel that renders other kinds needs those added.
 pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
     match p {
@@ -114,6 +115,16 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
                 &["statefulsets"],
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
+            rule(
+                &["policy"],
+                &["poddisruptionbudgets"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
+            rule(
+                &["networking.k8s.io"],
+                &["networkpolicies"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
             // The public CRD sync reads the super cluster's CRDs (tenants are written with
             // their own admin kubeconfig).
@@ -145,6 +156,12 @@ pub fn components(p: Provider) -> Vec<Value> {
     })];
     for crd in crds().into_iter().filter(|c| c.spec.group == p.group()) {
         objects.push(serde_json::to_value(crd).unwrap_or_default());
+    }
+    if p == Provider::ControlPlane {
+        // The components' default PriorityClass: capn creates no cluster-scoped object at
+        // run time, so it ships with the provider (README "Surviving the super cluster's
+        // maintenance").
+        objects.push(crate::plan::policy::priority_class());
     }
     objects.extend([
         json!({
@@ -182,6 +199,15 @@ pub fn components(p: Provider) -> Vec<Value> {
 fn deployment(p: Provider, ns: &str) -> Value {
     let name = p.short();
     let selector = json!({"control-plane": format!("{name}-manager")});
+    // The pods also carry `--self-labels`' default, by which the tenants' NetworkPolicies
+    // admit capn (with its namespace, from POD_NAMESPACE) to etcd and the apiserver.
+    let mut pod_labels = selector.clone();
+    for (k, v) in crate::plan::policy::DEFAULT_CAPN_POD_LABELS
+        .split(',')
+        .filter_map(|l| l.split_once('='))
+    {
+        pod_labels[k] = json!(v);
+    }
     let env_from_field = |var: &str, path: &str| json!({"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}});
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -190,7 +216,7 @@ fn deployment(p: Provider, ns: &str) -> Value {
             "replicas": 1,
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": selector},
+                "metadata": {"labels": pod_labels},
                 "spec": {
                     "serviceAccountName": format!("{name}-manager"),
                     "terminationGracePeriodSeconds": 10,
@@ -303,6 +329,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_control_plane_provider_ships_the_default_priority_class_and_labels_its_pods() {
+        let objects = components(Provider::ControlPlane);
+        let classes: Vec<_> = objects.iter().filter(|o| o["kind"] == "PriorityClass").collect();
+        assert_eq!(classes.len(), 1);
+        assert_eq!(classes[0]["metadata"]["name"], "capn-control-plane");
+        assert_eq!(classes[0]["globalDefault"], false);
+        assert!(
+            !components(Provider::Infrastructure)
+                .iter()
+                .any(|o| o["kind"] == "PriorityClass"),
+            "one provider owns the PriorityClass"
+        );
+        let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+        let pod = &deployment["spec"]["template"];
+        assert_eq!(pod["metadata"]["labels"]["app.kubernetes.io/name"], "capn");
+        let env = pod["spec"]["containers"][0]["env"].as_array().unwrap();
+        assert!(
+            env.iter().any(
+                |e| e["name"] == "POD_NAMESPACE" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+            ),
+            "capn learns its namespace from the downward API"
+        );
+        // The selector is immutable on an installed Deployment: the new label is not in it.
+        assert_eq!(
+            deployment["spec"]["selector"]["matchLabels"],
+            json!({"control-plane": "capn-control-plane-manager"})
+        );
     }
 
     #[test]

@@ -31,9 +31,21 @@ pub struct ComponentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub replicas: Option<i32>,
-    /// Compute resources of the component's main container.
+    /// Compute resources of the component's main container. When set, it replaces the
+    /// channel's defaults wholesale (the `stable` channel requests CPU and memory and limits
+    /// memory only; see its templates).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// PriorityClass of the component's pods. Empty means capn's own `capn-control-plane`,
+    /// which the clusterctl control plane components install (`capn priority-class` prints
+    /// it); name another existing PriorityClass to use that one. The PriorityClass must
+    /// exist: the super cluster refuses to create pods that name a missing one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// How the members spread over the super cluster's nodes. Default: preferred, so that a
+    /// one-node super cluster still runs every member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_spread: Option<TopologySpread>,
     /// Command-line flags, without the leading `--` (`v: "2"`). A flag of the same name in
     /// the rendered command or args is replaced; new flags are appended. This is how a
     /// controller is switched off (`controllers: "*,-tokencleaner"`).
@@ -46,6 +58,33 @@ pub struct ComponentSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(with = "Vec<FreeFormObject>")]
     pub patches: Vec<serde_json::Value>,
+}
+
+/// How a component's members spread over the super cluster (issue 14). The channel renders
+/// a node spread (`kubernetes.io/hostname`), a zone spread (`topology.kubernetes.io/zone`)
+/// and pod anti-affinity among the members.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologySpread {
+    /// `ScheduleAnyway` (default): members prefer distinct nodes but share one when nothing
+    /// else fits. `DoNotSchedule`: every member needs a node of its own (required
+    /// anti-affinity and a hard node spread); a member that finds none stays Pending. The
+    /// zone spread always stays `ScheduleAnyway`, so nodes without zone labels still count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_unsatisfiable: Option<WhenUnsatisfiable>,
+}
+
+/// Kubernetes' `TopologySpreadConstraint.whenUnsatisfiable` values. `ScheduleAnyway`
+/// (default): members prefer distinct nodes but share one when nothing else fits.
+/// `DoNotSchedule`: every member needs a node of its own (required anti-affinity and a hard
+/// node spread). The zone spread always stays `ScheduleAnyway`.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum WhenUnsatisfiable {
+    /// Prefer spreading; schedule anyway when it cannot be satisfied.
+    #[default]
+    ScheduleAnyway,
+    /// Do not schedule a member where it would break the spread.
+    DoNotSchedule,
 }
 
 /// Schema stand-in for an arbitrary JSON object kept as-is by the apiserver.

@@ -5,6 +5,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::api::core::v1::LocalObjectReference;
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -89,6 +90,9 @@ pub struct NestedControlPlaneSpec {
     /// third of its lifetime remains.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_before: Option<RolloutBefore>,
+    /// Who may connect to the control plane's pods: the channel's NetworkPolicies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<ControlPlaneNetworkPolicy>,
 }
 
 /// Cluster API's `rolloutBefore`: renew ahead of certificate expiry.
@@ -101,6 +105,26 @@ pub struct RolloutBefore {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub certificates_expiry_days: Option<i32>,
+}
+
+/// The peers the channel's NetworkPolicies admit (issue 14), besides what the control plane
+/// needs itself (etcd admits only its apiservers, capn and its own members; the apiserver
+/// always admits its controller-manager and capn). Peers are Kubernetes
+/// `NetworkPolicyPeer`s, so `namespaceSelector`, `podSelector` and `ipBlock` work as in a
+/// NetworkPolicy.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneNetworkPolicy {
+    /// Who may reach the apiserver's port 6443. Absent: everyone the super cluster's network
+    /// lets through. A list (even empty) narrows it to those peers; include Cluster API's
+    /// controllers and whoever uses the tenant's kubeconfig.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apiserver_from: Option<Vec<NetworkPolicyPeer>>,
+    /// Who may reach the metrics ports (etcd 2381, plain HTTP; controller-manager 10257).
+    /// Absent: every pod in the namespace `monitoring`. Empty: nobody (the kubelet's probes
+    /// come from the node and are always admitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_from: Option<Vec<NetworkPolicyPeer>>,
 }
 
 /// Tenant network settings, shaped like Cluster API's `Cluster.spec.clusterNetwork`.

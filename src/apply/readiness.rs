@@ -22,6 +22,8 @@ fn int(v: &Value, pointer: &str) -> Option<i64> {
 ///   must be at least 1 (0/0 is not ready; reference.md "Standing in for the kubelet").
 /// - Deployment: likewise with ready, updated and available replicas.
 /// - Service: at once; `LoadBalancer` when an ingress address is assigned.
+/// - ConfigMap, Secret, ServiceAccount, Role, RoleBinding, PodDisruptionBudget,
+///   NetworkPolicy: at once.
 /// - Anything else: its `Ready` or `Available` condition.
 pub fn readiness(object: &Value) -> Readiness {
     let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
@@ -72,7 +74,15 @@ pub fn readiness(object: &Value) -> Readiness {
                 ready_replicas: 0,
             }
         }
-        "ConfigMap" | "Secret" | "ServiceAccount" | "Role" | "RoleBinding" | "PodDisruptionBudget" => Readiness {
+        // Objects the API server acts on once stored; none of them reports a condition
+        // (a PodDisruptionBudget's status describes the pods, not the budget).
+        "ConfigMap"
+        | "Secret"
+        | "ServiceAccount"
+        | "Role"
+        | "RoleBinding"
+        | "PodDisruptionBudget"
+        | "NetworkPolicy" => Readiness {
             ready: true,
             desired: 0,
             ready_replicas: 0,
@@ -173,5 +183,15 @@ mod tests {
             .ready
         );
         assert!(!readiness(&json!({"kind": "EtcdCluster"})).ready);
+        // No condition ever comes: stored is ready (a budget with no disruptions allowed
+        // describes the pods, not the budget).
+        assert!(readiness(&json!({"kind": "NetworkPolicy", "spec": {}})).ready);
+        assert!(
+            readiness(
+                &json!({"kind": "PodDisruptionBudget", "status": {"disruptionsAllowed": 0,
+                "conditions": [{"type": "DisruptionAllowed", "status": "False"}]}})
+            )
+            .ready
+        );
     }
 }

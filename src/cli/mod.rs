@@ -25,13 +25,15 @@ use crate::controllers::{EnabledControllers, Settings};
     about,
     long_about = None,
     propagate_version = true,
-    after_help = "Examples:\n  capn run --leader-elect                      run the controllers (current kubeconfig or in-cluster)\n  capn render -f examples/nestedcontrolplane.yaml   what one NestedControlPlane becomes, offline\n  capn crds | kubectl apply -f -               install the CustomResourceDefinitions\n  capn channels validate ./my-channels         check a custom channel before shipping it"
+    after_help = "Examples:\n  capn run --leader-elect                      run the controllers (current kubeconfig or in-cluster)\n  capn render -f examples/nestedcontrolplane.yaml   what one NestedControlPlane becomes, offline\n  capn crds | kubectl apply -f -               install the CustomResourceDefinitions\n  capn priority-class | kubectl apply -f -     install the components' default PriorityClass\n  capn channels validate ./my-channels         check a custom channel before shipping it"
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
+// Parsed once at start-up: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controllers against the cluster of the current kubeconfig (or in-cluster).
@@ -41,6 +43,9 @@ pub enum Command {
     Render(RenderArgs),
     /// Print the CustomResourceDefinitions capn serves.
     Crds,
+    /// Print the PriorityClass the components run with by default (cluster-scoped; the
+    /// clusterctl control plane components install it too).
+    PriorityClass,
     /// Inspect channels.
     Channels {
         #[command(subcommand)]
@@ -102,6 +107,47 @@ pub struct RunArgs {
     /// values are for tests and demos of certificate renewal.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub certificate_validity: Option<std::time::Duration>,
+    /// Namespace capn's own pods run in (the clusterctl Deployment passes the downward API's
+    /// `POD_NAMESPACE`). The tenants' NetworkPolicies admit capn's pods from it (pods labelled
+    /// `--self-labels`) to etcd and the apiserver; empty when capn runs outside the super
+    /// cluster, and then no pod is admitted for it.
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+    pub self_namespace: Option<String>,
+    /// Labels of capn's own pods, `key=value[,key=value]`, for the same NetworkPolicy peer.
+    #[arg(long, value_delimiter = ',', default_value = crate::plan::policy::DEFAULT_CAPN_POD_LABELS, value_name = "LABELS")]
+    pub self_labels: Vec<String>,
+}
+
+impl RunArgs {
+    /// capn's own pods as the NetworkPolicies admit them (`--self-namespace`,
+    /// `--self-labels`); `None` without a namespace.
+    ///
+    /// # Errors
+    /// A label that is not `key=value`, or no labels at all (that would admit every pod
+    /// of the namespace).
+    pub fn capn_pods(&self) -> anyhow::Result<Option<crate::plan::CapnPods>> {
+        let Some(namespace) = self.self_namespace.as_deref().map(str::trim).filter(|n| !n.is_empty()) else {
+            return Ok(None);
+        };
+        let mut labels = std::collections::BTreeMap::new();
+        for item in self.self_labels.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+            match item.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => {
+                    labels.insert(k.trim().to_string(), v.trim().to_string());
+                }
+                _ => anyhow::bail!("--self-labels: {item:?} is not key=value"),
+            }
+        }
+        if labels.is_empty() {
+            anyhow::bail!(
+                "--self-labels is empty; name the labels of capn's pods (default app.kubernetes.io/name=capn) so that the NetworkPolicies admit only them"
+            );
+        }
+        Ok(Some(crate::plan::CapnPods {
+            namespace: namespace.to_string(),
+            labels,
+        }))
+    }
 }
 
 /// Parses a positive Go duration (`90s`, `5m`, `8760h`) with kube's `Duration`.
@@ -194,6 +240,7 @@ pub async fn main() -> anyhow::Result<()> {
         Command::Run(args) => {
             crate::telemetry::init(matches!(args.log_format, LogFormat::Json));
             let channels = Arc::new(ChannelRegistry::load(&args.channels.channels_dirs)?);
+            let capn_pods = args.capn_pods()?;
             let settings = Settings {
                 super_dns_domain: args.super_cluster_dns_domain,
                 namespace: args.namespace,
@@ -201,6 +248,7 @@ pub async fn main() -> anyhow::Result<()> {
                 enabled: parse_controllers(&args.controllers)?,
                 tenant_config_hook: None,
                 certificate_validity: args.certificate_validity,
+                capn_pods,
             };
             let client = kube::Client::try_default()
                 .await
@@ -240,6 +288,10 @@ pub async fn main() -> anyhow::Result<()> {
         }
         Command::Crds => {
             print!("{}", crate::api::crds_yaml()?);
+            Ok(())
+        }
+        Command::PriorityClass => {
+            print!("{}", to_yaml_stream(&[crate::plan::policy::priority_class()])?);
             Ok(())
         }
         Command::Channels {
@@ -309,6 +361,38 @@ mod tests {
         assert!(only.control_plane && !only.etcd && !only.cluster);
         let err = parse_controllers(&["*".into(), "-etcdd".into()]).unwrap_err();
         assert!(err.to_string().contains("known: control-plane"), "{err}");
+    }
+
+    fn run_args(extra: &[&str]) -> RunArgs {
+        let cli = Cli::try_parse_from(["capn", "run"].iter().chain(extra)).unwrap();
+        match cli.command {
+            Command::Run(args) => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn capns_own_pods_come_from_its_namespace_and_labels() {
+        let args = run_args(&["--self-namespace", "capn-system"]);
+        let pods = args.capn_pods().unwrap().unwrap();
+        assert_eq!(pods.namespace, "capn-system");
+        assert_eq!(
+            pods.labels,
+            [("app.kubernetes.io/name".to_string(), "capn".to_string())].into()
+        );
+        let args = run_args(&["--self-namespace", "ops", "--self-labels", "app=capn, tier=platform"]);
+        let pods = args.capn_pods().unwrap().unwrap();
+        assert_eq!(pods.labels.len(), 2);
+        assert_eq!(pods.labels["tier"], "platform");
+        assert_eq!(run_args(&["--self-namespace", ""]).capn_pods().unwrap(), None);
+        let err = run_args(&["--self-namespace", "ops", "--self-labels", "capn"])
+            .capn_pods()
+            .unwrap_err();
+        assert!(err.to_string().contains("not key=value"), "{err}");
+        let err = run_args(&["--self-namespace", "ops", "--self-labels", ""])
+            .capn_pods()
+            .unwrap_err();
+        assert!(err.to_string().contains("--self-labels is empty"), "{err}");
     }
 
     #[test]

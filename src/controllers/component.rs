@@ -452,7 +452,8 @@ async fn drive<K: ComponentResource>(
     if is_paused(&ncp, capi_cluster.as_ref()) {
         return Ok(Outcome::Paused);
     }
-    let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
+    let mut cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
+    cluster.network_policy.capn = ctx.settings.capn_pods.clone();
     // The version rules come before waiting for a predecessor: a refused upgrade must say
     // so at once, not wait for an etcd that will never move.
     let running = running_versions::<K>(ctx, object, &ncp, ns);

@@ -76,6 +76,9 @@ pub struct Settings {
     /// Lifetime of leaf certificates when a control plane does not set
     /// `certificateValidityPeriod` (`capn run --certificate-validity`); `None` is one year.
     pub certificate_validity: Option<std::time::Duration>,
+    /// capn's own pods, which the tenants' NetworkPolicies admit to etcd and the apiserver;
+    /// `None` when capn runs outside the super cluster.
+    pub capn_pods: Option<crate::plan::CapnPods>,
 }
 
 /// See [`Settings::tenant_config_hook`].
@@ -100,6 +103,7 @@ impl Default for Settings {
             enabled: EnabledControllers::default(),
             tenant_config_hook: None,
             certificate_validity: None,
+            capn_pods: None,
         }
     }
 }

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use super::{Context, ReconcileError};
 use crate::api::{CLUSTER_NAME_LABEL, CONTROL_PLANE_GROUP, NestedControlPlane};
 use crate::pki::RenewalPolicy;
-use crate::plan::{ClusterSettings, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR};
+use crate::plan::{
+    ClusterSettings, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR, NetworkPolicySettings,
+};
 
 /// API group of Cluster API's core types.
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
@@ -158,7 +160,18 @@ pub fn cluster_settings(
         service_cidr,
         dns_domain,
         super_dns_domain: super_dns_domain.to_string(),
+        // capn's own pods are a process setting; the component controller fills them in.
+        network_policy: NetworkPolicySettings {
+            capn: None,
+            apiserver_from: peers(spec.network_policy.as_ref().and_then(|p| p.apiserver_from.as_ref())),
+            metrics_from: peers(spec.network_policy.as_ref().and_then(|p| p.metrics_from.as_ref())),
+        },
     }
+}
+
+/// NetworkPolicyPeers as the template context holds them (JSON objects).
+fn peers(list: Option<&Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>) -> Option<Vec<serde_json::Value>> {
+    list.map(|l| l.iter().filter_map(|p| serde_json::to_value(p).ok()).collect())
 }
 
 /// A controller owner reference to `object` that blocks its foreground deletion until the

@@ -23,9 +23,10 @@ enum Directive {
 ///   a map replaces it wholesale with the rest of the patch map; `$patch: merge` is the
 ///   default;
 /// - lists named `containers`, `initContainers`, `ephemeralContainers`, `volumes`, `env` and
-///   `imagePullSecrets` merge their elements by `name`, `volumeMounts` by `mountPath`, and
-///   `ports` by `containerPort` when the elements have it (container ports) and by `port`
-///   otherwise (Service ports). A patch element whose key matches an existing element is
+///   `imagePullSecrets` merge their elements by `name`, `volumeMounts` by `mountPath`,
+///   `topologySpreadConstraints` by `topologyKey` (its patchMergeKey in the Kubernetes API),
+///   and `ports` by `containerPort` when the elements have it (container ports) and by
+///   `port` otherwise (Service ports). A patch element whose key matches an existing element is
 ///   merged into it (recursively); an unmatched element is appended; an element carrying
 ///   `$patch: delete` deletes the matching element (nothing, if none matches); an element
 ///   carrying `$patch: replace` replaces the matching element wholesale. A list element that
@@ -117,7 +118,7 @@ fn fresh_value(value: &Value, path: &str) -> Result<Value, String> {
         Value::Object(map) => {
             if directive(map, path)? == Directive::Delete {
                 return Err(format!(
-                    "{path}: `$patch: delete` is only meaningful in a list merged by key (containers, initContainers, ephemeralContainers, volumes, env, imagePullSecrets by name; volumeMounts by mountPath; ports by containerPort or port); this list is replaced as a whole"
+                    "{path}: `$patch: delete` is only meaningful in a list merged by key (containers, initContainers, ephemeralContainers, volumes, env, imagePullSecrets by name; volumeMounts by mountPath; topologySpreadConstraints by topologyKey; ports by containerPort or port); this list is replaced as a whole"
                 ));
             }
             Value::Object(fresh_map(map, path)?)
@@ -183,6 +184,7 @@ fn merge_key(field: &str, original: &[Value], patch: &[&Value]) -> Option<&'stat
             Some("name")
         }
         "volumeMounts" => Some("mountPath"),
+        "topologySpreadConstraints" => Some("topologyKey"),
         "ports" => {
             let container_ports = original
                 .iter()

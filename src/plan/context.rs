@@ -7,10 +7,12 @@
 //! | `component.resource` | name of the component resource (NestedEtcd, ...) |
 //! | `component.replicas` | desired members (integer ≥ 1) |
 //! | `component.version` | resolved release, without `v` (`1.36.3`, `3.6.8`) |
-//! | `component.resources` | the container's ResourceRequirements object, or none |
+//! | `component.resources` | the container's ResourceRequirements object the user set, or none (the template's defaults apply) |
+//! | `component.priority_class_name` | PriorityClass of the pods: the spec's, else `capn-control-plane` |
 //! | `image_repository` | registry and path prefix of the images (`registry.k8s.io`) |
 //! | `names.etcd`, `names.apiserver`, `names.controller_manager` | object names: `<c>-etcd`, ... |
 //! | `selector` | the pod selector labels of this component (map) |
+//! | `selectors.etcd`, `selectors.apiserver`, `selectors.controller_manager` | the pod selector labels of each component of the cluster (maps), for NetworkPolicy peers |
 //! | `labels` | the standard labels capn puts on every object of this component (map) |
 //! | `network.service_cidr`, `network.dns_domain`, `network.super_dns_domain` | tenant service CIDR, tenant DNS domain, super cluster DNS domain |
 //! | `secrets.<name>` | Secret names: `ca`, `etcd_ca`, `proxy_ca`, `sa`, `apiserver`, `apiserver_etcd_client`, `etcd_server`, `apiserver_kubelet_client`, `front_proxy_client`, `controller_manager_kubeconfig`, `kubeconfig` |
@@ -18,12 +20,20 @@
 //! | `etcd.endpoints` | the etcd client URLs (apiserver: those NestedEtcd published; etcd: its own) |
 //! | `etcd.storage` | `{ephemeral, size, storage_class_name}` |
 //! | `apiserver.service`, `apiserver.port`, `apiserver.url` | apiserver Service name, port 6443, in-cluster URL |
+//! | `disruption.max_unavailable` | `maxUnavailable` of the component's PodDisruptionBudget (integer ≥ 0; [`super::policy::disruption`]) |
+//! | `spread.node_when_unsatisfiable`, `spread.zone_when_unsatisfiable` | `whenUnsatisfiable` of the spread over nodes and over zones (`ScheduleAnyway`, `DoNotSchedule`; [`super::policy::spread`]) |
+//! | `spread.anti_affinity` | pod anti-affinity among the members: `preferred` or `required` |
+//! | `network_policy.capn` | capn's own pods, `{namespace, labels}`, or none when capn runs outside the super cluster |
+//! | `network_policy.apiserver_from` | NetworkPolicyPeers admitted to the apiserver besides the controller-manager and capn; none admits everyone |
+//! | `network_policy.metrics_from` | NetworkPolicyPeers admitted to the metrics ports; empty admits nobody |
 //!
 //! Non-string values should go through `tojson` in templates.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+
+use super::policy::{DisruptionVars, NetworkPolicyVars, SpreadVars};
 
 /// Root of the template context.
 #[derive(Clone, Debug, Serialize)]
@@ -38,6 +48,18 @@ pub struct RenderContext {
     pub secrets: BTreeMap<&'static str, String>,
     pub etcd: EtcdVars,
     pub apiserver: ApiServerVars,
+    pub selectors: SelectorVars,
+    pub disruption: DisruptionVars,
+    pub spread: SpreadVars,
+    pub network_policy: NetworkPolicyVars,
+}
+
+/// The pod selector labels of each component of the cluster.
+#[derive(Clone, Debug, Serialize)]
+pub struct SelectorVars {
+    pub etcd: BTreeMap<String, String>,
+    pub apiserver: BTreeMap<String, String>,
+    pub controller_manager: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -53,6 +75,7 @@ pub struct ComponentVars {
     pub replicas: i32,
     pub version: String,
     pub resources: Option<serde_json::Value>,
+    pub priority_class_name: String,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -8,6 +8,7 @@
 mod context;
 mod digest;
 mod labels;
+pub mod policy;
 mod rules;
 mod validate;
 
@@ -16,6 +17,7 @@ pub use digest::{
     CERTIFICATES_DIGEST_ANNOTATION, DIGEST_PLACEHOLDER, certificates_digest, mounted_secrets, stamp_certificates_digest,
 };
 pub use labels::{MANAGED_BY, selector_labels, standard_labels};
+pub use policy::{CapnPods, NetworkPolicySettings};
 pub use rules::{Resolved, Running, SkewError, check, check_members, resolve};
 pub use validate::validate_channel;
 
@@ -57,6 +59,8 @@ pub struct ClusterSettings {
     pub dns_domain: String,
     /// DNS domain of the super cluster (the names tenant pods get there).
     pub super_dns_domain: String,
+    /// Who the NetworkPolicies admit besides the control plane itself.
+    pub network_policy: NetworkPolicySettings,
 }
 
 /// One component resource to plan.
@@ -324,6 +328,7 @@ fn build_context(
                 .resources
                 .as_ref()
                 .and_then(|r| serde_json::to_value(r).ok()),
+            priority_class_name: policy::priority_class_name(request.spec),
         },
         image_repository: cluster.image_repository.trim_end_matches('/').to_string(),
         names: NameVars {
@@ -370,6 +375,14 @@ fn build_context(
             service: apiserver_service,
             port: APISERVER_PORT,
         },
+        selectors: SelectorVars {
+            etcd: selector_labels(ComponentKind::Etcd, c),
+            apiserver: selector_labels(ComponentKind::ApiServer, c),
+            controller_manager: selector_labels(ComponentKind::ControllerManager, c),
+        },
+        disruption: policy::disruption(request.kind, replicas),
+        spread: policy::spread(request.spec.topology_spread.as_ref()),
+        network_policy: policy::network_policy_vars(&cluster.network_policy),
     }
 }
 

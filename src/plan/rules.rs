@@ -268,6 +268,7 @@ mod tests {
             service_cidr: DEFAULT_SERVICE_CIDR.into(),
             dns_domain: DEFAULT_DNS_DOMAIN.into(),
             super_dns_domain: DEFAULT_DNS_DOMAIN.into(),
+            network_policy: Default::default(),
         }
     }
 

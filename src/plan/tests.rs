@@ -19,6 +19,7 @@ fn cluster() -> ClusterSettings {
         service_cidr: "10.96.0.0/12".into(),
         dns_domain: "cluster.local".into(),
         super_dns_domain: "cluster.local".into(),
+        network_policy: Default::default(),
     }
 }
 
@@ -371,5 +372,411 @@ fn golden_rendered_manifests() {
             "{kind} differs from {}; review and UPDATE_GOLDEN=1",
             path.display()
         );
+    }
+}
+
+// Issue 14: spread, disruption budgets, priority, resources and network isolation, as
+// rendered by the stable channel.
+
+fn plan_in(cluster: &ClusterSettings, kind: ComponentKind, spec: &ComponentSpec) -> Plan {
+    let upstream = if kind == ComponentKind::ApiServer {
+        three_endpoints()
+    } else {
+        Upstream::default()
+    };
+    plan(
+        &registry(),
+        cluster,
+        &ComponentRequest {
+            kind,
+            resource_name: "demo",
+            spec,
+            etcd_storage: None,
+            owner: owner(kind),
+            running: Running::default(),
+        },
+        &upstream,
+    )
+    .unwrap_or_else(|e| panic!("{kind}: {e}"))
+}
+
+fn replicas(n: i32) -> ComponentSpec {
+    ComponentSpec {
+        replicas: Some(n),
+        ..Default::default()
+    }
+}
+
+fn pod_spec(plan: &Plan) -> &Value {
+    &find(plan, "StatefulSet")["spec"]["template"]["spec"]
+}
+
+fn pod_labels(plan: &Plan) -> &Value {
+    &find(plan, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+}
+
+/// The ingress rule of a NetworkPolicy that opens `port`.
+fn rule_for(policy: &Value, port: i64) -> Option<&Value> {
+    policy["spec"]["ingress"].as_array()?.iter().find(|r| {
+        r["ports"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["port"] == port))
+    })
+}
+
+const KINDS: [ComponentKind; 3] = [
+    ComponentKind::Etcd,
+    ComponentKind::ApiServer,
+    ComponentKind::ControllerManager,
+];
+
+#[test]
+fn etcd_budget_for_one_to_seven_members_keeps_quorum_and_selects_the_members() {
+    // N − (⌊N/2⌋ + 1), written out: 1 and 2 members allow no disruption at all.
+    let expected = [(1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2), (7, 3)];
+    for (n, want) in expected {
+        let p = plan_in(&cluster(), ComponentKind::Etcd, &replicas(n));
+        let pdb = find(&p, "PodDisruptionBudget");
+        assert_eq!(pdb["apiVersion"], "policy/v1");
+        assert_eq!(pdb["metadata"]["name"], "demo-etcd");
+        assert_eq!(pdb["spec"]["maxUnavailable"], want, "etcd with {n} members");
+        assert!(pdb["spec"].get("minAvailable").is_none());
+        assert_eq!(&pdb["spec"]["selector"]["matchLabels"], pod_labels(&p));
+    }
+}
+
+#[test]
+fn apiserver_and_controller_manager_budgets_keep_one_replica_when_there_are_several() {
+    let expected = [(1, 1), (2, 1), (3, 2), (4, 3), (5, 4), (6, 5), (7, 6)];
+    for kind in [ComponentKind::ApiServer, ComponentKind::ControllerManager] {
+        for (n, want) in expected {
+            let p = plan_in(&cluster(), kind, &replicas(n));
+            let pdb = find(&p, "PodDisruptionBudget");
+            assert_eq!(pdb["spec"]["maxUnavailable"], want, "{kind} with {n} replicas");
+            assert_eq!(&pdb["spec"]["selector"]["matchLabels"], pod_labels(&p));
+        }
+    }
+}
+
+#[test]
+fn every_component_prefers_distinct_nodes_and_zones_by_default() {
+    for kind in KINDS {
+        let p = plan_in(&cluster(), kind, &replicas(3));
+        let spec = pod_spec(&p);
+        let constraints = spec["topologySpreadConstraints"].as_array().expect("spread");
+        let by_key = |key: &str| {
+            constraints
+                .iter()
+                .find(|c| c["topologyKey"] == key)
+                .unwrap_or_else(|| panic!("{kind}: no spread over {key}"))
+        };
+        for key in ["kubernetes.io/hostname", "topology.kubernetes.io/zone"] {
+            let c = by_key(key);
+            assert_eq!(c["whenUnsatisfiable"], "ScheduleAnyway", "{kind} {key}");
+            assert_eq!(c["maxSkew"], 1, "{kind} {key}");
+            assert_eq!(&c["labelSelector"]["matchLabels"], pod_labels(&p), "{kind} {key}");
+        }
+        let anti = &spec["affinity"]["podAntiAffinity"];
+        assert!(
+            anti.get("requiredDuringSchedulingIgnoredDuringExecution").is_none(),
+            "{kind}"
+        );
+        let preferred = &anti["preferredDuringSchedulingIgnoredDuringExecution"][0];
+        assert_eq!(preferred["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
+        assert_eq!(
+            &preferred["podAffinityTerm"]["labelSelector"]["matchLabels"],
+            pod_labels(&p)
+        );
+        // The same rules at one replica: a replica change must not roll the pods.
+        let one = plan_in(&cluster(), kind, &replicas(1));
+        assert_eq!(
+            pod_spec(&one)["topologySpreadConstraints"],
+            spec["topologySpreadConstraints"]
+        );
+        assert_eq!(pod_spec(&one)["affinity"], spec["affinity"]);
+    }
+}
+
+#[test]
+fn do_not_schedule_makes_node_spread_and_anti_affinity_required_but_never_the_zone_spread() {
+    for kind in KINDS {
+        let spec: ComponentSpec = serde_json::from_value(serde_json::json!({
+            "replicas": 3, "topologySpread": {"whenUnsatisfiable": "DoNotSchedule"}
+        }))
+        .unwrap();
+        let p = plan_in(&cluster(), kind, &spec);
+        let pod = pod_spec(&p);
+        let when = |key: &str| {
+            pod["topologySpreadConstraints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["topologyKey"] == key)
+                .map(|c| c["whenUnsatisfiable"].clone())
+        };
+        assert_eq!(when("kubernetes.io/hostname"), Some("DoNotSchedule".into()), "{kind}");
+        // A hard zone rule would refuse every node without a zone label.
+        assert_eq!(
+            when("topology.kubernetes.io/zone"),
+            Some("ScheduleAnyway".into()),
+            "{kind}"
+        );
+        let anti = &pod["affinity"]["podAntiAffinity"];
+        assert!(anti.get("preferredDuringSchedulingIgnoredDuringExecution").is_none());
+        let required = &anti["requiredDuringSchedulingIgnoredDuringExecution"][0];
+        assert_eq!(required["topologyKey"], "kubernetes.io/hostname");
+        assert_eq!(&required["labelSelector"]["matchLabels"], pod_labels(&p));
+    }
+    let bad = serde_json::from_value::<ComponentSpec>(serde_json::json!({
+        "topologySpread": {"whenUnsatisfiable": "Sometimes"}
+    }));
+    assert!(bad.is_err(), "only Kubernetes' whenUnsatisfiable values are accepted");
+}
+
+#[test]
+fn spread_defaults_change_with_a_patch_like_anything_else() {
+    // Strategic merge by topologyKey: the zone rule changes, the node rule stays.
+    let spec: ComponentSpec = serde_json::from_value(serde_json::json!({
+        "replicas": 3,
+        "patches": [{
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "demo-etcd"},
+            "spec": {"template": {"spec": {"topologySpreadConstraints": [
+                {"topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule", "minDomains": 3}
+            ]}}}
+        }]
+    }))
+    .unwrap();
+    let p = plan_in(&cluster(), ComponentKind::Etcd, &spec);
+    let constraints = pod_spec(&p)["topologySpreadConstraints"].as_array().unwrap();
+    assert_eq!(constraints.len(), 2, "{constraints:?}");
+    let zone = constraints
+        .iter()
+        .find(|c| c["topologyKey"] == "topology.kubernetes.io/zone")
+        .unwrap();
+    assert_eq!(zone["whenUnsatisfiable"], "DoNotSchedule");
+    assert_eq!(zone["minDomains"], 3);
+    assert_eq!(zone["maxSkew"], 1, "the rest of the rule is kept");
+    let node = constraints
+        .iter()
+        .find(|c| c["topologyKey"] == "kubernetes.io/hostname")
+        .unwrap();
+    assert_eq!(node["whenUnsatisfiable"], "ScheduleAnyway");
+}
+
+#[test]
+fn components_run_with_capns_priority_class_unless_they_name_another() {
+    for kind in KINDS {
+        let p = plan_in(&cluster(), kind, &ComponentSpec::default());
+        assert_eq!(pod_spec(&p)["priorityClassName"], "capn-control-plane", "{kind}");
+        let named = ComponentSpec {
+            priority_class_name: Some("platform-critical".into()),
+            ..Default::default()
+        };
+        let p = plan_in(&cluster(), kind, &named);
+        assert_eq!(pod_spec(&p)["priorityClassName"], "platform-critical", "{kind}");
+    }
+}
+
+#[test]
+fn resources_default_to_requests_and_a_memory_limit_and_the_spec_replaces_them_wholesale() {
+    for kind in KINDS {
+        let p = plan_in(&cluster(), kind, &ComponentSpec::default());
+        let resources = &pod_spec(&p)["containers"][0]["resources"];
+        for r in ["cpu", "memory"] {
+            assert!(
+                resources["requests"][r].is_string(),
+                "{kind}: no {r} request: {resources}"
+            );
+        }
+        assert!(resources["limits"]["memory"].is_string(), "{kind}: {resources}");
+        assert!(
+            resources["limits"].get("cpu").is_none(),
+            "{kind}: a CPU limit throttles the control plane: {resources}"
+        );
+        let own: ComponentSpec = serde_json::from_value(serde_json::json!({
+            "resources": {"requests": {"cpu": "2"}}
+        }))
+        .unwrap();
+        let p = plan_in(&cluster(), kind, &own);
+        assert_eq!(
+            pod_spec(&p)["containers"][0]["resources"],
+            serde_json::json!({"requests": {"cpu": "2"}}),
+            "{kind}: the spec's resources replace the defaults wholesale"
+        );
+    }
+}
+
+fn with_capn(mut c: ClusterSettings) -> ClusterSettings {
+    c.network_policy.capn = Some(CapnPods {
+        namespace: "capn-system".into(),
+        labels: [("app.kubernetes.io/name".to_string(), "capn".to_string())].into(),
+    });
+    c
+}
+
+fn capn_peer() -> Value {
+    serde_json::json!({
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "capn-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "capn"}},
+    })
+}
+
+fn monitoring_peer() -> Value {
+    serde_json::json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}})
+}
+
+#[test]
+fn etcd_admits_clients_from_its_apiservers_and_capn_peers_from_members_and_metrics_from_monitoring() {
+    let c = with_capn(cluster());
+    let etcd = plan_in(&c, ComponentKind::Etcd, &replicas(3));
+    let apiserver = plan_in(&c, ComponentKind::ApiServer, &ComponentSpec::default());
+    let policy = find(&etcd, "NetworkPolicy");
+    assert_eq!(policy["apiVersion"], "networking.k8s.io/v1");
+    assert_eq!(&policy["spec"]["podSelector"]["matchLabels"], pod_labels(&etcd));
+    assert_eq!(policy["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    assert_eq!(policy["spec"]["ingress"].as_array().unwrap().len(), 3);
+    let client = rule_for(policy, 2379).expect("client port rule");
+    assert_eq!(
+        client["from"],
+        serde_json::json!([{"podSelector": {"matchLabels": pod_labels(&apiserver)}}, capn_peer()]),
+        "the client port admits exactly this cluster's apiserver pods and capn"
+    );
+    let peer = rule_for(policy, 2380).expect("peer port rule");
+    assert_eq!(
+        peer["from"],
+        serde_json::json!([{"podSelector": {"matchLabels": pod_labels(&etcd)}}])
+    );
+    let metrics = rule_for(policy, 2381).expect("metrics port rule");
+    assert_eq!(metrics["from"], serde_json::json!([monitoring_peer()]));
+    // The plain-HTTP metrics listener stays, and the probes use it.
+    let container = &pod_spec(&etcd)["containers"][0];
+    assert_eq!(
+        flag(find(&etcd, "StatefulSet"), "listen-metrics-urls").as_deref(),
+        Some("http://0.0.0.0:2381")
+    );
+    let metrics_port = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .unwrap();
+    assert_eq!(metrics_port["containerPort"], 2381);
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["port"], "metrics", "{probe}");
+    }
+    // Without capn in the super cluster, only the apiservers.
+    let alone = plan_in(&cluster(), ComponentKind::Etcd, &replicas(3));
+    assert_eq!(
+        rule_for(find(&alone, "NetworkPolicy"), 2379).unwrap()["from"],
+        serde_json::json!([{"podSelector": {"matchLabels": pod_labels(&apiserver)}}])
+    );
+}
+
+#[test]
+fn the_apiserver_admits_everyone_by_default_and_a_setting_narrows_it() {
+    let open = plan_in(
+        &with_capn(cluster()),
+        ComponentKind::ApiServer,
+        &ComponentSpec::default(),
+    );
+    let policy = find(&open, "NetworkPolicy");
+    assert_eq!(&policy["spec"]["podSelector"]["matchLabels"], pod_labels(&open));
+    let rule = rule_for(policy, 6443).expect("6443 rule");
+    assert!(rule.get("from").is_none(), "no `from`: every source: {rule}");
+    let controller_manager = plan_in(&cluster(), ComponentKind::ControllerManager, &ComponentSpec::default());
+    let cm_peer = serde_json::json!({"podSelector": {"matchLabels": pod_labels(&controller_manager)}});
+    let office = serde_json::json!({"ipBlock": {"cidr": "192.0.2.0/24"}});
+    let mut narrowed = with_capn(cluster());
+    narrowed.network_policy.apiserver_from = Some(vec![office.clone()]);
+    let p = plan_in(&narrowed, ComponentKind::ApiServer, &ComponentSpec::default());
+    assert_eq!(
+        rule_for(find(&p, "NetworkPolicy"), 6443).unwrap()["from"],
+        serde_json::json!([cm_peer, capn_peer(), office])
+    );
+    // An empty list leaves only what the control plane needs, never "everyone".
+    let mut closed = cluster();
+    closed.network_policy.apiserver_from = Some(Vec::new());
+    let p = plan_in(&closed, ComponentKind::ApiServer, &ComponentSpec::default());
+    assert_eq!(
+        rule_for(find(&p, "NetworkPolicy"), 6443).unwrap()["from"],
+        serde_json::json!([cm_peer])
+    );
+}
+
+#[test]
+fn metrics_ports_admit_only_the_monitoring_peers() {
+    let p = plan_in(&cluster(), ComponentKind::ControllerManager, &ComponentSpec::default());
+    let policy = find(&p, "NetworkPolicy");
+    assert_eq!(policy["spec"]["ingress"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        rule_for(policy, 10257).unwrap()["from"],
+        serde_json::json!([monitoring_peer()])
+    );
+    let prometheus = serde_json::json!({
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    });
+    let mut own = cluster();
+    own.network_policy.metrics_from = Some(vec![prometheus.clone()]);
+    for (kind, port) in [(ComponentKind::Etcd, 2381), (ComponentKind::ControllerManager, 10257)] {
+        let p = plan_in(&own, kind, &ComponentSpec::default());
+        assert_eq!(
+            rule_for(find(&p, "NetworkPolicy"), port).unwrap()["from"],
+            serde_json::json!([prometheus]),
+            "{kind}"
+        );
+    }
+    // Empty: no rule at all (an empty `from` would admit everyone).
+    let mut none = cluster();
+    none.network_policy.metrics_from = Some(Vec::new());
+    let etcd = plan_in(&none, ComponentKind::Etcd, &ComponentSpec::default());
+    assert!(rule_for(find(&etcd, "NetworkPolicy"), 2381).is_none());
+    assert_eq!(
+        find(&etcd, "NetworkPolicy")["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let cm = plan_in(&none, ComponentKind::ControllerManager, &ComponentSpec::default());
+    assert_eq!(find(&cm, "NetworkPolicy")["spec"]["ingress"], serde_json::json!([]));
+}
+
+#[test]
+fn every_stable_version_renders_the_same_budgets_spread_and_policies() {
+    let channels = registry();
+    let stable = channels.get("stable").unwrap();
+    for kind in KINDS {
+        let mut shapes = Vec::new();
+        for version in stable.versions(kind) {
+            let spec = ComponentSpec {
+                version: Some(version.to_string()),
+                replicas: Some(3),
+                ..Default::default()
+            };
+            let mut c = cluster();
+            // etcd follows the Kubernetes minor; pin one that allows every etcd release.
+            c.kubernetes_version = Some(if version.major == 3 {
+                "1.36".into()
+            } else {
+                version.to_string()
+            });
+            let p = plan_in(&c, kind, &spec);
+            let kinds: Vec<&str> = p.objects.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+            for wanted in ["PodDisruptionBudget", "NetworkPolicy", "StatefulSet"] {
+                assert!(kinds.contains(&wanted), "{kind} {version}: no {wanted} in {kinds:?}");
+            }
+            let pod = pod_spec(&p);
+            shapes.push((
+                find(&p, "PodDisruptionBudget")["spec"].clone(),
+                find(&p, "NetworkPolicy")["spec"].clone(),
+                pod["topologySpreadConstraints"].clone(),
+                pod["affinity"].clone(),
+                pod["priorityClassName"].clone(),
+                pod["containers"][0]["resources"].clone(),
+            ));
+        }
+        assert!(shapes.len() >= 2, "{kind}");
+        assert!(shapes.windows(2).all(|w| w[0] == w[1]), "{kind}: versions differ");
     }
 }

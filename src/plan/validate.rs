@@ -4,8 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::{
-    ClusterSettings, ComponentRequest, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR, Running,
-    build_context, etcd_members,
+    CapnPods, ClusterSettings, ComponentRequest, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR,
+    NetworkPolicySettings, Running, build_context, etcd_members,
 };
 use crate::api::ComponentSpec;
 use crate::channel::Channel;
@@ -25,6 +25,15 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
         service_cidr: DEFAULT_SERVICE_CIDR.into(),
         dns_domain: DEFAULT_DNS_DOMAIN.into(),
         super_dns_domain: DEFAULT_DNS_DOMAIN.into(),
+        // Every optional peer set, so that their template branches are rendered too.
+        network_policy: NetworkPolicySettings {
+            capn: Some(CapnPods {
+                namespace: "capn-system".into(),
+                labels: [("app.kubernetes.io/name".to_string(), "capn".to_string())].into(),
+            }),
+            apiserver_from: Some(vec![serde_json::json!({"ipBlock": {"cidr": "192.0.2.0/24"}})]),
+            metrics_from: None,
+        },
     };
     let spec: ComponentSpec = serde_json::from_value(serde_json::json!({
         "replicas": 3,

@@ -97,14 +97,17 @@ async fn switching_channel_versions_prunes_what_is_no_longer_rendered_and_nothin
         .await
         .expect("the StatefulSet is still rendered");
     assert_eq!(image(&sts), "registry.k8s.io/etcd:3.6.9-0");
-    let parent = etcd_api.get("p-etcd").await.unwrap();
-    assert_eq!(
-        parent
+    // The parent is annotated after the prune, in the same round: wait for it.
+    wait_until("the parent lists only the kinds still rendered", STEP, || async {
+        let parent = etcd_api.get("p-etcd").await.unwrap();
+        (parent
             .annotations()
             .get("applyset.kubernetes.io/contains-group-kinds")
-            .map(String::as_str),
-        Some("Service,StatefulSet.apps")
-    );
+            .map(String::as_str)
+            == Some("Service,StatefulSet.apps"))
+        .then_some(())
+    })
+    .await;
     capn.stop().await;
 }
 

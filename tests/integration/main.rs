@@ -8,6 +8,7 @@ mod certificates;
 mod control_plane;
 mod engine;
 mod harness;
+mod maintenance;
 mod operations;
 mod public_crds;
 mod runner_volumes;
