@@ -361,7 +361,9 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
         docs.push(serde_json::to_value(m).unwrap());
     }
     let channels = capn::channel::ChannelRegistry::load(&[]).unwrap();
-    let rendered = capn::cli::render_documents(&channels, docs, "cluster.local").unwrap();
+    let rendered = capn::cli::render_documents(&channels, docs, &Default::default())
+        .unwrap()
+        .objects;
     let workload_objects: Vec<_> = rendered
         .iter()
         .filter(|o| o["kind"] == "StatefulSet" || o["kind"] == "Service")
@@ -394,6 +396,78 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
             contains(&live, object),
             "{} {name}: capn render differs from what the controller applied:\nrendered {object:#}\nlive {live:#}",
             object["kind"]
+        );
+    }
+    capn.stop().await;
+}
+
+/// The file a user applies, rendered offline, equals what the controllers apply from it:
+/// objects without `spec`, the NestedControlPlane's `spec.replicas` (the apiserver's),
+/// and a misspelt field (a warning, not a different result).
+#[tokio::test]
+async fn capn_render_reads_a_file_as_the_cluster_does() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    let file = vec![
+        json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+               "metadata": {"name": "plain-etcd", "namespace": ns}}),
+        json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+               "metadata": {"name": "plain", "namespace": ns},
+               "spec": {"replicas": 3, "verison": "1.35", "etcd": {"name": "plain-etcd"}}}),
+    ];
+    let channels = capn::channel::ChannelRegistry::load(&[]).unwrap();
+    let rendered = capn::cli::render_documents(&channels, file.clone(), &Default::default()).unwrap();
+    assert_eq!(
+        rendered.warnings,
+        [format!(
+            "unknown field \"spec.verison\" in NestedControlPlane {ns}/plain"
+        )]
+    );
+    let strict = capn::cli::RenderOptions {
+        strict: true,
+        ..Default::default()
+    };
+    let err = capn::cli::render_documents(&channels, file.clone(), &strict).unwrap_err();
+    assert_eq!(capn::cli::error_reason(&err), Some("UnknownField"));
+    // kubectl apply drops the unknown field with a warning; so does a server-side apply
+    // without strict field validation.
+    for doc in file {
+        let mut doc = doc;
+        if let Some(spec) = doc.get_mut("spec").and_then(|s| s.as_object_mut()) {
+            spec.remove("verison");
+        }
+        apply_doc(&client, &ns, doc).await;
+    }
+    bring_up(&client, &ns, "plain").await;
+    let apiserver = statefulset(&client, &ns, "plain-apiserver").await.unwrap();
+    assert_eq!(
+        apiserver.spec.as_ref().unwrap().replicas,
+        Some(3),
+        "the control plane's replicas"
+    );
+    for object in rendered
+        .objects
+        .iter()
+        .filter(|o| o["kind"] == "StatefulSet" || o["kind"] == "Service")
+    {
+        let name = object["metadata"]["name"].as_str().unwrap();
+        let live = match object["kind"].as_str() {
+            Some("StatefulSet") => serde_json::to_value(statefulset(&client, &ns, name).await.unwrap()).unwrap(),
+            _ => serde_json::to_value(
+                Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns)
+                    .get(name)
+                    .await
+                    .unwrap(),
+            )
+            .unwrap(),
+        };
+        // Offline objects have no uids: compare everything but the owner references.
+        let mut object = object.clone();
+        object["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+        assert!(
+            contains(&live, &object),
+            "{name}: capn render differs from what the controller applied:\nrendered {object:#}\nlive {live:#}"
         );
     }
     capn.stop().await;
