@@ -178,6 +178,17 @@ pub fn render_templates<C: Serialize>(
     // Debug info gives errors the span of the failing expression, which names the
     // undefined variable.
     env.set_debug(true);
+    // Strict mode lets an undefined value through a filter; `tojson` would turn a misspelt
+    // variable into `null`. Every template value goes through `tojson`, so refuse it there.
+    env.add_filter(
+        "tojson",
+        |value: &Value, indent: Option<Value>, kwargs: minijinja::value::Kwargs| {
+            if value.is_undefined() {
+                return Err(minijinja::Error::from(minijinja::ErrorKind::UndefinedError));
+            }
+            minijinja::filters::tojson(value, indent, kwargs)
+        },
+    );
     // minijinja would JSON-escape every `{{ }}` in a .yaml file; templates say `tojson`
     // where they mean it, so string building (`"--flag=" ~ value`) stays plain.
     env.set_auto_escape_callback(|_| AutoEscape::None);
@@ -188,7 +199,15 @@ pub fn render_templates<C: Serialize>(
         let template_error = |e: minijinja::Error| {
             let expression = e
                 .range()
-                .and_then(|r| t.source.get(r))
+                .and_then(|r| {
+                    // A filter's error points at the filter's name: name its input instead,
+                    // the expression between `{{` and the `|`.
+                    let before = t.source.get(..r.start)?.trim_end();
+                    match before.strip_suffix('|') {
+                        Some(head) => head.rsplit_once("{{").map(|(_, x)| x),
+                        None => t.source.get(r),
+                    }
+                })
                 .map(|x| x.trim().to_string())
                 .filter(|x| !x.is_empty());
             let mut message = match e.detail() {
@@ -358,6 +377,16 @@ mod tests {
             "{err}"
         );
         assert!(render_templates_in(&ts, &json!({"ns": "ns"}), "ns").is_ok());
+    }
+
+    #[test]
+    fn an_undefined_value_through_tojson_is_an_error_not_null() {
+        let ts = [t(
+            "h.yaml",
+            "kind: ConfigMap\nmetadata:\n  name: x\ndata: {{ dta | tojson }}\n",
+        )];
+        let err = render_templates(&ts, &json!({"data": {}})).unwrap_err();
+        assert_eq!(err.to_string(), "template h.yaml line 4: undefined variable `dta`");
     }
 
     #[test]

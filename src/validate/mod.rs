@@ -190,6 +190,8 @@ impl Syntax {
             )],
             Self::ServiceCidr => vec![
                 cel!("isCIDR(self)", CIDR_MESSAGE),
+                // isCIDR accepts host bits after the prefix (10.96.0.1/12).
+                cel!("!isCIDR(self) || cidr(self) == cidr(self).masked()", CIDR_MESSAGE),
                 cel!(
                     "!isCIDR(self) || (cidr(self).ip().family() == 4 ? cidr(self).prefixLength() >= 12 && cidr(self).prefixLength() <= 30 : cidr(self).prefixLength() >= 108 && cidr(self).prefixLength() <= 126)",
                     CIDR_SIZE_MESSAGE
@@ -204,11 +206,11 @@ impl Syntax {
                 SAN_MESSAGE
             )],
             Self::Quantity => vec![cel!(
-                "type(self) == string ? isQuantity(self) && quantity(self).sign() >= 0 : self >= 0",
+                "type(self) == string ? isQuantity(self) && !quantity(self).isLessThan(quantity('0')) : self >= 0",
                 QUANTITY_MESSAGE
             )],
             Self::StorageSize => vec![cel!(
-                "type(self) == string ? isQuantity(self) && quantity(self).sign() > 0 : self > 0",
+                "type(self) == string ? isQuantity(self) && quantity(self).isGreaterThan(quantity('0')) : self > 0",
                 STORAGE_MESSAGE
             )],
             Self::Version => vec![cel!(
@@ -256,12 +258,12 @@ impl Syntax {
     pub fn max_length(self) -> Option<i64> {
         match self {
             Self::Host | Self::DnsDomain | Self::San | Self::ObjectName => Some(253),
-            Self::ServiceCidr => Some(64),
+            Self::ServiceCidr | Self::Quantity | Self::StorageSize => Some(64),
             Self::Version => Some(64),
             Self::ChannelName => Some(63),
             Self::ClusterName => None, // metadata.name: the API server bounds it
             Self::ImageRepository => Some(255),
-            Self::Port | Self::Quantity | Self::StorageSize | Self::FlagName | Self::Replicas { .. } => None,
+            Self::Port | Self::FlagName | Self::Replicas { .. } => None,
         }
     }
 
@@ -302,12 +304,12 @@ impl Syntax {
                     ipnet::IpNet::V4(n) => (12..=30).contains(&n.prefix_len()),
                     ipnet::IpNet::V6(n) => (108..=126).contains(&n.prefix_len()),
                 };
-                if ok { Ok(()) } else { fail(1) }
+                if ok { Ok(()) } else { fail(2) }
             }
             Self::Quantity | Self::StorageSize => {
                 let sign = match value {
                     Value::Number(n) => n.as_f64().map(|f| f.partial_cmp(&0.0)),
-                    Value::String(s) if matches(QUANTITY, s) => Some(quantity_sign(s)),
+                    Value::String(s) if s.len() <= 64 && matches(QUANTITY, s) => Some(quantity_sign(s)),
                     _ => None,
                 };
                 let positive_required = self == Self::StorageSize;
@@ -653,16 +655,18 @@ fn collect<'a>(value: &'a Value, path: &str, prefix: String, out: &mut Vec<(Stri
 
 /// Adds the table's rules for `kind` to a CRD's `openAPIV3Schema` (as JSON): `maxLength`,
 /// list and map bounds, and `x-kubernetes-validations` with each rule's message. Rules on
-/// `metadata.name` go on the root schema (CEL may read `self.metadata.name`).
+/// `metadata.name` go on the root schema (CEL may read `self.metadata.name` there), their
+/// message prefixed with the field.
 pub fn extend_schema(kind: Kind, schema: &mut Value) {
     for rule in RULES.iter().filter(|r| r.kinds.contains(&kind)) {
         if let Some(field) = rule.path.strip_prefix("metadata.") {
             let list = validations(schema);
             for cel in rule.syntax.cel() {
+                // The API server accepts no `fieldPath` into `metadata` (its schema has no
+                // properties), so the message names the field.
                 list.push(serde_json::json!({
                     "rule": cel.rule.replace("self", &format!("self.metadata.{field}")),
-                    "message": cel.message,
-                    "fieldPath": format!(".metadata.{field}"),
+                    "message": format!("metadata.{field}: {}", cel.message),
                     "reason": "FieldValueInvalid",
                 }));
             }

@@ -439,6 +439,16 @@ async fn capn_render_reads_a_file_as_the_cluster_does() {
         }
         apply_doc(&client, &ns, doc).await;
     }
+    make_ready(&client, &ns, "plain-etcd").await;
+    // The control plane creates its NestedAPIServer first and gives it its replicas next:
+    // mark the apiserver ready only once it has them.
+    wait_until("the apiserver runs the control plane's 3 replicas", STEP, || async {
+        statefulset(&client, &ns, "plain-apiserver")
+            .await
+            .filter(|s| s.spec.as_ref().and_then(|s| s.replicas) == Some(3))
+            .map(|_| ())
+    })
+    .await;
     bring_up(&client, &ns, "plain").await;
     let apiserver = statefulset(&client, &ns, "plain-apiserver").await.unwrap();
     assert_eq!(
