@@ -3,6 +3,7 @@
 
 mod boot;
 mod capi;
+mod cli;
 mod control_plane;
 mod engine;
 mod harness;
@@ -10,3 +11,4 @@ mod operations;
 mod public_crds;
 mod smoke;
 mod support;
+mod validation;
