@@ -11,7 +11,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::harness::*;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
+use crate::support::{mark_statefulset_ready, wait_until};
 
 const API_VERSION: &str = "controlplane.cluster.x-k8s.io/v1beta1";
 
@@ -442,8 +442,8 @@ async fn conditions_of(client: &kube::Client, ns: &str, name: &str) -> Vec<Condi
 
 #[tokio::test]
 async fn every_input_gets_the_same_verdict_at_admission_from_the_controllers_and_from_render() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
     let channels = capn::channel::ChannelRegistry::load(&[]).unwrap();
     let corpus = corpus();
     let refused = corpus.iter().filter(|c| c.refused.is_some()).count();
@@ -502,8 +502,7 @@ async fn every_input_gets_the_same_verdict_at_admission_from_the_controllers_and
         }
     }
 
-    // Path 3: the controllers, for what admission let in.
-    let capn = Capn::start(&client, &ns);
+    // Path 3: the controllers (running since the start), for what admission let in.
     for (case, _) in &live {
         for doc in &case.docs {
             admit(&client, &ns, doc, false).await.unwrap();
@@ -539,5 +538,5 @@ async fn every_input_gets_the_same_verdict_at_admission_from_the_controllers_and
         corpus.len(),
         live.len(),
     );
-    capn.stop().await;
+    f.stop().await;
 }
