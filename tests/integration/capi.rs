@@ -427,8 +427,7 @@ async fn clusterctl_generate_cluster_output_applies_and_reaches_a_ready_control_
     }
     let ncp = capi
         .wait_until(&ns, "the generated NestedControlPlane is ready", CAPI_STEP, || async {
-            Some(control_plane(&client, &ns, "t1-control-plane").await)
-                .filter(|n| n.status.as_ref().is_some_and(|s| s.ready))
+            Some(control_plane(&client, &ns, "t1").await).filter(|n| n.status.as_ref().is_some_and(|s| s.ready))
         })
         .await;
     assert_eq!(ncp.status.unwrap().version.as_deref(), Some("1.36.3"));
