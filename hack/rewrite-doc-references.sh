@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rewrites the code's references to the design and reference documents so that they name the
 # files in this repository: `design §N` and `design.md §N` → `docs/design.md §N`,
-# `reference.md` → `docs/reference.md`, `shared/design.md` → `docs/design.md`. Idempotent:
+# `reference.md` → `docs/reference.md`, `shared/<name>.md` → `docs/<name>.md`. Idempotent:
 # run it again after merging a branch that still uses the old spellings, then run the tests
 # (src/doc_references.rs fails on any reference that does not resolve, and, once this script
 # has switched it on, on any spelling without `docs/`).
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 mapfile -t files < <(git ls-files src tests hack examples channels templates README.md Dockerfile \
   | grep -v -e '^hack/rewrite-doc-references.sh$' -e '^src/doc_references.rs$')
 perl -pi -e '
-  s{shared/design\.md}{docs/design.md}g;
+  s{shared/(design|reference)\.md}{docs/$1.md}g;
   s{(?<![\w/.-])design\.md}{docs/design.md}g;
   s{(?<![\w/.-])design §}{docs/design.md §}g;
   s{(?<![\w/.-])reference\.md}{docs/reference.md}g;
