@@ -37,7 +37,7 @@ ldflags="-s -w -X sigs.k8s.io/cluster-api/version.gitVersion=$CAPI_VERSION -X si
 for target in "core:cluster-api-manager" "cmd/clusterctl:clusterctl"; do
   pkg="${target%%:*}"; bin="${target##*:}"
   if [ -x "$dir/$bin" ]; then log "cached: $bin"; continue; fi
-  log "building $bin $CAPI_VERSION (a cold build takes several minutes on 2 cores)"
+  log "building $bin $CAPI_VERSION (a cold build of both binaries takes about 5 minutes on 2 cores)"
   (cd "$work/cluster-api" && go build -trimpath -ldflags "$ldflags" -o "$dir/$bin.tmp" "./$pkg" >&2)
   mv "$dir/$bin.tmp" "$dir/$bin"
   log "built $dir/$bin"

@@ -6,7 +6,7 @@
 #
 #   hack/demo.sh
 #
-# Needs: cargo, go (only to build the Kubernetes binaries the first time, ~15 min on 2 cores),
+# Needs: cargo, go (only to build the Kubernetes binaries the first time, ~14 min on 2 cores),
 # iproute2 (`ip`), and root (it uses sudo when not run as root): the nested control plane's
 # pods run in network and mount namespaces of their own.
 set -euo pipefail
@@ -21,7 +21,7 @@ if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || die "the demo needs root (network and mount namespaces), and sudo is not installed"
 fi
 
-step "1/2 Kubernetes binaries: etcd, kube-apiserver, kube-controller-manager (cached by version; a cold build takes ~15 minutes)"
+step "1/2 Kubernetes binaries: etcd, kube-apiserver, kube-controller-manager (cached by version; a cold build takes about 14 minutes on 2 cores: kube-apiserver ~9, kube-controller-manager ~3, etcd ~2)"
 if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
   KUBEBUILDER_ASSETS="$(hack/kube-assets.sh)"
 fi
@@ -30,7 +30,7 @@ for b in etcd kube-apiserver kube-controller-manager; do
 done
 echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS" >&2
 
-step "2/2 Building the demo (cargo build --bin capn --example demo; a cold build takes a few minutes)"
+step "2/2 Building the demo (cargo build --bin capn --example demo; a cold build takes about 10 minutes on 2 cores)"
 cargo build --locked --bin capn --example demo
 demo="${CARGO_TARGET_DIR:-target}/debug/examples/demo"
 [ -x "$demo" ] || die "cargo built no $demo"

@@ -6,7 +6,8 @@
 //! index, resolve) · [`render`] (templates → objects) · [`patch`] (user patches,
 //! extraArgs) · [`plan`] (the pure desired state of one component) · [`pki`]
 //! (certificates and kubeconfigs) · [`apply`] (server-side apply, readiness) ·
-//! [`controllers`] (one reconciler per kind) · [`status`] (conditions) · [`cli`].
+//! [`controllers`] (one reconciler per kind) · [`status`] (conditions) · [`validate`] (the
+//! field rules shared by the CRDs, the controllers and `capn render`) · [`cli`].
 
 pub mod api;
 pub mod apply;
@@ -21,3 +22,7 @@ pub mod plan;
 pub mod render;
 pub mod status;
 pub mod telemetry;
+pub mod validate;
+
+#[cfg(test)]
+mod doc_references;

@@ -27,15 +27,25 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global log subscriber once; later calls are ignored.
+/// Installs the global log subscriber once; later calls are ignored. Text logs are coloured
+/// only when standard output (where they go) is a terminal and `NO_COLOR` is unset
+/// (<https://no-color.org>): a file or a pipe gets plain text.
 pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(use_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stdout()),
+        std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()),
+    ));
     let _ = if json {
         builder.json().try_init()
     } else {
         builder.try_init()
     };
+}
+
+/// Whether text logs carry ANSI colour codes: only on a terminal, and never with `NO_COLOR`.
+pub fn use_colour(stdout_is_terminal: bool, no_colour: bool) -> bool {
+    stdout_is_terminal && !no_colour
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -58,6 +58,15 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
                 {
                     spec.default = Some(JSON(serde_json::json!({})));
                 }
+                // Admission-time validation from the one rule table (crate::validate).
+                if let Some(kind) = crate::validate::Kind::from_name(&crd.spec.names.kind)
+                    && let Ok(mut json) = serde_json::to_value(&*schema)
+                {
+                    crate::validate::extend_schema(kind, &mut json);
+                    if let Ok(extended) = serde_json::from_value(json) {
+                        *schema = extended;
+                    }
+                }
             }
         }
         let labels = crd.metadata.labels.get_or_insert_with(Default::default);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub use render::render_documents;
+pub use render::{InputError, RenderOptions, Rendered, error_reason, render_documents};
 pub use run::{LeaderElection, run};
 
 use crate::channel::ChannelRegistry;
@@ -171,6 +171,10 @@ pub struct RenderArgs {
     /// DNS domain of the super cluster.
     #[arg(long, default_value = crate::plan::DEFAULT_DNS_DOMAIN)]
     pub super_cluster_dns_domain: String,
+    /// Fields the CRDs do not have are errors, not warnings (kubectl's strict field
+    /// validation).
+    #[arg(long)]
+    pub strict: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -282,8 +286,18 @@ pub async fn main() -> anyhow::Result<()> {
             };
             let docs: Vec<serde_json::Value> =
                 serde_saphyr::from_multiple(&text).with_context(|| format!("parsing {}", args.file.display()))?;
-            let objects = render_documents(&channels, docs, &args.super_cluster_dns_domain)?;
-            print!("{}", to_yaml_stream(&objects)?);
+            let options = RenderOptions {
+                super_dns_domain: args.super_cluster_dns_domain.clone(),
+                strict: args.strict,
+            };
+            let rendered = render_documents(&channels, docs, &options).map_err(|e| match error_reason(&e) {
+                Some(reason) => anyhow::anyhow!("{reason}: {e:#}"),
+                None => e,
+            })?;
+            for warning in &rendered.warnings {
+                eprintln!("Warning: {warning}");
+            }
+            print!("{}", to_yaml_stream(&rendered.objects)?);
             Ok(())
         }
         Command::Crds => {

@@ -38,8 +38,8 @@ use crate::apply::applyset::{
 use crate::apply::{FIELD_MANAGER, apply_rank, readiness};
 use crate::component::ComponentKind;
 use crate::plan::{
-    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, certificates_digest, check, check_members,
-    component_applyset_id, plan, resolve, stamp_certificates_digest,
+    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, certificates_digest, check, check_input,
+    check_members, component_applyset_id, plan, resolve, stamp_certificates_digest,
 };
 use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, phase, set_condition};
 
@@ -457,7 +457,9 @@ async fn drive<K: ComponentResource>(
     // The version rules come before waiting for a predecessor: a refused upgrade must say
     // so at once, not wait for an etcd that will never move.
     let running = running_versions::<K>(ctx, object, &ncp, ns);
-    if let Err(e) = resolve(&ctx.channels, &cluster, K::KIND, object.component())
+    let name = object.name_any();
+    if let Err(e) = check_input(&cluster, K::KIND, &name, object.component(), object.etcd_storage())
+        .and_then(|()| resolve(&ctx.channels, &cluster, K::KIND, object.component()))
         .and_then(|r| check(K::KIND, &r, &running).map_err(PlanError::from))
         .and_then(|()| {
             check_members(K::KIND, object.component().replicas.unwrap_or(1), &running).map_err(PlanError::from)

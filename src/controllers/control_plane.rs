@@ -32,7 +32,7 @@ use crate::pki::{
 use crate::plan::{APISERVER_PORT, ClusterSettings};
 use crate::status::{
     APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ConditionUpdate, ETCD_READY, PAUSED,
-    READY, ROLLING_OUT, is_true, set_condition,
+    READY, ROLLING_OUT, SYNCED, is_true, set_condition,
 };
 
 /// The NestedControlPlane controller, ready to be spawned: woken by its own changes, its
@@ -152,6 +152,17 @@ async fn drive(
     let Some(owner) = controller_reference(ncp) else {
         return Err(ReconcileError::NoNamespace);
     };
+    // Bad input stops here, before anything is created or a kubeconfig points at it; the
+    // same check as admission and `capn render` (crate::validate).
+    let valid = match crate::plan::check_control_plane(&serde_json::to_value(ncp).unwrap_or_default(), cluster) {
+        Ok(()) => ConditionUpdate::new(SYNCED, true, "Valid", "the spec follows every field rule"),
+        Err(e) => ConditionUpdate::new(SYNCED, false, e.reason(), e.to_string()),
+    };
+    let invalid = !valid.status;
+    set_condition(&mut status.conditions, valid, generation, &now.k8s);
+    if invalid {
+        return Ok(Action::await_change());
+    }
     let names = SecretNames::new(&cluster.name);
     let policy = renewal_policy(ncp, ctx.settings.certificate_validity).map_err(ReconcileError::InvalidSpec)?;
     let store = CertificateStore::new(ctx, ns, &cluster.name, &owner, now.time, policy);

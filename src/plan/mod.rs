@@ -30,7 +30,8 @@ use crate::channel::{ChannelError, ChannelRegistry};
 use crate::component::ComponentKind;
 use crate::patch::{PatchError, apply_extra_args, apply_patches};
 use crate::pki::SecretNames;
-use crate::render::{RenderError, render_templates};
+use crate::render::{RenderError, render_templates_in};
+use crate::validate as field_rules;
 
 /// Secure port of the nested apiserver.
 pub const APISERVER_PORT: i32 = 6443;
@@ -148,6 +149,10 @@ pub enum PlanError {
     InvalidCertificateValidity(String),
     #[error("the apiserver needs the etcd endpoints, and NestedEtcd has published none yet")]
     NoEtcdEndpoints,
+    /// A field breaks its rule (crate::validate): the same reason and message the API
+    /// server gives at admission.
+    #[error(transparent)]
+    Field(#[from] crate::validate::FieldError),
     #[error("rendered {kind}/{name} {message}")]
     InvalidObject {
         kind: String,
@@ -167,6 +172,7 @@ impl PlanError {
             Self::InvalidReplicas(_) => "InvalidReplicas",
             Self::InvalidCertificateValidity(_) => "InvalidCertificateValidityPeriod",
             Self::NoEtcdEndpoints => "WaitingForEtcd",
+            Self::Field(e) => e.reason(),
             Self::InvalidObject { .. } => "InvalidObject",
         }
     }
@@ -200,6 +206,98 @@ pub fn etcd_members(cluster: &str, namespace: &str, replicas: i32) -> Vec<EtcdMe
         .collect()
 }
 
+/// Checks the field rules ([`crate::validate`]) of what a component is planned from: the
+/// cluster settings it inherits (cluster name, service CIDR, DNS domain, image repository,
+/// the control plane's version and channel; they may come from a Cluster API `Cluster` or a
+/// label, which admission never saw) and the component's own spec.
+///
+/// # Errors
+/// [`PlanError::Field`] for the first field that breaks its rule.
+pub fn check_input(
+    cluster: &ClusterSettings,
+    kind: ComponentKind,
+    resource_name: &str,
+    spec: &ComponentSpec,
+    etcd_storage: Option<&EtcdStorage>,
+) -> Result<(), PlanError> {
+    check_cluster(cluster)?;
+    let mut object = serde_json::json!({
+        "metadata": {"name": resource_name},
+        "spec": serde_json::to_value(spec).unwrap_or_default(),
+    });
+    if let Some(storage) = etcd_storage {
+        object["spec"]["storage"] = serde_json::to_value(storage).unwrap_or_default();
+    }
+    let rules_of = match kind {
+        ComponentKind::Etcd => field_rules::Kind::NestedEtcd,
+        ComponentKind::ApiServer => field_rules::Kind::NestedAPIServer,
+        ComponentKind::ControllerManager => field_rules::Kind::NestedControllerManager,
+    };
+    match field_rules::check_object(rules_of, &object).into_iter().next() {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+/// The field rules of the settings a component inherits from its control plane, reported
+/// under the NestedControlPlane's field that holds each (or would: the cluster name and
+/// network may come from the owning Cluster API `Cluster`).
+///
+/// # Errors
+/// [`PlanError::Field`] for the first setting that breaks its rule.
+pub fn check_cluster(cluster: &ClusterSettings) -> Result<(), PlanError> {
+    use field_rules::{Kind, Syntax, check_value};
+    let ncp = Kind::NestedControlPlane;
+    let name = &cluster.name;
+    check_value(ncp, name, "metadata.name", Syntax::ClusterName, name)?;
+    for (i, block) in cluster.service_cidr.split(',').enumerate() {
+        check_value(
+            ncp,
+            name,
+            &format!("spec.clusterNetwork.services.cidrBlocks[{i}]"),
+            Syntax::ServiceCidr,
+            block.trim(),
+        )?;
+    }
+    check_value(
+        ncp,
+        name,
+        "spec.clusterNetwork.serviceDomain",
+        Syntax::DnsDomain,
+        &cluster.dns_domain,
+    )?;
+    check_value(
+        ncp,
+        name,
+        "spec.imageRepository",
+        Syntax::ImageRepository,
+        &cluster.image_repository,
+    )?;
+    if let Some(version) = &cluster.kubernetes_version {
+        check_value(ncp, name, "spec.version", Syntax::Version, version)?;
+    }
+    if let Some(channel) = &cluster.channel {
+        check_value(ncp, name, "spec.channel", Syntax::ChannelName, channel)?;
+    }
+    Ok(())
+}
+
+/// Checks the field rules of a NestedControlPlane (`object`, as JSON) and of the cluster
+/// settings derived from it; the NestedControlPlane controller and `capn render` both call
+/// it before anything else.
+///
+/// # Errors
+/// [`PlanError::Field`] for the first field that breaks its rule.
+pub fn check_control_plane(object: &serde_json::Value, cluster: &ClusterSettings) -> Result<(), PlanError> {
+    if let Some(e) = field_rules::check_object(field_rules::Kind::NestedControlPlane, object)
+        .into_iter()
+        .next()
+    {
+        return Err(e.into());
+    }
+    check_cluster(cluster)
+}
+
 /// Plans one component: resolve → render → extraArgs → patches → check → label and own.
 ///
 /// # Errors
@@ -213,6 +311,7 @@ pub fn plan(
 ) -> Result<Plan, PlanError> {
     let kind = request.kind;
     let spec = request.spec;
+    check_input(cluster, kind, request.resource_name, spec, request.etcd_storage)?;
     let resolved = rules::resolve(channels, cluster, kind, spec)?;
     rules::check(kind, &resolved, &request.running)?;
     rules::check_members(kind, spec.replicas.unwrap_or(1), &request.running)?;
@@ -241,7 +340,7 @@ pub fn plan(
         component_applyset_id(request.kind, request.resource_name, &cluster.namespace),
     );
     let templates = channel.templates(kind, &version).unwrap_or_default();
-    let mut objects = render_templates(templates, &context)?;
+    let mut objects = render_templates_in(templates, &context, &cluster.namespace)?;
     apply_extra_args(&mut objects, &spec.extra_args)?;
     apply_patches(&mut objects, &spec.patches)?;
     let reloaded = reloaded_secret_names(&channel.name, channel.component(kind), &context)?;

@@ -10,7 +10,7 @@ use super::{
 use crate::api::ComponentSpec;
 use crate::channel::Channel;
 use crate::component::ComponentKind;
-use crate::render::render_templates;
+use crate::render::render_templates_in;
 
 /// Renders each template of each version of each component of `channel` on its own against
 /// a sample cluster (`sample` in namespace `sample-system`, 3 replicas, resources set) and
@@ -60,7 +60,7 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
             };
             let context = build_context(&cluster, &request, version, 3, own_members, endpoints.clone());
             for template in channel.templates(kind, version).unwrap_or_default() {
-                if let Err(e) = render_templates(std::slice::from_ref(template), &context) {
+                if let Err(e) = render_templates_in(std::slice::from_ref(template), &context, &cluster.namespace) {
                     errors.push(e.to_string());
                 }
             }

@@ -185,9 +185,8 @@ async fn bring_up_example_cluster(capi: &Capi, client: &kube::Client, ns: &str) 
 #[tokio::test]
 async fn cluster_api_reports_the_example_cluster_provisioned_initialized_and_available() {
     let capi = capi();
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let _capn = Capn::start(&client, &ns);
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
     let capi_cluster = bring_up_example_cluster(capi, &client, &ns).await;
 
     let ncp = control_plane(&client, &ns, "tenant-1-control-plane").await;
@@ -299,9 +298,8 @@ async fn remaining(client: &kube::Client, ns: &str) -> Vec<String> {
 #[tokio::test]
 async fn deleting_the_cluster_deletes_everything() {
     let capi = capi();
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let _capn = Capn::start(&client, &ns);
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
     bring_up_example_cluster(capi, &client, &ns).await;
     let before = remaining(&client, &ns).await;
     for kind in [
@@ -429,8 +427,7 @@ async fn clusterctl_generate_cluster_output_applies_and_reaches_a_ready_control_
     }
     let ncp = capi
         .wait_until(&ns, "the generated NestedControlPlane is ready", CAPI_STEP, || async {
-            Some(control_plane(&client, &ns, "t1-control-plane").await)
-                .filter(|n| n.status.as_ref().is_some_and(|s| s.ready))
+            Some(control_plane(&client, &ns, "t1").await).filter(|n| n.status.as_ref().is_some_and(|s| s.ready))
         })
         .await;
     assert_eq!(ncp.status.unwrap().version.as_deref(), Some("1.36.3"));

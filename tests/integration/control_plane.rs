@@ -15,10 +15,9 @@ use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until
 
 #[tokio::test]
 async fn standalone_example_comes_up_in_order_and_reports_ready() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
 
     // The three component resources appear, owned by the control plane.
     wait_until("three component resources exist", STEP, || async {
@@ -108,7 +107,7 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
     let endpoint = ncp.spec.control_plane_endpoint.expect("endpoint filled by capn");
     assert_eq!(endpoint.host, format!("demo-apiserver.{ns}.svc"));
     assert_eq!(endpoint.port, 6443);
-    capn.stop().await;
+    f.stop().await;
 }
 
 /// Waits until the etcd StatefulSet exists (the first workload).
@@ -121,11 +120,10 @@ async fn make_ready_precondition(client: &kube::Client, ns: &str) {
 
 #[tokio::test]
 async fn kubeconfig_secret_follows_cluster_api_layout_and_trusts_the_serving_certificate() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    bring_up(&client, &ns, "demo").await;
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    f.bring_up("demo").await;
     let secret = wait_until("demo-kubeconfig exists", STEP, || async {
         secret(&client, &ns, "demo-kubeconfig").await
     })
@@ -164,7 +162,7 @@ async fn kubeconfig_secret_follows_cluster_api_layout_and_trusts_the_serving_cer
         .unwrap();
     let kcm_config = kube::config::Kubeconfig::from_yaml(&secret_value(&kcm, "value")).unwrap();
     assert_eq!(kcm_config.auth_infos[0].name, "system:kube-controller-manager");
-    capn.stop().await;
+    f.stop().await;
 }
 
 fn base64_decode(s: &str) -> Vec<u8> {
@@ -174,27 +172,18 @@ fn base64_decode(s: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn three_member_etcd_is_listed_everywhere_and_every_dialled_host_is_certified() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
     // A user-given NestedEtcd is adopted.
-    apply_doc(
-        &client,
-        &ns,
-        json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
-            "metadata": {"name": "big-etcd"}, "spec": {"replicas": 3}
-        }),
-    )
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+        "metadata": {"name": "big-etcd"}, "spec": {"replicas": 3}
+    }))
     .await;
-    apply_doc(
-        &client,
-        &ns,
-        json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-            "metadata": {"name": "big"}, "spec": {"etcd": {"name": "big-etcd"}}
-        }),
-    )
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "big"}, "spec": {"etcd": {"name": "big-etcd"}}
+    }))
     .await;
     make_ready(&client, &ns, "big-etcd").await;
     let etcd_sts = statefulset(&client, &ns, "big-etcd").await.unwrap();
@@ -252,27 +241,22 @@ async fn three_member_etcd_is_listed_everywhere_and_every_dialled_host_is_certif
         (true, true),
         "etcd certificate is for servers and clients (peers)"
     );
-    capn.stop().await;
+    f.stop().await;
 }
 
 #[tokio::test]
 async fn apiserver_certificate_names_every_address_clients_dial() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_doc(
-        &client,
-        &ns,
-        json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-            "metadata": {"name": "sans"},
-            "spec": {
-                "certSANs": ["api.example.com", "192.0.2.10"],
-                "controlPlaneEndpoint": {"host": "192.0.2.20", "port": 6443},
-                "clusterNetwork": {"services": {"cidrBlocks": ["10.100.0.0/16"]}, "serviceDomain": "tenant.local"}
-            }
-        }),
-    )
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "sans"},
+        "spec": {
+            "certSANs": ["api.example.com", "192.0.2.10"],
+            "controlPlaneEndpoint": {"host": "192.0.2.20", "port": 6443},
+            "clusterNetwork": {"services": {"cidrBlocks": ["10.100.0.0/16"]}, "serviceDomain": "tenant.local"}
+        }
+    }))
     .await;
     make_ready(&client, &ns, "sans-etcd").await;
     let cert = wait_until("the apiserver certificate exists", STEP, || async {
@@ -308,43 +292,42 @@ async fn apiserver_certificate_names_every_address_clients_dial() {
     ] {
         assert!(ips.contains(&ip.to_string()), "IP SAN {ip} missing: {ips:?}");
     }
-    capn.stop().await;
+    f.stop().await;
 }
 
 #[tokio::test]
 async fn restarting_the_controller_changes_no_certificate_and_duplicates_nothing() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    let mut f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
     make_ready(&client, &ns, "demo-etcd").await;
     wait_until("etcd is ready", STEP, || async {
         etcd_ready(&client, &ns, "demo-etcd").await.then_some(())
     })
     .await;
-    capn.stop().await;
+    f.stop_capn().await;
     let before = secret_fingerprints(&client, &ns).await;
     assert!(before.contains_key("demo-ca") && before.contains_key("demo-etcd-server"));
 
     // Mid-way restart.
-    let capn = Capn::start(&client, &ns);
-    bring_up(&client, &ns, "demo").await;
+    f.start_capn();
+    f.bring_up("demo").await;
     wait_until("demo-kubeconfig exists", STEP, || async {
         secret(&client, &ns, "demo-kubeconfig").await
     })
     .await;
-    capn.stop().await;
+    f.stop_capn().await;
     let after = secret_fingerprints(&client, &ns).await;
     for (name, fp) in &before {
         assert_eq!(after.get(name), Some(fp), "{name} changed across a restart");
     }
 
     // Restart at the end: nothing changes, nothing is duplicated.
-    let capn = Capn::start(&client, &ns);
+    f.start_capn();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let ncp = control_plane(&client, &ns, "demo").await;
     assert!(ncp.status.unwrap().ready);
-    capn.stop().await;
+    f.stop().await;
     assert_eq!(
         secret_fingerprints(&client, &ns).await,
         after,
@@ -369,11 +352,10 @@ async fn restarting_the_controller_changes_no_certificate_and_duplicates_nothing
 
 #[tokio::test]
 async fn a_no_op_reconcile_changes_nothing() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    bring_up(&client, &ns, "demo").await;
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    f.bring_up("demo").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let versions = |items: Vec<(String, Option<String>)>| items;
     let snapshot = || async {
@@ -426,7 +408,7 @@ async fn a_no_op_reconcile_changes_nothing() {
         .filter(|(b, a)| b != a && !b.0.starts_with("ncp/"))
         .collect();
     assert!(changed.is_empty(), "a no-op reconcile wrote {changed:?}");
-    capn.stop().await;
+    f.stop().await;
 }
 
 #[tokio::test]
@@ -483,8 +465,8 @@ async fn a_read_error_on_the_ca_secret_does_not_mint_a_new_ca() {
 
 #[tokio::test]
 async fn a_user_supplied_ca_is_used_as_is() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
+    let mut f = Fixture::without_capn().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
     let ca =
         capn::pki::CertificateAuthority::generate("my-own-ca", time::OffsetDateTime::now_utc(), Default::default())
             .unwrap();
@@ -493,10 +475,10 @@ async fn a_user_supplied_ca_is_used_as_is() {
         .create(&Default::default(), &user_secret)
         .await
         .unwrap();
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    bring_up(&client, &ns, "demo").await;
-    capn.stop().await;
+    f.start_capn();
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    f.bring_up("demo").await;
+    f.stop().await;
     let after = secret(&client, &ns, "demo-ca").await.unwrap();
     assert_eq!(after.data, created.data, "the user's CA was changed");
     assert!(
@@ -509,11 +491,10 @@ async fn a_user_supplied_ca_is_used_as_is() {
 
 #[tokio::test]
 async fn deleting_the_control_plane_removes_everything_capn_created() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    bring_up(&client, &ns, "demo").await;
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    f.bring_up("demo").await;
     wait_until("demo-kubeconfig exists", STEP, || async {
         secret(&client, &ns, "demo-kubeconfig").await
     })
@@ -566,5 +547,5 @@ async fn deleting_the_control_plane_removes_everything_capn_created() {
         },
     )
     .await;
-    capn.stop().await;
+    f.stop().await;
 }

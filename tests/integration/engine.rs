@@ -33,29 +33,20 @@ fn has_condition(
 
 #[tokio::test]
 async fn switching_channel_versions_prunes_what_is_no_longer_rendered_and_nothing_else() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start_with_channels(&client, &ns, &["prune-test"]);
-    apply_doc(
-        &client,
-        &ns,
-        json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
-            "metadata": {"name": "p-etcd"}, "spec": {"channel": "prune-test", "version": "3.6.8"}
-        }),
-    )
+    let f = Fixture::with_channels(&["prune-test"]).await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+        "metadata": {"name": "p-etcd"}, "spec": {"channel": "prune-test", "version": "3.6.8"}
+    }))
     .await;
-    apply_doc(
-        &client,
-        &ns,
-        json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-            "metadata": {"name": "p"}, "spec": {"etcd": {"name": "p-etcd"}}
-        }),
-    )
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "p"}, "spec": {"etcd": {"name": "p-etcd"}}
+    }))
     .await;
     // A user's ConfigMap with capn's labels but not in the set must survive.
-    apply_doc(&client, &ns, json!({
+    f.apply(json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "users-own", "labels": {"app.kubernetes.io/managed-by": "capn", "cluster.x-k8s.io/cluster-name": "p"}}
     }))
@@ -108,16 +99,15 @@ async fn switching_channel_versions_prunes_what_is_no_longer_rendered_and_nothin
         .then_some(())
     })
     .await;
-    capn.stop().await;
+    f.stop().await;
 }
 
 #[tokio::test]
 async fn a_failing_patch_leaves_every_existing_object_unchanged() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    bring_up(&client, &ns, "demo").await;
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    f.bring_up("demo").await;
     let before = statefulset_versions(&client, &ns).await;
     // The first patch is fine, the second targets nothing: neither may be applied.
     let api: Api<NestedAPIServer> = Api::namespaced(client.clone(), &ns);
@@ -160,16 +150,15 @@ async fn a_failing_patch_leaves_every_existing_object_unchanged() {
             .any(|e| e.reason.as_deref() == Some("PatchTargetNotFound") && e.type_.as_deref() == Some("Warning")),
         "no Warning Event says why"
     );
-    capn.stop().await;
+    f.stop().await;
 }
 
 #[tokio::test]
 async fn an_upgrade_from_1_36_to_1_37_rolls_etcd_then_apiserver_then_controller_manager() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    bring_up(&client, &ns, "demo").await;
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    f.bring_up("demo").await;
     let sts = |name: &'static str| {
         let client = client.clone();
         let ns = ns.clone();
@@ -179,14 +168,10 @@ async fn an_upgrade_from_1_36_to_1_37_rolls_etcd_then_apiserver_then_controller_
         image(&sts("demo-apiserver").await),
         "registry.k8s.io/kube-apiserver:v1.36.3"
     );
-    apply_doc(
-        &client,
-        &ns,
-        json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-            "metadata": {"name": "demo"}, "spec": {"version": "1.37"}
-        }),
-    )
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"}, "spec": {"version": "1.37"}
+    }))
     .await;
     // etcd first: kubeadm's etcd for 1.37 is 3.7.0.
     wait_until("etcd rolls to 3.7.0", STEP, || async {
@@ -236,33 +221,24 @@ async fn an_upgrade_from_1_36_to_1_37_rolls_etcd_then_apiserver_then_controller_
         status.components.unwrap().etcd.unwrap().version.as_deref(),
         Some("3.7.0")
     );
-    capn.stop().await;
+    f.stop().await;
 }
 
 #[tokio::test]
 async fn an_upgrade_skipping_a_minor_is_refused_and_touches_nothing() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_doc(
-        &client,
-        &ns,
-        json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-            "metadata": {"name": "demo"}, "spec": {"version": "1.35"}
-        }),
-    )
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"}, "spec": {"version": "1.35"}
+    }))
     .await;
-    bring_up(&client, &ns, "demo").await;
+    f.bring_up("demo").await;
     let before = statefulset_versions(&client, &ns).await;
-    apply_doc(
-        &client,
-        &ns,
-        json!({
-            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-            "metadata": {"name": "demo"}, "spec": {"version": "1.37"}
-        }),
-    )
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"}, "spec": {"version": "1.37"}
+    }))
     .await;
     let refused = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
         has_condition(conditions, "Synced", "False", "UpgradeNotAllowed")
@@ -298,7 +274,7 @@ async fn an_upgrade_skipping_a_minor_is_refused_and_touches_nothing() {
         control_plane(&client, &ns, "demo").await.status.unwrap().ready,
         "the running control plane stays ready"
     );
-    capn.stop().await;
+    f.stop().await;
 }
 
 /// Whether every field of `want` has the same value in `got` (the server adds defaults,
@@ -318,15 +294,14 @@ fn contains(got: &serde_json::Value, want: &serde_json::Value) -> bool {
 
 #[tokio::test]
 async fn capn_render_prints_exactly_what_the_controllers_apply() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
     // Cluster API is not installed in this test: the example's capn objects stand alone, and
     // their cluster-name label names the cluster (tenant-1).
     let text = std::fs::read_to_string(format!("{}/examples/cluster.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let example: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
     for doc in example.into_iter().filter(|d| d["kind"] != "Cluster") {
-        apply_doc(&client, &ns, doc).await;
+        f.apply(doc).await;
     }
     let ncp_name = "tenant-1-control-plane";
     for workload in ["tenant-1-etcd", "tenant-1-apiserver", "tenant-1-controller-manager"] {
@@ -364,7 +339,9 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
         docs.push(serde_json::to_value(m).unwrap());
     }
     let channels = capn::channel::ChannelRegistry::load(&[]).unwrap();
-    let rendered = capn::cli::render_documents(&channels, docs, "cluster.local").unwrap();
+    let rendered = capn::cli::render_documents(&channels, docs, &Default::default())
+        .unwrap()
+        .objects;
     let workload_objects: Vec<_> = rendered
         .iter()
         .filter(|o| o["kind"] == "StatefulSet" || o["kind"] == "Service")
@@ -393,27 +370,95 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
         let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
         let name = object["metadata"]["name"].as_str().unwrap();
         let live = serde_json::to_value(api.get(name).await.unwrap()).unwrap();
-        // The certificates digest depends on Secrets only the cluster has: render shows a
-        // stable placeholder where the controller wrote the digest; everything else agrees.
-        let mut object = object.clone();
-        let digest = "/spec/template/metadata/annotations/controlplane.cluster.x-k8s.io~1certificates-digest";
-        if let Some(placeholder) = object.pointer_mut(digest) {
-            assert_eq!(placeholder, capn::plan::DIGEST_PLACEHOLDER, "{name}");
-            let applied = live.pointer(digest).and_then(|d| d.as_str()).unwrap_or_default();
-            assert!(
-                applied.len() == 32 && applied.bytes().all(|b| b.is_ascii_hexdigit()),
-                "{name}: the controller writes a digest, not {applied:?}"
-            );
-            *placeholder = applied.into();
-        }
-        let object = &object;
+        let object = &with_applied_digest(object, &live);
         assert!(
             contains(&live, object),
             "{} {name}: capn render differs from what the controller applied:\nrendered {object:#}\nlive {live:#}",
             object["kind"]
         );
     }
-    capn.stop().await;
+    f.stop().await;
+}
+
+/// The file a user applies, rendered offline, equals what the controllers apply from it:
+/// objects without `spec`, the NestedControlPlane's `spec.replicas` (the apiserver's),
+/// and a misspelt field (a warning, not a different result).
+#[tokio::test]
+async fn capn_render_reads_a_file_as_the_cluster_does() {
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    let file = vec![
+        json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+               "metadata": {"name": "plain-etcd", "namespace": ns}}),
+        json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+               "metadata": {"name": "plain", "namespace": ns},
+               "spec": {"replicas": 3, "verison": "1.35", "etcd": {"name": "plain-etcd"}}}),
+    ];
+    let channels = capn::channel::ChannelRegistry::load(&[]).unwrap();
+    let rendered = capn::cli::render_documents(&channels, file.clone(), &Default::default()).unwrap();
+    assert_eq!(
+        rendered.warnings,
+        [format!(
+            "unknown field \"spec.verison\" in NestedControlPlane {ns}/plain"
+        )]
+    );
+    let strict = capn::cli::RenderOptions {
+        strict: true,
+        ..Default::default()
+    };
+    let err = capn::cli::render_documents(&channels, file.clone(), &strict).unwrap_err();
+    assert_eq!(capn::cli::error_reason(&err), Some("UnknownField"));
+    // kubectl apply drops the unknown field with a warning; so does a server-side apply
+    // without strict field validation.
+    for doc in file {
+        let mut doc = doc;
+        if let Some(spec) = doc.get_mut("spec").and_then(|s| s.as_object_mut()) {
+            spec.remove("verison");
+        }
+        f.apply(doc).await;
+    }
+    make_ready(&client, &ns, "plain-etcd").await;
+    // The control plane creates its NestedAPIServer first and gives it its replicas next:
+    // mark the apiserver ready only once it has them.
+    wait_until("the apiserver runs the control plane's 3 replicas", STEP, || async {
+        statefulset(&client, &ns, "plain-apiserver")
+            .await
+            .filter(|s| s.spec.as_ref().and_then(|s| s.replicas) == Some(3))
+            .map(|_| ())
+    })
+    .await;
+    f.bring_up("plain").await;
+    let apiserver = statefulset(&client, &ns, "plain-apiserver").await.unwrap();
+    assert_eq!(
+        apiserver.spec.as_ref().unwrap().replicas,
+        Some(3),
+        "the control plane's replicas"
+    );
+    for object in rendered
+        .objects
+        .iter()
+        .filter(|o| o["kind"] == "StatefulSet" || o["kind"] == "Service")
+    {
+        let name = object["metadata"]["name"].as_str().unwrap();
+        let live = match object["kind"].as_str() {
+            Some("StatefulSet") => serde_json::to_value(statefulset(&client, &ns, name).await.unwrap()).unwrap(),
+            _ => serde_json::to_value(
+                Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), &ns)
+                    .get(name)
+                    .await
+                    .unwrap(),
+            )
+            .unwrap(),
+        };
+        // Offline objects have no uids: compare everything but the owner references.
+        let mut object = with_applied_digest(object, &live);
+        object["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+        assert!(
+            contains(&live, &object),
+            "{name}: capn render differs from what the controller applied:\nrendered {object:#}\nlive {live:#}"
+        );
+    }
+    f.stop().await;
 }
 
 #[tokio::test]
@@ -523,11 +568,10 @@ async fn a_provider_channel_renders_an_operator_resource_and_the_apiserver_follo
 
 #[tokio::test]
 async fn changing_the_member_count_of_a_running_etcd_is_refused() {
-    let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    bring_up(&client, &ns, "demo").await;
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    f.bring_up("demo").await;
     let before = statefulset_versions(&client, &ns).await;
     let etcd_api: Api<NestedEtcd> = Api::namespaced(client.clone(), &ns);
     etcd_api
@@ -556,5 +600,24 @@ async fn changing_the_member_count_of_a_running_etcd_is_refused() {
             .count(),
         1
     );
-    capn.stop().await;
+    f.stop().await;
+}
+
+/// `rendered` with the controller's certificates digest in place of render's placeholder:
+/// the digest depends on Secrets only the cluster has, so render shows a stable placeholder
+/// where the controller wrote a digest; everything else must agree.
+fn with_applied_digest(rendered: &serde_json::Value, live: &serde_json::Value) -> serde_json::Value {
+    let mut object = rendered.clone();
+    let name = rendered["metadata"]["name"].clone();
+    let digest = "/spec/template/metadata/annotations/controlplane.cluster.x-k8s.io~1certificates-digest";
+    if let Some(placeholder) = object.pointer_mut(digest) {
+        assert_eq!(placeholder, capn::plan::DIGEST_PLACEHOLDER, "{name}");
+        let applied = live.pointer(digest).and_then(|d| d.as_str()).unwrap_or_default();
+        assert!(
+            applied.len() == 32 && applied.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{name}: the controller writes a digest, not {applied:?}"
+        );
+        *placeholder = applied.into();
+    }
+    object
 }

@@ -116,6 +116,69 @@ impl Drop for CapnProcess {
     }
 }
 
+/// One behaviour test's world, the preamble every test shared: an admin client, a namespace
+/// of its own, and capn's controllers running for that namespace.
+pub struct Fixture {
+    /// An admin client of the test cluster, built on this test's runtime.
+    pub client: Client,
+    /// The test's own namespace.
+    pub ns: String,
+    capn: Option<Capn>,
+}
+
+impl Fixture {
+    /// A new namespace with capn running (every controller but the public CRD sync).
+    pub async fn new() -> Self {
+        Self::with_channels(&[]).await
+    }
+
+    /// Like [`Fixture::new`], with extra channel directories (see [`Capn::start_with_channels`]).
+    pub async fn with_channels(dirs: &[&str]) -> Self {
+        let mut fixture = Self::without_capn().await;
+        fixture.capn = Some(Capn::start_with_channels(&fixture.client, &fixture.ns, dirs));
+        fixture
+    }
+
+    /// A new namespace; capn is not running (start it with [`Fixture::start_capn`]).
+    pub async fn without_capn() -> Self {
+        let client = crate::support::cluster().client();
+        let ns = crate::support::test_namespace(&client).await;
+        Self { client, ns, capn: None }
+    }
+
+    /// Starts capn for the namespace (again, after [`Fixture::stop_capn`]).
+    pub fn start_capn(&mut self) {
+        self.capn = Some(Capn::start(&self.client, &self.ns));
+    }
+
+    /// Stops capn, as a crash or a rollout would; the namespace stays.
+    pub async fn stop_capn(&mut self) {
+        if let Some(capn) = self.capn.take() {
+            capn.stop().await;
+        }
+    }
+
+    /// Server-side applies one document in the namespace (see [`apply_doc`]).
+    pub async fn apply(&self, doc: serde_json::Value) {
+        apply_doc(&self.client, &self.ns, doc).await;
+    }
+
+    /// Applies every document of an example file (see [`apply_example`]).
+    pub async fn apply_example(&self, path: &str) {
+        apply_example(&self.client, &self.ns, path).await;
+    }
+
+    /// Brings the control plane `c` to ready, in order (see [`bring_up`]).
+    pub async fn bring_up(&self, c: &str) {
+        bring_up(&self.client, &self.ns, c).await;
+    }
+
+    /// Ends the test: stops capn.
+    pub async fn stop(mut self) {
+        self.stop_capn().await;
+    }
+}
+
 /// Creates every document of an example file in `namespace` (like `kubectl apply -f`).
 pub async fn apply_example(client: &Client, namespace: &str, path: &str) {
     let text = std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();

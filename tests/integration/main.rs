@@ -5,6 +5,8 @@ mod boot;
 mod boot_certificates;
 mod capi;
 mod certificates;
+mod cli;
+
 mod control_plane;
 mod engine;
 mod harness;
@@ -14,3 +16,4 @@ mod public_crds;
 mod runner_volumes;
 mod smoke;
 mod support;
+mod validation;

@@ -1,0 +1,731 @@
+//! The field rules: one table, three callers.
+//!
+//! Every spec field with a syntax (ports, hosts, CIDRs, DNS domains, `certSANs`, quantities,
+//! versions, channel names, `extraArgs` keys, replica bounds, the cluster name) has one entry
+//! in [`RULES`]. The entry is used
+//! 1. by [`crate::api::crds`], which turns it into OpenAPI constraints and CEL
+//!    `x-kubernetes-validations` in the generated CRDs, so the API server refuses bad input
+//!    at admission;
+//! 2. by the controllers, which check the same rules before planning (a CRD installed by an
+//!    older capn, or a value that comes from elsewhere — the cluster name label, a Cluster
+//!    API `Cluster`'s `clusterNetwork` — is refused with a condition naming the field);
+//! 3. by `capn render`, which refuses the input offline with the same reason and message.
+//!
+//! Messages follow the API server's shape (`<path>: Invalid value: <value>: <message>`),
+//! and `<message>` is the CEL rule's `message`, so the three callers say the same thing.
+//!
+//! CEL libraries used, and the first Kubernetes release of the super cluster that has them
+//! (<https://kubernetes.io/docs/reference/using-api/cel/>): validation rules (GA 1.29),
+//! `matches` (all), the IP and CIDR libraries `isIP`/`isCIDR`/`cidr()` (1.31), the quantity
+//! library `isQuantity`/`quantity()` (1.29). The super cluster therefore needs Kubernetes
+//! 1.31 or newer.
+
+use std::net::IpAddr;
+use std::sync::LazyLock;
+
+use serde_json::Value;
+
+/// The kinds whose specs carry rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    NestedControlPlane,
+    NestedEtcd,
+    NestedAPIServer,
+    NestedControllerManager,
+}
+
+impl Kind {
+    /// The kind's name (`NestedEtcd`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NestedControlPlane => "NestedControlPlane",
+            Self::NestedEtcd => "NestedEtcd",
+            Self::NestedAPIServer => "NestedAPIServer",
+            Self::NestedControllerManager => "NestedControllerManager",
+        }
+    }
+
+    /// The kind named `kind`, if it has rules.
+    pub fn from_name(kind: &str) -> Option<Self> {
+        [
+            Self::NestedControlPlane,
+            Self::NestedEtcd,
+            Self::NestedAPIServer,
+            Self::NestedControllerManager,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == kind)
+    }
+}
+
+/// Largest etcd cluster capn runs: the etcd FAQ recommends 3, 5 or 7 members, and more
+/// members only slow writes down (<https://etcd.io/docs/v3.6/faq/>).
+pub const MAX_ETCD_MEMBERS: i64 = 7;
+/// Largest apiserver or controller-manager replica count (a bound, so that a typo like
+/// `replicas: 300` is refused instead of scheduled).
+pub const MAX_REPLICAS: i64 = 10;
+/// Longest cluster name: `<c>-controller-manager` is a StatefulSet, whose pods carry the
+/// label `controller-revision-hash: <statefulset>-<hash>`; a label value holds at most 63
+/// characters and the hash suffix takes up to 11, so a StatefulSet name holds at most 52
+/// (kubernetes/kubernetes#64023). 52 − len("-controller-manager") = 33. The Services
+/// `<c>-etcd` and `<c>-apiserver` (RFC 1035 labels of at most 63 characters) fit then too.
+pub const MAX_CLUSTER_NAME: usize = 33;
+
+const DNS_LABEL: &str = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?";
+
+static DNS_SUBDOMAIN: LazyLock<String> = LazyLock::new(|| format!("^{DNS_LABEL}(\\.{DNS_LABEL})*$"));
+static WILDCARD_SUBDOMAIN: LazyLock<String> = LazyLock::new(|| format!("^(\\*\\.)?{DNS_LABEL}(\\.{DNS_LABEL})*$"));
+const RFC1035_LABEL: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
+const VERSION: &str = "^(v?[0-9]+(\\.[0-9]+){0,2}(-[0-9]+)?)?$";
+const CHANNEL_NAME: &str = "^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$";
+const FLAG_NAME: &str = "^[A-Za-z0-9][-A-Za-z0-9_.]*$";
+const IMAGE_REPOSITORY: &str = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$";
+/// Kubernetes' quantity grammar (`<signedNumber><suffix>`, `resource.Quantity`).
+const QUANTITY: &str = "^[+-]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$";
+
+/// What a field must look like. Each syntax has a reason (the condition reason), one or more
+/// CEL rules with their messages, and the same checks in Rust ([`Syntax::check`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Syntax {
+    /// A TCP port, 1–65535.
+    Port,
+    /// A DNS name (RFC 1123 subdomain) or an IP address, as clients dial it.
+    Host,
+    /// A service CIDR: a network address with no host bits, 20 host bits at most (what
+    /// kube-apiserver's `--service-cluster-ip-range` accepts) and room for the first host
+    /// address capn takes for the tenant's `kubernetes` Service.
+    ServiceCidr,
+    /// A DNS domain (RFC 1123 subdomain), no wildcard.
+    DnsDomain,
+    /// A certificate SAN: an IP address or a DNS name, whose first label may be `*`.
+    San,
+    /// A non-negative resource quantity (`100m`, `128Mi`, `1`).
+    Quantity,
+    /// A positive storage size.
+    StorageSize,
+    /// A version as users write it: `1.36.3`, `1.36`, `v1.36`, `3.6.8-0`, or empty.
+    Version,
+    /// A channel name: a directory name, never a path.
+    ChannelName,
+    /// A command-line flag name without the leading `--` (a map key).
+    FlagName,
+    /// A replica count between 1 and the bound.
+    Replicas { max: i64 },
+    /// The cluster name every object name derives from.
+    ClusterName,
+    /// The name of another object (RFC 1123 subdomain).
+    ObjectName,
+    /// A registry and path prefix for images.
+    ImageRepository,
+}
+
+/// One CEL rule of a syntax and the message shown when it fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CelRule {
+    /// The rule, with `self` the field's value.
+    pub rule: String,
+    /// What is allowed, as the API server and capn say it.
+    pub message: &'static str,
+}
+
+macro_rules! cel {
+    ($rule:expr, $message:expr) => {
+        CelRule {
+            rule: String::from($rule),
+            message: $message,
+        }
+    };
+}
+
+const PORT_MESSAGE: &str = "must be a TCP port between 1 and 65535";
+const HOST_MESSAGE: &str =
+    "must be a DNS name (lower-case RFC 1123 subdomain, at most 253 characters) or an IP address without brackets";
+const CIDR_MESSAGE: &str =
+    "must be a network in CIDR notation with no bits set after the prefix, like 10.96.0.0/12 or fd00::/108";
+const CIDR_SIZE_MESSAGE: &str = "must be an IPv4 /12 to /30 or an IPv6 /108 to /126: kube-apiserver allows at most 20 host bits, and capn takes the first address for the kubernetes Service";
+const DOMAIN_MESSAGE: &str =
+    "must be a DNS domain (lower-case RFC 1123 subdomain, at most 253 characters, no wildcard), like cluster.local";
+const SAN_MESSAGE: &str = "must be an IP address or a DNS name (lower-case RFC 1123 subdomain; the first label may be *), at most 253 characters";
+const QUANTITY_MESSAGE: &str = "must be a non-negative quantity, like 100m, 128Mi or 2";
+const STORAGE_MESSAGE: &str = "must be a positive quantity, like 1Gi or 500Mi";
+const VERSION_MESSAGE: &str = "must be a version: major.minor.patch (1.36.3) or major.minor (1.36), optionally with a leading v and an image suffix (-0), or empty";
+const CHANNEL_MESSAGE: &str =
+    "must be a channel name (lower-case letters, digits, '-' and '.', at most 63 characters), never a path";
+const FLAG_MESSAGE: &str = "keys must be flag names without the leading -- (letters, digits, '-', '_' and '.'; at most 128 characters), like v or feature-gates";
+const CLUSTER_NAME_MESSAGE: &str = "must be a lower-case RFC 1035 label of at most 33 characters: the Services <name>-etcd and <name>-apiserver are RFC 1035 labels (at most 63), and the StatefulSet <name>-controller-manager may have at most 52 characters because its pods' controller-revision-hash label adds 11 to it";
+const OBJECT_NAME_MESSAGE: &str = "must be an object name (lower-case RFC 1123 subdomain, at most 253 characters)";
+const IMAGE_REPOSITORY_MESSAGE: &str =
+    "must be a registry host with an optional port and path, like registry.k8s.io or localhost:5000/mirror";
+
+// The CEL rules must say what the Rust checks below say; the corpus test
+// (tests/integration/validation.rs) proves it on a real API server, case by case.
+
+impl Syntax {
+    /// Short stable reason, used as condition reason, Event reason and metric label.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Port | Self::Host => "InvalidEndpoint",
+            Self::ServiceCidr => "InvalidServiceCIDR",
+            Self::DnsDomain => "InvalidServiceDomain",
+            Self::San => "InvalidSAN",
+            Self::Quantity => "InvalidResources",
+            Self::StorageSize => "InvalidStorage",
+            Self::Version => "InvalidVersion",
+            Self::ChannelName => "InvalidChannelName",
+            Self::FlagName => "InvalidExtraArgs",
+            Self::Replicas { .. } => "InvalidReplicas",
+            Self::ClusterName => "InvalidClusterName",
+            Self::ObjectName => "InvalidName",
+            Self::ImageRepository => "InvalidImageRepository",
+        }
+    }
+
+    /// The CEL rules of this syntax, each with its message (`self` is the value).
+    pub fn cel(self) -> Vec<CelRule> {
+        match self {
+            Self::Port => vec![cel!("self >= 1 && self <= 65535", PORT_MESSAGE)],
+            Self::Host => vec![cel!(
+                format!("isIP(self) || self.matches('{}')", cel_pattern(&DNS_SUBDOMAIN)),
+                HOST_MESSAGE
+            )],
+            Self::ServiceCidr => vec![
+                cel!("isCIDR(self)", CIDR_MESSAGE),
+                // isCIDR accepts host bits after the prefix (10.96.0.1/12).
+                cel!("!isCIDR(self) || cidr(self) == cidr(self).masked()", CIDR_MESSAGE),
+                cel!(
+                    "!isCIDR(self) || (cidr(self).ip().family() == 4 ? cidr(self).prefixLength() >= 12 && cidr(self).prefixLength() <= 30 : cidr(self).prefixLength() >= 108 && cidr(self).prefixLength() <= 126)",
+                    CIDR_SIZE_MESSAGE
+                ),
+            ],
+            Self::DnsDomain => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(&DNS_SUBDOMAIN)),
+                DOMAIN_MESSAGE
+            )],
+            Self::San => vec![cel!(
+                format!("isIP(self) || self.matches('{}')", cel_pattern(&WILDCARD_SUBDOMAIN)),
+                SAN_MESSAGE
+            )],
+            Self::Quantity => vec![cel!(
+                "type(self) == string ? isQuantity(self) && !quantity(self).isLessThan(quantity('0')) : self >= 0",
+                QUANTITY_MESSAGE
+            )],
+            Self::StorageSize => vec![cel!(
+                "type(self) == string ? isQuantity(self) && quantity(self).isGreaterThan(quantity('0')) : self > 0",
+                STORAGE_MESSAGE
+            )],
+            Self::Version => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(VERSION)),
+                VERSION_MESSAGE
+            )],
+            Self::ChannelName => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(CHANNEL_NAME)),
+                CHANNEL_MESSAGE
+            )],
+            Self::FlagName => vec![cel!(
+                format!(
+                    "self.all(k, k.size() <= 128 && k.matches('{}'))",
+                    cel_pattern(FLAG_NAME)
+                ),
+                FLAG_MESSAGE
+            )],
+            Self::Replicas { max } => vec![CelRule {
+                rule: format!("self >= 1 && self <= {max}"),
+                message: if max == MAX_ETCD_MEMBERS {
+                    "must be between 1 and 7 (etcd members; the etcd FAQ recommends 3, 5 or 7)"
+                } else {
+                    "must be between 1 and 10"
+                },
+            }],
+            Self::ClusterName => vec![cel!(
+                format!(
+                    "self.size() <= {MAX_CLUSTER_NAME} && self.matches('{}')",
+                    cel_pattern(RFC1035_LABEL)
+                ),
+                CLUSTER_NAME_MESSAGE
+            )],
+            Self::ObjectName => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(&DNS_SUBDOMAIN)),
+                OBJECT_NAME_MESSAGE
+            )],
+            Self::ImageRepository => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(IMAGE_REPOSITORY)),
+                IMAGE_REPOSITORY_MESSAGE
+            )],
+        }
+    }
+
+    /// The longest string value (OpenAPI `maxLength`), which also bounds the CEL cost.
+    pub fn max_length(self) -> Option<i64> {
+        match self {
+            Self::Host | Self::DnsDomain | Self::San | Self::ObjectName => Some(253),
+            Self::ServiceCidr | Self::Quantity | Self::StorageSize => Some(64),
+            Self::Version => Some(64),
+            Self::ChannelName => Some(63),
+            Self::ClusterName => None, // metadata.name: the API server bounds it
+            Self::ImageRepository => Some(255),
+            Self::Port | Self::FlagName | Self::Replicas { .. } => None,
+        }
+    }
+
+    /// Checks one value; on failure the message of the first rule it breaks.
+    ///
+    /// # Errors
+    /// The [`CelRule::message`] that the API server would report.
+    pub fn check(self, value: &Value) -> Result<(), &'static str> {
+        let rules = self.cel();
+        let fail = |i: usize| Err(rules[i].message);
+        let string = value.as_str();
+        match self {
+            Self::Port => match value.as_i64() {
+                Some(p) if (1..=65535).contains(&p) => Ok(()),
+                _ => fail(0),
+            },
+            Self::Replicas { max } => match value.as_i64() {
+                Some(r) if (1..=max).contains(&r) => Ok(()),
+                _ => fail(0),
+            },
+            Self::Host => match string {
+                Some(s) if s.len() <= 253 && (parse_ip(s).is_some() || matches(&DNS_SUBDOMAIN, s)) => Ok(()),
+                _ => fail(0),
+            },
+            Self::San => match string {
+                Some(s) if s.len() <= 253 && (parse_ip(s).is_some() || matches(&WILDCARD_SUBDOMAIN, s)) => Ok(()),
+                _ => fail(0),
+            },
+            Self::DnsDomain | Self::ObjectName => match string {
+                Some(s) if s.len() <= 253 && matches(&DNS_SUBDOMAIN, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::ServiceCidr => {
+                let Some(net) = string.and_then(parse_cidr) else {
+                    return fail(0);
+                };
+                let ok = match net {
+                    ipnet::IpNet::V4(n) => (12..=30).contains(&n.prefix_len()),
+                    ipnet::IpNet::V6(n) => (108..=126).contains(&n.prefix_len()),
+                };
+                if ok { Ok(()) } else { fail(2) }
+            }
+            Self::Quantity | Self::StorageSize => {
+                let sign = match value {
+                    Value::Number(n) => n.as_f64().map(|f| f.partial_cmp(&0.0)),
+                    Value::String(s) if s.len() <= 64 && matches(QUANTITY, s) => Some(quantity_sign(s)),
+                    _ => None,
+                };
+                let positive_required = self == Self::StorageSize;
+                match sign.flatten() {
+                    Some(std::cmp::Ordering::Greater) => Ok(()),
+                    Some(std::cmp::Ordering::Equal) if !positive_required => Ok(()),
+                    _ => fail(0),
+                }
+            }
+            Self::Version => match string {
+                Some(s) if s.len() <= 64 && matches(VERSION, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::ChannelName => match string {
+                Some(s) if matches(CHANNEL_NAME, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::FlagName => match value.as_object() {
+                Some(map) if map.keys().all(|k| k.len() <= 128 && matches(FLAG_NAME, k)) => Ok(()),
+                _ => fail(0),
+            },
+            Self::ClusterName => match string {
+                Some(s) if s.len() <= MAX_CLUSTER_NAME && matches(RFC1035_LABEL, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::ImageRepository => match string {
+                Some(s) if s.len() <= 255 && matches(IMAGE_REPOSITORY, s) => Ok(()),
+                _ => fail(0),
+            },
+        }
+    }
+}
+
+/// A regular expression as a CEL string literal (single-quoted; backslashes doubled). CEL's
+/// `matches` uses RE2 syntax, which the `regex` crate shares for these patterns, so the
+/// same pattern text is checked in both places.
+fn cel_pattern(pattern: &str) -> String {
+    pattern.replace('\\', "\\\\")
+}
+
+fn matches(pattern: &str, value: &str) -> bool {
+    static CACHE: LazyLock<std::sync::Mutex<std::collections::HashMap<String, regex::Regex>>> =
+        LazyLock::new(Default::default);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let re = cache
+        .entry(pattern.to_string())
+        .or_insert_with(|| regex::Regex::new(pattern).unwrap_or_else(|_| regex::Regex::new("$^").expect("regex")));
+    re.is_match(value)
+}
+
+/// The sign of a quantity that matched [`QUANTITY`].
+fn quantity_sign(s: &str) -> Option<std::cmp::Ordering> {
+    let negative = s.starts_with('-');
+    let digits_nonzero = s
+        .trim_start_matches(['+', '-'])
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .any(|c| c.is_ascii_digit() && c != '0');
+    Some(match (digits_nonzero, negative) {
+        (false, _) => std::cmp::Ordering::Equal,
+        (true, true) => std::cmp::Ordering::Less,
+        (true, false) => std::cmp::Ordering::Greater,
+    })
+}
+
+/// An IP address as Kubernetes' CEL `isIP` accepts it: IPv4 without leading zeros, IPv6
+/// without a zone, and no IPv4-mapped IPv6 address.
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
+    let ip: IpAddr = s.parse().ok()?;
+    match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => None,
+        IpAddr::V4(_) if s.split('.').any(|o| o.len() > 1 && o.starts_with('0')) => None,
+        ip => Some(ip),
+    }
+}
+
+/// A CIDR as Kubernetes' CEL `isCIDR` accepts it: a valid prefix, no bits set after it, and
+/// the address rules of [`parse_ip`].
+pub fn parse_cidr(s: &str) -> Option<ipnet::IpNet> {
+    let (addr, len) = s.split_once('/')?;
+    parse_ip(addr)?;
+    if len.is_empty() || !len.chars().all(|c| c.is_ascii_digit()) || (len.len() > 1 && len.starts_with('0')) {
+        return None;
+    }
+    let net: ipnet::IpNet = s.parse().ok()?;
+    (net.trunc() == net).then_some(net)
+}
+
+/// Where a rule applies.
+#[derive(Clone, Copy, Debug)]
+pub struct Rule {
+    /// The kinds that have the field.
+    pub kinds: &'static [Kind],
+    /// Path of the field: dot-separated property names; a `[]` suffix means every item of a
+    /// list, `{}` every value of a map. `metadata.name` is the object's name.
+    pub path: &'static str,
+    pub syntax: Syntax,
+}
+
+const NCP: &[Kind] = &[Kind::NestedControlPlane];
+const COMPONENTS: &[Kind] = &[Kind::NestedEtcd, Kind::NestedAPIServer, Kind::NestedControllerManager];
+const ALL: &[Kind] = &[
+    Kind::NestedControlPlane,
+    Kind::NestedEtcd,
+    Kind::NestedAPIServer,
+    Kind::NestedControllerManager,
+];
+
+/// The table: every field with a syntax, on every kind that has it.
+pub const RULES: &[Rule] = &[
+    Rule {
+        kinds: NCP,
+        path: "metadata.name",
+        syntax: Syntax::ClusterName,
+    },
+    Rule {
+        kinds: ALL,
+        path: "spec.version",
+        syntax: Syntax::Version,
+    },
+    Rule {
+        kinds: ALL,
+        path: "spec.channel",
+        syntax: Syntax::ChannelName,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.replicas",
+        syntax: Syntax::Replicas { max: MAX_REPLICAS },
+    },
+    Rule {
+        kinds: &[Kind::NestedAPIServer, Kind::NestedControllerManager],
+        path: "spec.replicas",
+        syntax: Syntax::Replicas { max: MAX_REPLICAS },
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.replicas",
+        syntax: Syntax::Replicas { max: MAX_ETCD_MEMBERS },
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.imageRepository",
+        syntax: Syntax::ImageRepository,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.certSANs[]",
+        syntax: Syntax::San,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.clusterNetwork.services.cidrBlocks[]",
+        syntax: Syntax::ServiceCidr,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.clusterNetwork.serviceDomain",
+        syntax: Syntax::DnsDomain,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.controlPlaneEndpoint.host",
+        syntax: Syntax::Host,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.controlPlaneEndpoint.port",
+        syntax: Syntax::Port,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.etcd.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.apiserver.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.controllerManager.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: COMPONENTS,
+        path: "spec.resources.requests{}",
+        syntax: Syntax::Quantity,
+    },
+    Rule {
+        kinds: COMPONENTS,
+        path: "spec.resources.limits{}",
+        syntax: Syntax::Quantity,
+    },
+    Rule {
+        kinds: COMPONENTS,
+        path: "spec.extraArgs",
+        syntax: Syntax::FlagName,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.storage.size",
+        syntax: Syntax::StorageSize,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.storage.storageClassName",
+        syntax: Syntax::ObjectName,
+    },
+];
+
+/// Upper bounds on list and map sizes (OpenAPI `maxItems`/`maxProperties`), which keep the
+/// CEL cost of the rules on their items bounded.
+pub const SIZE_BOUNDS: &[(&str, &str, i64)] = &[
+    ("spec.certSANs", "maxItems", 64),
+    ("spec.clusterNetwork.services.cidrBlocks", "maxItems", 2),
+    ("spec.extraArgs", "maxProperties", 64),
+    ("spec.resources.requests", "maxProperties", 16),
+    ("spec.resources.limits", "maxProperties", 16),
+];
+
+/// A field that breaks its rule.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {name}: {path}: Invalid value: {value}: {message}")]
+pub struct FieldError {
+    /// The kind of the object.
+    pub kind: &'static str,
+    /// The object's name.
+    pub name: String,
+    /// Where: `spec.certSANs[2]`, `spec.resources.requests[cpu]`.
+    pub path: String,
+    /// The value, as JSON.
+    pub value: String,
+    /// What is allowed (the CEL rule's message).
+    pub message: &'static str,
+    /// Short stable reason ([`Syntax::reason`]).
+    pub reason: &'static str,
+}
+
+impl FieldError {
+    /// Short stable reason, used as condition reason, Event reason and metric label.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+/// Checks every rule of `kind` against `object` (the whole object as JSON: `metadata` and
+/// `spec`); returns every field that breaks one, in table order.
+pub fn check_object(kind: Kind, object: &Value) -> Vec<FieldError> {
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let mut errors = Vec::new();
+    for rule in RULES.iter().filter(|r| r.kinds.contains(&kind)) {
+        let mut found = Vec::new();
+        collect(object, rule.path, String::new(), &mut found);
+        for (path, value) in found {
+            if value.is_null() {
+                continue;
+            }
+            if let Err(message) = rule.syntax.check(value) {
+                errors.push(FieldError {
+                    kind: kind.as_str(),
+                    name: name.clone(),
+                    path,
+                    value: value.to_string(),
+                    message,
+                    reason: rule.syntax.reason(),
+                });
+            }
+        }
+    }
+    errors
+}
+
+/// Checks one value that does not come from the object's own field (the cluster name from
+/// a label or a Cluster API `Cluster`, the service CIDR from the `Cluster`'s
+/// `clusterNetwork`) against `syntax`, reporting it under `path`.
+///
+/// # Errors
+/// The [`FieldError`].
+pub fn check_value(kind: Kind, name: &str, path: &str, syntax: Syntax, value: &str) -> Result<(), FieldError> {
+    let json = Value::from(value);
+    syntax.check(&json).map_err(|message| FieldError {
+        kind: kind.as_str(),
+        name: name.to_string(),
+        path: path.to_string(),
+        value: json.to_string(),
+        message,
+        reason: syntax.reason(),
+    })
+}
+
+/// Every value at `path` below `value`, with its concrete path.
+fn collect<'a>(value: &'a Value, path: &str, prefix: String, out: &mut Vec<(String, &'a Value)>) {
+    let (head, rest) = match path.split_once('.') {
+        Some((h, r)) => (h, Some(r)),
+        None => (path, None),
+    };
+    let join = |p: &str| {
+        if prefix.is_empty() {
+            p.to_string()
+        } else {
+            format!("{prefix}.{p}")
+        }
+    };
+    let (field, each) = if let Some(f) = head.strip_suffix("[]") {
+        (f, Some('['))
+    } else if let Some(f) = head.strip_suffix("{}") {
+        (f, Some('{'))
+    } else {
+        (head, None)
+    };
+    let Some(child) = value.get(field) else {
+        return;
+    };
+    let here = join(field);
+    let mut targets: Vec<(String, &Value)> = Vec::new();
+    match (each, child) {
+        (None, v) => targets.push((here, v)),
+        (Some('['), Value::Array(items)) => {
+            for (i, v) in items.iter().enumerate() {
+                targets.push((format!("{here}[{i}]"), v));
+            }
+        }
+        (Some('{'), Value::Object(map)) => {
+            for (k, v) in map {
+                targets.push((format!("{here}[{k}]"), v));
+            }
+        }
+        _ => {}
+    }
+    for (p, v) in targets {
+        match rest {
+            Some(r) => collect(v, r, p, out),
+            None => out.push((p, v)),
+        }
+    }
+}
+
+/// Adds the table's rules for `kind` to a CRD's `openAPIV3Schema` (as JSON): `maxLength`,
+/// list and map bounds, and `x-kubernetes-validations` with each rule's message. Rules on
+/// `metadata.name` go on the root schema (CEL may read `self.metadata.name` there), their
+/// message prefixed with the field.
+pub fn extend_schema(kind: Kind, schema: &mut Value) {
+    for rule in RULES.iter().filter(|r| r.kinds.contains(&kind)) {
+        if let Some(field) = rule.path.strip_prefix("metadata.") {
+            let list = validations(schema);
+            for cel in rule.syntax.cel() {
+                // The API server accepts no `fieldPath` into `metadata` (its schema has no
+                // properties), so the message names the field.
+                list.push(serde_json::json!({
+                    "rule": cel.rule.replace("self", &format!("self.metadata.{field}")),
+                    "message": format!("metadata.{field}: {}", cel.message),
+                    "reason": "FieldValueInvalid",
+                }));
+            }
+            continue;
+        }
+        let Some(target) = schema_at(schema, rule.path) else {
+            continue;
+        };
+        // Replica bounds replace the schema's own `minimum` (the message says both ends).
+        if let Some(o) = target.as_object_mut() {
+            o.remove("minimum");
+        }
+        if let Some(max) = rule.syntax.max_length() {
+            target["maxLength"] = max.into();
+        }
+        let list = validations(target);
+        for cel in rule.syntax.cel() {
+            list.push(serde_json::json!({"rule": cel.rule, "message": cel.message}));
+        }
+    }
+    for (path, keyword, bound) in SIZE_BOUNDS {
+        if let Some(target) = schema_at(schema, path) {
+            target[*keyword] = (*bound).into();
+        }
+    }
+    // extraArgs values: bounded, so a rule over the map stays within the CEL cost budget.
+    if let Some(values) = schema_at(schema, "spec.extraArgs").and_then(|s| s.get_mut("additionalProperties")) {
+        values["maxLength"] = 4096.into();
+    }
+}
+
+fn validations(schema: &mut Value) -> &mut Vec<Value> {
+    if !schema.get("x-kubernetes-validations").is_some_and(Value::is_array) {
+        schema["x-kubernetes-validations"] = Value::Array(Vec::new());
+    }
+    match schema.get_mut("x-kubernetes-validations") {
+        Some(Value::Array(list)) => list,
+        _ => unreachable!("set above"),
+    }
+}
+
+/// The schema node of `path` (see [`Rule::path`]).
+fn schema_at<'a>(schema: &'a mut Value, path: &str) -> Option<&'a mut Value> {
+    let mut node = schema;
+    for segment in path.split('.') {
+        let (field, each) = if let Some(f) = segment.strip_suffix("[]") {
+            (f, Some("items"))
+        } else if let Some(f) = segment.strip_suffix("{}") {
+            (f, Some("additionalProperties"))
+        } else {
+            (segment, None)
+        };
+        node = node.get_mut("properties")?.get_mut(field)?;
+        if let Some(key) = each {
+            node = node.get_mut(key)?;
+        }
+    }
+    Some(node)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,164 @@
+//! The `capn` binary as a user runs it: `render` and `channels validate` output, and logs
+//! written to a pipe.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::{cluster, test_namespace};
+
+fn capn(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_capn"))
+        .args(args)
+        .output()
+        .expect("capn runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn file(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+const NCP: &str =
+    "apiVersion: controlplane.cluster.x-k8s.io/v1beta1\nkind: NestedControlPlane\nmetadata:\n  name: demo\n";
+
+#[test]
+fn render_refuses_a_bad_field_with_its_reason_path_and_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(
+        &dir,
+        "ncp.yaml",
+        &format!("{NCP}spec:\n  controlPlaneEndpoint:\n    host: api.example.com\n    port: 70000\n"),
+    );
+    let (ok, stdout, stderr) = capn(&["render", "-f", &path]);
+    assert!(!ok, "{stdout}");
+    assert!(
+        stdout.is_empty(),
+        "nothing is printed when anything is refused: {stdout}"
+    );
+    assert_eq!(
+        stderr.trim(),
+        "error: InvalidEndpoint: NestedControlPlane demo: spec.controlPlaneEndpoint.port: Invalid value: 70000: must be a TCP port between 1 and 65535"
+    );
+}
+
+#[test]
+fn render_warns_about_unknown_fields_and_strict_refuses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(&dir, "ncp.yaml", &format!("{NCP}spec:\n  verison: \"1.35\"\n"));
+    let (ok, stdout, stderr) = capn(&["render", "-f", &path]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "Warning: unknown field \"spec.verison\" in NestedControlPlane default/demo"
+    );
+    assert!(stdout.contains("kind: StatefulSet"), "the defaults still render");
+    let (ok, _, stderr) = capn(&["render", "--strict", "-f", &path]);
+    assert!(!ok);
+    assert!(
+        stderr.starts_with("error: UnknownField: unknown field \"spec.verison\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn render_refuses_the_same_object_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(
+        &dir,
+        "ncp.yaml",
+        &format!("{NCP}---\n{NCP}spec:\n  version: \"1.36\"\n"),
+    );
+    let (ok, _, stderr) = capn(&["render", "-f", &path]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("DuplicateObject: NestedControlPlane default/demo is in the file twice (documents 1 and 2)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn channels_validate_names_the_undefined_variable_and_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    file(
+        &dir,
+        "typo/channel.yaml",
+        "name: typo\ncomponents:\n  etcd:\n    versions: [\"3.6.8\"]\ndefaults:\n  kubernetes: \"1.36.3\"\n",
+    );
+    file(
+        &dir,
+        "typo/3.6.8/etcd/service.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {{ names.etcd }}\nspec:\n  clusterIP: None\n  selector: {{ selectr | tojson }}\n",
+    );
+    file(
+        &dir,
+        "typo/3.6.8/etcd/rbac.yaml",
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: {{ names.etcd }}\n",
+    );
+    let (ok, stdout, _) = capn(&["channels", "validate", &dir.path().join("typo").display().to_string()]);
+    assert!(!ok);
+    assert!(
+        stdout.contains("typo: template 3.6.8/etcd/service.yaml line 7: undefined variable `selectr`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("typo: template 3.6.8/etcd/rbac.yaml line 2: ClusterRole sample-etcd is cluster-scoped"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn text_logs_into_a_pipe_carry_no_colour_codes() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_capn"))
+        .args([
+            "run",
+            "--namespace",
+            &ns,
+            "--controllers",
+            "control-plane",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+            "--health-probe-bind-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", cluster().kubeconfig_path())
+        .env_remove("NO_COLOR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // Reads until capn logs that it starts (or its output ends).
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut seen = Vec::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            let started = line.contains("starting capn");
+            seen.push(line);
+            if started {
+                break;
+            }
+        }
+        seen
+    });
+    let seen = tokio::time::timeout(Duration::from_secs(30), reader).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let seen = seen.expect("capn logs that it starts within 30 s").unwrap();
+    let line = seen.last().cloned().unwrap_or_default();
+    assert!(line.contains("INFO"), "{line}");
+    assert!(
+        seen.iter().all(|l| !l.contains('\u{1b}')),
+        "ANSI escape codes in piped logs: {seen:?}"
+    );
+}
