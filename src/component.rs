@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// One of the components a nested control plane is made of (design §1).
+/// One of the components a nested control plane is made of (docs/design.md §1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ComponentKind {
     Etcd,
@@ -39,7 +39,7 @@ impl ComponentKind {
     }
 
     /// Name of the component's workload objects for cluster `cluster` (`<c>-etcd`,
-    /// `<c>-apiserver`, `<c>-controller-manager`; reference.md).
+    /// `<c>-apiserver`, `<c>-controller-manager`; docs/reference.md).
     pub fn object_name(self, cluster: &str) -> String {
         format!("{cluster}-{}", self.as_str())
     }

@@ -24,7 +24,7 @@ const SCANNED: &[&str] = &[
 
 /// Whether a reference must spell out `docs/` (`design §4` alone no longer passes). Set by
 /// `hack/rewrite-doc-references.sh`, which rewrites the old spellings.
-const REQUIRE_DOCS_PREFIX: bool = false;
+const REQUIRE_DOCS_PREFIX: bool = true;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -1,4 +1,4 @@
-//! Conditions and readiness words in one place (design §2, CAPI contract), so that no
+//! Conditions and readiness words in one place (docs/design.md §2, CAPI contract), so that no
 //! reconciler invents its own.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};

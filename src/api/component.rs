@@ -1,5 +1,5 @@
 //! The component kinds (NestedEtcd, NestedAPIServer, NestedControllerManager) and the
-//! component spec and status they share (design §2).
+//! component spec and status they share (docs/design.md §2).
 
 // kube-derive's `printcolumn(name = .., type_ = ..)` repeats keys by design.
 #![allow(clippy::duplicated_attributes)]
@@ -51,7 +51,7 @@ pub struct ComponentSpec {
     /// controller is switched off (`controllers: "*,-tokencleaner"`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra_args: BTreeMap<String, String>,
-    /// Changes to the rendered objects, applied in order after rendering (design §4): a
+    /// Changes to the rendered objects, applied in order after rendering (docs/design.md §4): a
     /// partial object (`apiVersion`, `kind`, `metadata.name`; strategic merge), or
     /// `{target: {kind, name}, jsonPatch: [...]}` (RFC 6902), or
     /// `{target: {kind, name}, mergePatch: {...}}` (RFC 7386).
@@ -185,7 +185,7 @@ pub struct NestedControllerManagerSpec {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ComponentStatus {
-    /// True when every desired member is ready on the current spec (design §5).
+    /// True when every desired member is ready on the current spec (docs/design.md §5).
     #[serde(default)]
     pub ready: bool,
     /// One word for humans: `Pending`, `Provisioning`, `Ready`, `Failed`.
@@ -222,7 +222,7 @@ pub struct ComponentStatus {
     /// apiserver only: the Service in front of the apiserver pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceOutput>,
-    /// The certificate material the pods were last applied with (design §9).
+    /// The certificate material the pods were last applied with (docs/design.md §9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<AppliedCertificates>,
 }

@@ -1,4 +1,4 @@
-//! The custom resources capn serves (design §2), as Rust types from which the CRDs in
+//! The custom resources capn serves (docs/design.md §2), as Rust types from which the CRDs in
 //! `crds/` are generated.
 //!
 //! `controlplane.cluster.x-k8s.io/v1beta1`: [`NestedControlPlane`], [`NestedEtcd`],

@@ -1,4 +1,4 @@
-//! `apply`: the only writer of rendered objects (design §5). Server-side apply with field
+//! `apply`: the only writer of rendered objects (docs/design.md §5). Server-side apply with field
 //! manager `capn` (forced: capn owns what it renders), in a fixed order.
 
 pub mod applyset;
@@ -63,7 +63,7 @@ impl ApplyError {
 }
 
 /// Applies rendered objects; remembers which API resource serves each kind, and what it
-/// applied last (the design §5 short cut: a planned object equal to what was last applied,
+/// applied last (the docs/design.md §5 short cut: a planned object equal to what was last applied,
 /// with no drift seen on it, costs no request).
 pub struct Applier {
     client: Client,

@@ -1,4 +1,4 @@
-//! Readiness of applied objects (design §5), judged from what the API server returned.
+//! Readiness of applied objects (docs/design.md §5), judged from what the API server returned.
 
 use serde_json::Value;
 
@@ -19,7 +19,7 @@ fn int(v: &Value, pointer: &str) -> Option<i64> {
 /// Judges `object`:
 /// - StatefulSet: ready only when `status.observedGeneration` equals `metadata.generation`
 ///   and the ready, updated and current replica counts all equal `spec.replicas`, which
-///   must be at least 1 (0/0 is not ready; reference.md "Standing in for the kubelet").
+///   must be at least 1 (0/0 is not ready; docs/reference.md "Standing in for the kubelet").
 /// - Deployment: likewise with ready, updated and available replicas.
 /// - Service: at once; `LoadBalancer` when an ingress address is assigned.
 /// - ConfigMap, Secret, ServiceAccount, Role, RoleBinding, PodDisruptionBudget,

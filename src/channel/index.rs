@@ -30,7 +30,7 @@ pub struct ChannelIndex {
 pub struct ComponentVersions {
     pub versions: Vec<String>,
     /// The rendered objects whose readiness is the component's. Default: the workloads
-    /// (StatefulSets, Deployments) by the built-in rules (design §5).
+    /// (StatefulSets, Deployments) by the built-in rules (docs/design.md §5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness: Option<ReadinessSource>,
     /// etcd only: where the client URLs the apiserver dials are published. Default: one
@@ -39,7 +39,7 @@ pub struct ComponentVersions {
     pub endpoints: Option<EndpointsSource>,
     /// Secrets (by their key in the render context's `secrets`, e.g. `apiserver`) whose
     /// content the component's processes reload by themselves. A change of any other Secret
-    /// the pod templates mount rolls the component (design §9). Default: none, so every
+    /// the pod templates mount rolls the component (docs/design.md §9). Default: none, so every
     /// mounted Secret rolls it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reloaded_secrets: Vec<String>,

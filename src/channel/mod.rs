@@ -1,4 +1,4 @@
-//! Channels (design §3): directories of versioned manifest templates. A channel is an index
+//! Channels (docs/design.md §3): directories of versioned manifest templates. A channel is an index
 //! (`channel.yaml`) plus `<version>/<component>/*.yaml` minijinja templates. The built-in
 //! `stable` channel is compiled into the binary; `--channels-dir` adds or replaces channels
 //! from the filesystem.
@@ -123,7 +123,7 @@ impl Channel {
         self.templates.get(&(kind, version.clone())).map(Vec::as_slice)
     }
 
-    /// Resolves a requested release of `kind` (design §3).
+    /// Resolves a requested release of `kind` (docs/design.md §3).
     ///
     /// `requested`: exact, partial or empty. When empty, the apiserver and controller-manager
     /// take the channel's default Kubernetes release; etcd takes the default for the minor

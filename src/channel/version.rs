@@ -1,4 +1,4 @@
-//! Parsing of requested versions (design §3): exact `1.36.3`, partial `1.36` or `1`, with
+//! Parsing of requested versions (docs/design.md §3): exact `1.36.3`, partial `1.36` or `1`, with
 //! a tolerated leading `v` and image-style suffix (`3.6.8-0`).
 
 use semver::Version;

@@ -33,7 +33,7 @@ impl ComponentResource for NestedAPIServer {
     component_accessors!(ComponentKind::ApiServer, apiserver, "apiserver", apiservers);
 
     /// Open when the control plane's NestedEtcd is ready and has published endpoints
-    /// (design §5: nothing of the apiserver exists before).
+    /// (docs/design.md §5: nothing of the apiserver exists before).
     fn gate(ctx: &Context, ncp: &NestedControlPlane, cluster: &ClusterSettings, ns: &str) -> Gate {
         match predecessor_ready::<NestedEtcd>(ctx, ncp, cluster, ns) {
             Ok(etcd) if !etcd.endpoints.is_empty() => Gate::Open(Upstream {

@@ -1,4 +1,4 @@
-//! The process-wide watch caches every controller reads from (design §5: "reads come from
+//! The process-wide watch caches every controller reads from (docs/design.md §5: "reads come from
 //! watch caches"; issue "Efficiency"). One watch per kind for the whole process:
 //!
 //! - NestedControlPlane and the three component kinds: shared reflectors
@@ -284,7 +284,7 @@ impl Caches {
     }
 
     /// The control planes `secret` belongs to: the NestedControlPlane owning it (capn's own
-    /// Secrets), else those whose cluster has a Secret of that name (design §6), so that
+    /// Secrets), else those whose cluster has a Secret of that name (docs/design.md §6), so that
     /// user-supplied Secrets without an owner count too.
     pub fn control_planes_of_secret(&self, secret: &PartialObjectMeta<Secret>) -> Vec<Arc<NestedControlPlane>> {
         let Some(ns) = ResourceExt::namespace(secret) else {

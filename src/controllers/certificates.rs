@@ -1,4 +1,4 @@
-//! Certificates as Secrets (design §6): look up first, create only on NotFound, re-issue a
+//! Certificates as Secrets (docs/design.md §6): look up first, create only on NotFound, re-issue a
 //! leaf only when [`check_leaf`] says so, never mint a CA because a read failed.
 //! Private keys are never logged, put in Events or in status.
 //!
@@ -347,7 +347,7 @@ impl<'a> CertificateStore<'a> {
     }
 
     /// The service-account key pair in Secret `name`, created only when it does not exist
-    /// and `may_create` is true (one pair, never two: reference.md).
+    /// and `may_create` is true (one pair, never two: docs/reference.md).
     ///
     /// # Errors
     /// As [`Self::ensure_ca`].

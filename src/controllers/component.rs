@@ -71,7 +71,7 @@ pub trait ComponentResource:
     /// The change stream of this kind's shared watch.
     fn subscription(subscriptions: &Subscriptions) -> ReflectHandle<Self>;
 
-    /// Whether the component may proceed (design §5: each waits for its predecessor, ready
+    /// Whether the component may proceed (docs/design.md §5: each waits for its predecessor, ready
     /// on the release it should run), with the upstream outputs it renders against. Reads
     /// only the caches.
     fn gate(ctx: &Context, ncp: &NestedControlPlane, cluster: &ClusterSettings, ns: &str) -> Gate;
@@ -141,7 +141,7 @@ pub enum Gate {
 }
 
 /// The status of the control plane's component of kind `P` when it is ready on the release
-/// it should run (design §5: each component waits for its predecessor, and during an upgrade
+/// it should run (docs/design.md §5: each component waits for its predecessor, and during an upgrade
 /// for the predecessor's new release); otherwise why not, for a wait message. Reads the cache.
 pub fn predecessor_ready<P: ComponentResource>(
     ctx: &Context,
@@ -532,7 +532,7 @@ async fn drive<K: ComponentResource>(
         return Ok(Outcome::Waiting { reason, message });
     }
     // What the processes read only at start is in the pod templates' digest: a re-issued
-    // Secret rolls the component (design §9).
+    // Secret rolls the component (docs/design.md §9).
     let certificates = match applied_certificates(&store, &plan.startup_secrets).await? {
         Ok(certificates) => certificates,
         Err(missing) => {

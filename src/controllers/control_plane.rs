@@ -171,7 +171,7 @@ async fn drive(
     super::rotation::step(ctx, ncp, &store, &names, status, now).await?;
 
     // 1. CAs and the service-account key: created once; after that a missing one is an
-    //    error for a human, never a silent re-mint (design §6).
+    //    error for a human, never a silent re-mint (docs/design.md §6).
     let may_create = !status.initialized && !is_true(&status.conditions, CERTIFICATES_AVAILABLE);
     let ca = store.ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create).await?;
     let etcd_ca = store.ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create).await?;

@@ -23,7 +23,7 @@ impl ComponentResource for NestedControllerManager {
         controller_managers
     );
 
-    /// Open when the control plane's NestedAPIServer is ready (design §5 order): the
+    /// Open when the control plane's NestedAPIServer is ready (docs/design.md §5 order): the
     /// controller-manager is never newer than the apiserver, it follows its release.
     fn gate(ctx: &Context, ncp: &NestedControlPlane, cluster: &ClusterSettings, ns: &str) -> Gate {
         match predecessor_ready::<NestedAPIServer>(ctx, ncp, cluster, ns) {

@@ -15,7 +15,7 @@ pub enum ReconcileError {
     /// user-supplied secret.
     #[error("{secret}: {source}")]
     Pki { secret: String, source: PkiError },
-    /// A CA that existed is gone: capn never silently re-mints one (design §6).
+    /// A CA that existed is gone: capn never silently re-mints one (docs/design.md §6).
     #[error(
         "secret {0} (a certificate authority) is missing after the control plane was initialized, and capn will not mint a new CA by itself; nothing else is changed meanwhile. Recover by restoring the Secret from a backup (the running control plane keeps working and nothing is re-issued), or by requesting a CA rotation with the annotation controlplane.cluster.x-k8s.io/rotate-certificate-authority (README: \"CA rotation\"; clients must then fetch the new kubeconfig)"
     )]

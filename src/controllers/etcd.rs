@@ -1,5 +1,5 @@
 //! NestedEtcd specifics: the first component (no gate), and the etcd server/peer
-//! certificate, whose SANs follow the member count (reference.md "etcd certificate").
+//! certificate, whose SANs follow the member count (docs/reference.md "etcd certificate").
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The reconcilers (design §5, §7), one per kind, on kube-runtime. Each follows
+//! The reconcilers (docs/design.md §5, §7), one per kind, on kube-runtime. Each follows
 //! read → plan (pure, [`crate::plan`]) → apply (the only writer) → report status.
 //!
 //! - [`control_plane`]: NestedControlPlane — CAs, component resources, endpoint,
@@ -34,7 +34,7 @@ use crate::channel::ChannelRegistry;
 use crate::telemetry::Metrics;
 
 /// Which controllers run. Each can be switched off so that an out-of-tree controller can
-/// replace it (design §7).
+/// replace it (docs/design.md §7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EnabledControllers {
     pub control_plane: bool,
@@ -42,7 +42,7 @@ pub struct EnabledControllers {
     pub apiserver: bool,
     pub controller_manager: bool,
     pub cluster: bool,
-    /// The public CRD sync (design §7).
+    /// The public CRD sync (docs/design.md §7).
     pub public_crds: bool,
 }
 

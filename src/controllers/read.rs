@@ -32,7 +32,7 @@ pub fn capi_cluster_owner<K: Resource>(object: &K) -> Option<&OwnerReference> {
         .find(|o| o.kind == "Cluster" && group_of(&o.api_version) == CAPI_GROUP)
 }
 
-/// The cluster name (design §1): the owning CAPI Cluster's name, else the object's own.
+/// The cluster name (docs/design.md §1): the owning CAPI Cluster's name, else the object's own.
 /// Before Cluster API has set its owner reference, the `cluster.x-k8s.io/cluster-name` label
 /// (which Cluster API sets too, and templates should carry) names the cluster, so nothing is
 /// ever created under a name that changes once the Cluster adopts the object.

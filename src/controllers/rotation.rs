@@ -1,4 +1,4 @@
-//! The NestedControlPlane's CA rotation step (design §9; the stages are
+//! The NestedControlPlane's CA rotation step (docs/design.md §9; the stages are
 //! [`crate::pki::rotation`]'s). A rotation is requested with the annotation
 //! [`ROTATE_ANNOTATION`]; each reconcile writes the authority's Secret for the recorded
 //! phase, and advances the phase only once every component that mounts the authority is
@@ -104,7 +104,7 @@ pub async fn step(
         let secret = secret_of(names, authority);
         if store.owned_by_control_plane(secret) == Some(false) {
             let message = format!(
-                "{secret} was supplied by the user, not created by capn: capn never rotates a user-supplied {authority} (design §6); replace it yourself"
+                "{secret} was supplied by the user, not created by capn: capn never rotates a user-supplied {authority} (docs/design.md §6); replace it yourself"
             );
             set(
                 status,

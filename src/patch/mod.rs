@@ -1,4 +1,4 @@
-//! User patches and `extraArgs` on rendered objects (design §4). Pure: no client, no clock,
+//! User patches and `extraArgs` on rendered objects (docs/design.md §4). Pure: no client, no clock,
 //! no randomness.
 //!
 //! The rendering pipeline is `render → patch → validate → label`; this module is the
@@ -6,7 +6,7 @@
 //! namespace) and applies, in this order, the component's `patches` ([`apply_patches`]) and
 //! its `extraArgs` ([`apply_extra_args`]).
 //!
-//! # The three patch forms (design §4)
+//! # The three patch forms (docs/design.md §4)
 //!
 //! 1. **A partial object** with `apiVersion`, `kind` and `metadata.name` (`metadata.namespace`
 //!    may be given and must then equal the target's). It is applied with *strategic merge*
@@ -35,7 +35,7 @@
 //!    (RFC 7386, republished as RFC 7396; applied by the `json-patch` crate): maps merge,
 //!    `null` deletes, lists are replaced.
 //!
-//! # Rules (design §4)
+//! # Rules (docs/design.md §4)
 //!
 //! - The target of a patch is the rendered object of the same `kind` and `metadata.name`;
 //!   when an `apiVersion` is given, its API group (`apps` in `apps/v1`, the empty core group
@@ -63,7 +63,7 @@ pub use strategic::strategic_merge;
 /// the 0-based index of the patch in the component's `patches` list.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum PatchError {
-    /// The patch is not one of the three forms of design §4, or its content is malformed
+    /// The patch is not one of the three forms of docs/design.md §4, or its content is malformed
     /// (an unknown `$patch` directive, an element of a merged list without its merge key,
     /// an operation that is not RFC 6902, an ambiguous target).
     #[error("patch {index}: {message}")]
@@ -73,7 +73,7 @@ pub enum PatchError {
         /// What is wrong and what is allowed.
         message: String,
     },
-    /// No rendered object matches the patch's target (design §4: never silently ignored).
+    /// No rendered object matches the patch's target (docs/design.md §4: never silently ignored).
     #[error(
         "patch {index}: target {kind}/{name}{} is not among the rendered objects (rendered: {}); a patch can only change an object the component renders",
         api_version.as_deref().map(|v| format!(" (apiVersion {v})")).unwrap_or_default(),
@@ -91,7 +91,7 @@ pub enum PatchError {
         /// Every rendered object, as `Kind/name`, in rendering order.
         available: Vec<String>,
     },
-    /// The patch changed the object's identity (design §4: tenants must not escape their
+    /// The patch changed the object's identity (docs/design.md §4: tenants must not escape their
     /// namespace; a patch may not rename, re-kind or move an object).
     #[error(
         "patch {index}: changes {field} of {target}; a patch may not change an object's apiVersion, kind, metadata.name or metadata.namespace"
@@ -173,7 +173,7 @@ const IDENTITY: [(&str, &str); 4] = [
 ];
 
 /// Applies `patches` in order to `objects`, the objects one component rendered (all in the
-/// component's namespace), following design §4 (see the [module docs](self) for the three
+/// component's namespace), following docs/design.md §4 (see the [module docs](self) for the three
 /// forms and their sources: Kubernetes strategic merge patch, RFC 6902, RFC 7386).
 ///
 /// All-or-nothing: the patches are applied to a copy, and `objects` is replaced only when
@@ -247,7 +247,7 @@ fn apply_one(objects: &mut [Value], index: usize, patch: &Value) -> Result<(), P
     Ok(())
 }
 
-/// Recognises the form of a patch (design §4). Errors are messages for `InvalidPatch`.
+/// Recognises the form of a patch (docs/design.md §4). Errors are messages for `InvalidPatch`.
 fn parse(patch: &Value) -> Result<(Target<'_>, Form<'_>), String> {
     let Value::Object(map) = patch else {
         return Err(format!("is {}, not an object; {FORMS}", type_name(patch)));

@@ -1,4 +1,4 @@
-//! Strategic merge of a partial object into a rendered one (design §4, form 1), following
+//! Strategic merge of a partial object into a rendered one (docs/design.md §4, form 1), following
 //! the Kubernetes strategic merge patch rules for the well-known list merge keys.
 
 use serde_json::{Map, Value};
@@ -15,7 +15,7 @@ enum Directive {
 }
 
 /// Merges the partial object `patch` into `object` with Kubernetes strategic merge patch
-/// semantics, restricted to the list merge keys design §4 names (source: Kubernetes
+/// semantics, restricted to the list merge keys docs/design.md §4 names (source: Kubernetes
 /// "strategic merge patch" documentation and `sig-api-machinery/strategic-merge-patch.md`):
 ///
 /// - maps merge recursively; a `null` value deletes the field;
@@ -176,7 +176,7 @@ fn is_replace_marker(element: &Value) -> bool {
     matches!(element, Value::Object(m) if m.len() == 1 && m.get(PATCH).and_then(Value::as_str) == Some("replace"))
 }
 
-/// The merge key of the list held by `field`, per design §4; `None` for lists that are
+/// The merge key of the list held by `field`, per docs/design.md §4; `None` for lists that are
 /// replaced as a whole.
 fn merge_key(field: &str, original: &[Value], patch: &[&Value]) -> Option<&'static str> {
     match field {

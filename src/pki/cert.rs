@@ -23,7 +23,7 @@ use super::{CA_VALIDITY, KeyAlgorithm, KeyPairPem, LEAF_VALIDITY, LeafSpec, NOT_
 ///
 /// Either generated ([`CertificateAuthority::generate`]) or loaded from an existing Secret
 /// ([`CertificateAuthority::from_pem`]); a loaded CA is used as-is, never modified or rotated
-/// (design.md §6). `Debug` prints the subject and fingerprint, never the key.
+/// (docs/design.md §6). `Debug` prints the subject and fingerprint, never the key.
 pub struct CertificateAuthority {
     // Boxed: the signing key is large, and the CA is passed around by value.
     issuer: Box<Issuer<'static, KeyPair>>,
@@ -45,13 +45,13 @@ impl fmt::Debug for CertificateAuthority {
 }
 
 impl CertificateAuthority {
-    /// Generates a new self-signed CA with subject `CN=<common_name>` (reference.md
+    /// Generates a new self-signed CA with subject `CN=<common_name>` (docs/reference.md
     /// "Identities": `kubernetes`, `etcd-ca`, `front-proxy-ca`).
     ///
     /// Validity: `NotBefore = now - 5 min` ([`NOT_BEFORE_BACKDATE`]), `NotAfter = now + 10
     /// years` ([`CA_VALIDITY`]). Extensions: BasicConstraints CA:true (critical, no path length
     /// limit), KeyUsage keyCertSign + cRLSign + digitalSignature, SubjectKeyIdentifier. Random
-    /// positive serial. Rules: kubeadm, reference.md "Identities".
+    /// positive serial. Rules: kubeadm, docs/reference.md "Identities".
     ///
     /// Errors: [`PkiError::Generate`] when key generation or signing fails (for example a
     /// common name rcgen cannot encode).
@@ -88,7 +88,7 @@ impl CertificateAuthority {
     /// Loads an existing CA from PEM (a Secret's `tls.crt` and `tls.key`). The certificate is
     /// the first `CERTIFICATE` block of `cert_pem`; the key may be PKCS#8, PKCS#1 (`RSA PRIVATE
     /// KEY`) or SEC1 (`EC PRIVATE KEY`). The PEM strings are kept verbatim: user-supplied CAs are
-    /// used as-is (design.md §6), whatever their algorithm or remaining validity.
+    /// used as-is (docs/design.md §6), whatever their algorithm or remaining validity.
     ///
     /// Errors: [`PkiError::InvalidPem`] when either document does not parse;
     /// [`PkiError::NotCa`] when the certificate lacks BasicConstraints CA:true (kubeadm's rule);
@@ -148,7 +148,7 @@ impl CertificateAuthority {
     /// keys, as kubeadm); BasicConstraints CA:false; SubjectKeyIdentifier and
     /// AuthorityKeyIdentifier; the SANs of `leaf`. Validity: `NotBefore = now - 5 min` (never
     /// copied from the CA), `NotAfter = now + 1 year` ([`LEAF_VALIDITY`]), not clipped to the
-    /// CA's expiry. Random positive serial. Rules: kubeadm, reference.md "Identities".
+    /// CA's expiry. Random positive serial. Rules: kubeadm, docs/reference.md "Identities".
     ///
     /// Errors: [`PkiError::Generate`] when key generation or signing fails, for example a DNS
     /// name that is not ASCII.
@@ -261,7 +261,7 @@ pub fn check_leaf(
 /// How long new leaf certificates are valid and when they are renewed.
 ///
 /// Defaults: one year of validity (kubeadm `certificateValidityPeriod`), renewed when a third
-/// of the lifetime remains (reference.md "Identities").
+/// of the lifetime remains (docs/reference.md "Identities").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RenewalPolicy {
     /// Lifetime of a newly issued leaf (`NotAfter - now`; `NotBefore` is backdated a further
@@ -385,11 +385,11 @@ pub fn fingerprint_sha256(cert_pem: &str) -> Result<String, PkiError> {
     Ok(hex(&Sha256::digest(&der)))
 }
 
-/// Generates the service-account key pair (reference.md "Identities": one pair, the apiserver
+/// Generates the service-account key pair (docs/reference.md "Identities": one pair, the apiserver
 /// signs tokens with the private key and verifies them with the public key).
 ///
 /// `cert_pem` holds the public key as `-----BEGIN PUBLIC KEY-----` (SubjectPublicKeyInfo),
-/// `key_pem` the private key as PKCS#8 `-----BEGIN PRIVATE KEY-----` (reference.md "Cluster
+/// `key_pem` the private key as PKCS#8 `-----BEGIN PRIVATE KEY-----` (docs/reference.md "Cluster
 /// API secrets": `<c>-sa`).
 ///
 /// Errors: [`PkiError::Generate`] when key generation fails.

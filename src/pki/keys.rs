@@ -17,7 +17,7 @@ pub(crate) fn random_bytes(buf: &mut [u8]) -> Result<(), PkiError> {
         .map_err(|e| PkiError::Generate(format!("reading the system random source: {e}")))
 }
 
-/// A random, positive, non-zero 128-bit serial number (reference.md: "Serial numbers random and
+/// A random, positive, non-zero 128-bit serial number (docs/reference.md: "Serial numbers random and
 /// positive"; RFC 5280 allows up to 20 octets).
 pub(crate) fn random_serial() -> Result<SerialNumber, PkiError> {
     let mut bytes = [0u8; 16];

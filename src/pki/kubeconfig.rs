@@ -1,4 +1,4 @@
-//! Kubeconfig files for the admin user and the kube-controller-manager (reference.md
+//! Kubeconfig files for the admin user and the kube-controller-manager (docs/reference.md
 //! "Cluster API secrets" and "kube-controller-manager").
 
 use std::net::Ipv6Addr;
@@ -13,23 +13,23 @@ use super::KeyPairPem;
 /// `controller-manager.conf`).
 pub const CONTROLLER_MANAGER_USER: &str = "system:kube-controller-manager";
 
-/// Port the nested kube-apiserver serves on (reference.md "kube-apiserver").
+/// Port the nested kube-apiserver serves on (docs/reference.md "kube-apiserver").
 pub const APISERVER_PORT: u16 = 6443;
 
-/// User name of the admin kubeconfig in `<c>-kubeconfig`: `<c>-admin` (reference.md "Cluster
+/// User name of the admin kubeconfig in `<c>-kubeconfig`: `<c>-admin` (docs/reference.md "Cluster
 /// API secrets"; the context is then `<c>-admin@<c>`).
 pub fn admin_user(cluster_name: &str) -> String {
     format!("{cluster_name}-admin")
 }
 
 /// The in-super-cluster host of the nested apiserver, `<c>-apiserver.<ns>.svc`, which the
-/// controller-manager's kubeconfig points at (reference.md "kube-controller-manager").
+/// controller-manager's kubeconfig points at (docs/reference.md "kube-controller-manager").
 pub fn apiserver_service_host(cluster_name: &str, namespace: &str) -> String {
     format!("{cluster_name}-apiserver.{namespace}.svc")
 }
 
 /// `https://<host>:<port>`, with IPv6 hosts bracketed (`https://[fd00::1]:6443`); a host that
-/// is already bracketed is kept as is (reference.md "Names clients dial").
+/// is already bracketed is kept as is (docs/reference.md "Names clients dial").
 pub fn server_url(host: &str, port: u16) -> String {
     let host = host.trim();
     if host.parse::<Ipv6Addr>().is_ok() {
@@ -43,7 +43,7 @@ pub fn server_url(host: &str, port: u16) -> String {
 /// `cluster_name` (server `server_url`, `certificate-authority-data` = base64 of
 /// `ca_cert_pem`), one user named `user` (`client-certificate-data` and `client-key-data` =
 /// base64 of `client`'s PEMs), one context `<user>@<cluster_name>` joining them, and
-/// `current-context` set to it. Rules: reference.md "Cluster API secrets" (for the admin:
+/// `current-context` set to it. Rules: docs/reference.md "Cluster API secrets" (for the admin:
 /// user `<c>-admin`, context `<c>-admin@<c>`), kubeadm's kubeconfig layout.
 ///
 /// The result contains the private key: store it only in a Secret.

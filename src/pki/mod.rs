@@ -5,9 +5,9 @@
 //! caller passes `now`). Randomness is used only where the rules demand it (new keys and serial
 //! numbers). Private keys never appear in `Debug` output or error messages.
 //!
-//! The rules implemented come from `shared/reference.md` ("Identities", "Names clients dial
+//! The rules implemented come from `docs/reference.md` ("Identities", "Names clients dial
 //! (SANs)", "Cluster API secrets"), which restates kubeadm's conventions, and from
-//! `shared/design.md` §6 (Secret names and encoding).
+//! `docs/design.md` §6 (Secret names and encoding).
 //!
 //! Layout:
 //! - [`CertificateAuthority`], [`needs_reissue`], [`not_after`], [`fingerprint_sha256`] and
@@ -46,18 +46,18 @@ pub use secret::{
 };
 
 /// Validity of a certificate authority: 10 years (3650 days), as kubeadm
-/// (`CACertificateValidityPeriod`) and reference.md "Identities".
+/// (`CACertificateValidityPeriod`) and docs/reference.md "Identities".
 pub const CA_VALIDITY: time::Duration = time::Duration::days(3650);
 
 /// Validity of a leaf certificate: 1 year (365 days), as kubeadm
-/// (`CertificateValidityPeriod`) and reference.md "Identities".
+/// (`CertificateValidityPeriod`) and docs/reference.md "Identities".
 pub const LEAF_VALIDITY: time::Duration = time::Duration::days(365);
 
 /// How far in the past `NotBefore` is placed, to tolerate clock skew between the issuer and
 /// the peers checking the certificate: 5 minutes, as kubeadm (`CertificateBackdate`).
 pub const NOT_BEFORE_BACKDATE: time::Duration = time::Duration::minutes(5);
 
-/// Algorithm of a newly generated private key (design.md §6: ECDSA P-256 by default, RSA as an
+/// Algorithm of a newly generated private key (docs/design.md §6: ECDSA P-256 by default, RSA as an
 /// option). Keys that already exist (user-supplied CAs, existing Secrets) keep whatever
 /// algorithm they have.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -166,7 +166,7 @@ impl PkiError {
 /// `tls.crt` and `tls.key`.
 ///
 /// For the service-account pair ([`service_account_key_pair`]) `cert_pem` holds the public key
-/// (`-----BEGIN PUBLIC KEY-----`) instead of a certificate (reference.md "Cluster API
+/// (`-----BEGIN PUBLIC KEY-----`) instead of a certificate (docs/reference.md "Cluster API
 /// secrets"). New private keys are PKCS#8 (`-----BEGIN PRIVATE KEY-----`).
 ///
 /// `Debug` never prints the private key.
@@ -190,7 +190,7 @@ impl fmt::Debug for KeyPairPem {
 }
 
 /// What a leaf certificate must say: subject, extended key usages and subject alternative
-/// names. Built by the `*_leaf` functions from the rules in reference.md, consumed by
+/// names. Built by the `*_leaf` functions from the rules in docs/reference.md, consumed by
 /// [`CertificateAuthority::issue`] and compared by [`needs_reissue`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeafSpec {

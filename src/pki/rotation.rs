@@ -1,4 +1,4 @@
-//! Staged rotation of a certificate authority or of the service-account key pair (design §9:
+//! Staged rotation of a certificate authority or of the service-account key pair (docs/design.md §9:
 //! "a CA changes only through an explicit, staged rotation in which old and new CAs are
 //! trusted together until every component has rolled").
 //!

@@ -1,21 +1,21 @@
 //! Subjects, usages and subject alternative names of every credential of a nested control
-//! plane (reference.md "Identities" and "Names clients dial (SANs)").
+//! plane (docs/reference.md "Identities" and "Names clients dial (SANs)").
 
 use std::net::{IpAddr, Ipv4Addr};
 
 use super::{LeafSpec, PkiError};
 
-/// Common name of the cluster CA (reference.md "Identities", kubeadm).
+/// Common name of the cluster CA (docs/reference.md "Identities", kubeadm).
 pub const CLUSTER_CA_COMMON_NAME: &str = "kubernetes";
-/// Common name of the etcd CA (reference.md "Identities", kubeadm).
+/// Common name of the etcd CA (docs/reference.md "Identities", kubeadm).
 pub const ETCD_CA_COMMON_NAME: &str = "etcd-ca";
-/// Common name of the front-proxy CA (reference.md "Identities", kubeadm).
+/// Common name of the front-proxy CA (docs/reference.md "Identities", kubeadm).
 pub const FRONT_PROXY_CA_COMMON_NAME: &str = "front-proxy-ca";
 
 /// Group that Kubernetes' default RBAC binds to `cluster-admin`.
 const SYSTEM_MASTERS: &str = "system:masters";
 
-/// What the apiserver serving certificate's SANs depend on (reference.md "Names clients
+/// What the apiserver serving certificate's SANs depend on (docs/reference.md "Names clients
 /// dial").
 #[derive(Clone, Copy, Debug)]
 pub struct ApiServerSanInput<'a> {
@@ -40,7 +40,7 @@ pub struct ApiServerSanInput<'a> {
 }
 
 /// The apiserver serving certificate: CN `kube-apiserver`, serverAuth, and every name clients
-/// dial (reference.md "Names clients dial (SANs)", kubeadm):
+/// dial (docs/reference.md "Names clients dial (SANs)", kubeadm):
 ///
 /// - DNS: `kubernetes`, `kubernetes.default`, `kubernetes.default.svc`,
 ///   `kubernetes.default.svc.<d>`, `<c>-apiserver`, `<c>-apiserver.<ns>`,
@@ -133,7 +133,7 @@ pub fn service_cidr_first_ips(service_cidr: &str) -> Result<Vec<IpAddr>, PkiErro
 }
 
 /// The host each etcd member is reached at, in member order:
-/// `<c>-etcd-<i>.<c>-etcd.<ns>.svc` for `i` in `0..replicas` (reference.md "etcd": the names
+/// `<c>-etcd-<i>.<c>-etcd.<ns>.svc` for `i` in `0..replicas` (docs/reference.md "etcd": the names
 /// `--initial-cluster` and `--etcd-servers` use).
 pub fn etcd_member_hosts(cluster_name: &str, namespace: &str, replicas: u32) -> Vec<String> {
     (0..replicas)
@@ -142,13 +142,13 @@ pub fn etcd_member_hosts(cluster_name: &str, namespace: &str, replicas: u32) -> 
 }
 
 /// The etcd server-and-peer certificate: CN `<c>-etcd`, serverAuth **and** clientAuth (peers
-/// dial each other), shared by every member (reference.md "Identities" and "Names clients
+/// dial each other), shared by every member (docs/reference.md "Identities" and "Names clients
 /// dial").
 ///
 /// DNS, for each member `i` in `0..replicas`: `<c>-etcd-<i>`, `<c>-etcd-<i>.<c>-etcd`,
 /// `<c>-etcd-<i>.<c>-etcd.<ns>`, `<c>-etcd-<i>.<c>-etcd.<ns>.svc`,
 /// `<c>-etcd-<i>.<c>-etcd.<ns>.svc.<sd>`; then the headless Service at every depth (`<c>-etcd`,
-/// `<c>-etcd.<ns>`, `<c>-etcd.<ns>.svc`, `<c>-etcd.<ns>.svc.<sd>`; design.md §6 "service names
+/// `<c>-etcd.<ns>`, `<c>-etcd.<ns>.svc`, `<c>-etcd.<ns>.svc.<sd>`; docs/design.md §6 "service names
 /// at all depths") and `localhost`. IP: `127.0.0.1`. A replica count change therefore changes
 /// the certificate. Names are lower-cased and not otherwise validated (they derive from
 /// Kubernetes object names).
@@ -195,39 +195,39 @@ fn client_leaf(common_name: &str, organization: Option<&str>) -> LeafSpec {
 }
 
 /// The apiserver's client certificate towards etcd: CN `kube-apiserver-etcd-client`,
-/// clientAuth, no SANs; signed by the etcd CA (reference.md "Identities", kubeadm).
+/// clientAuth, no SANs; signed by the etcd CA (docs/reference.md "Identities", kubeadm).
 pub fn apiserver_etcd_client_leaf() -> LeafSpec {
     client_leaf("kube-apiserver-etcd-client", None)
 }
 
 /// The apiserver's client certificate towards kubelets: CN `kube-apiserver-kubelet-client`,
-/// O `system:masters`, clientAuth; signed by the cluster CA (reference.md "Identities").
+/// O `system:masters`, clientAuth; signed by the cluster CA (docs/reference.md "Identities").
 pub fn apiserver_kubelet_client_leaf() -> LeafSpec {
     client_leaf("kube-apiserver-kubelet-client", Some(SYSTEM_MASTERS))
 }
 
 /// The apiserver's front-proxy (aggregation layer) client certificate: CN
 /// `front-proxy-client` (the value of `--requestheader-allowed-names`), clientAuth; signed by
-/// the front-proxy CA (reference.md "Identities").
+/// the front-proxy CA (docs/reference.md "Identities").
 pub fn front_proxy_client_leaf() -> LeafSpec {
     client_leaf("front-proxy-client", None)
 }
 
 /// The kube-controller-manager's identity for its kubeconfig: CN
 /// `system:kube-controller-manager` (bound by the default RBAC), clientAuth; signed by the
-/// cluster CA (reference.md "Identities").
+/// cluster CA (docs/reference.md "Identities").
 pub fn controller_manager_leaf() -> LeafSpec {
     client_leaf("system:kube-controller-manager", None)
 }
 
 /// The admin identity of the `<c>-kubeconfig` Secret: CN `kubernetes-admin`, O
-/// `system:masters`, clientAuth; signed by the cluster CA (reference.md "Identities").
+/// `system:masters`, clientAuth; signed by the cluster CA (docs/reference.md "Identities").
 pub fn admin_leaf() -> LeafSpec {
     client_leaf("kubernetes-admin", Some(SYSTEM_MASTERS))
 }
 
 /// An etcd health-check client: CN `kube-etcd-healthcheck-client`, clientAuth; signed by the
-/// etcd CA (reference.md "Identities"). Design §6 assigns it no Secret (the probes use the
+/// etcd CA (docs/reference.md "Identities"). Design §6 assigns it no Secret (the probes use the
 /// plain-HTTP metrics port); provided for tools that query etcd over TLS.
 pub fn etcd_healthcheck_client_leaf() -> LeafSpec {
     client_leaf("kube-etcd-healthcheck-client", None)

@@ -1,4 +1,4 @@
-//! Encoding of PKI material as Cluster API Secrets (design.md §6, reference.md "Cluster API
+//! Encoding of PKI material as Cluster API Secrets (docs/design.md §6, docs/reference.md "Cluster API
 //! secrets"). Owner references are set by the caller.
 
 use std::collections::BTreeMap;
@@ -25,7 +25,7 @@ pub const TLS_KEY_KEY: &str = "tls.key";
 /// Data key of a kubeconfig Secret's kubeconfig (Cluster API's `<c>-kubeconfig` convention).
 pub const KUBECONFIG_KEY: &str = "value";
 
-/// Names of a cluster's PKI Secrets (design.md §6 table), all `<c>-<suffix>` in the cluster's
+/// Names of a cluster's PKI Secrets (docs/design.md §6 table), all `<c>-<suffix>` in the cluster's
 /// namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SecretNames {
@@ -54,7 +54,7 @@ pub struct SecretNames {
 }
 
 impl SecretNames {
-    /// The suffixes after `<c>-`, in the table's order (design.md §6).
+    /// The suffixes after `<c>-`, in the table's order (docs/design.md §6).
     pub const SUFFIXES: [&'static str; 11] = [
         "ca",
         "etcd",
@@ -69,7 +69,7 @@ impl SecretNames {
         "kubeconfig",
     ];
 
-    /// The Secret names of cluster `cluster_name` (design.md §6).
+    /// The Secret names of cluster `cluster_name` (docs/design.md §6).
     pub fn new(cluster_name: &str) -> Self {
         let [
             ca,
@@ -148,7 +148,7 @@ fn secret(name: &str, namespace: &str, cluster_name: &str, data: BTreeMap<String
 }
 
 /// A Secret holding `pair` as `tls.crt` and `tls.key`, of type [`SECRET_TYPE`] and labelled
-/// [`CLUSTER_NAME_LABEL`]`: <cluster_name>` (design.md §6). Used for CAs, leaves and the
+/// [`CLUSTER_NAME_LABEL`]`: <cluster_name>` (docs/design.md §6). Used for CAs, leaves and the
 /// service-account pair. No owner reference: the caller sets it.
 pub fn tls_secret(name: &str, namespace: &str, cluster_name: &str, pair: &KeyPairPem) -> Secret {
     secret(
@@ -164,7 +164,7 @@ pub fn tls_secret(name: &str, namespace: &str, cluster_name: &str, pair: &KeyPai
 
 /// A Secret holding `kubeconfig` under the single key `value`, of type [`SECRET_TYPE`] and
 /// labelled [`CLUSTER_NAME_LABEL`]`: <cluster_name>` (Cluster API's `<c>-kubeconfig`
-/// convention, design.md §6). No owner reference: the caller sets it.
+/// convention, docs/design.md §6). No owner reference: the caller sets it.
 pub fn kubeconfig_secret(name: &str, namespace: &str, cluster_name: &str, kubeconfig: &str) -> Secret {
     secret(
         name,

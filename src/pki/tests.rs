@@ -1,5 +1,5 @@
-//! Unit tests of the PKI module. Expected values are written out from reference.md and
-//! design.md, not copied from the code's output.
+//! Unit tests of the PKI module. Expected values are written out from docs/reference.md and
+//! docs/design.md, not copied from the code's output.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -99,7 +99,7 @@ fn input<'a>(endpoint: Option<&'a str>, cidr: &'a str, sans: &'a [String]) -> Ap
     }
 }
 
-/// The DNS SANs reference.md lists for the apiserver of cluster `demo` in `tenants`, with
+/// The DNS SANs docs/reference.md lists for the apiserver of cluster `demo` in `tenants`, with
 /// `<d>` = cluster.local and `<sd>` = super.example, plus the certSANs names.
 const APISERVER_DNS: [&str; 11] = [
     "kubernetes",

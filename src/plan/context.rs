@@ -1,4 +1,4 @@
-//! The documented context every channel template is rendered with (design §3).
+//! The documented context every channel template is rendered with (docs/design.md §3).
 //!
 //! | variable | meaning |
 //! |---|---|

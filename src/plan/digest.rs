@@ -1,4 +1,4 @@
-//! The certificates digest (design §9, "what a process reads only at start must restart
+//! The certificates digest (docs/design.md §9, "what a process reads only at start must restart
 //! it"): a hash of the Secrets a component's processes read only when they start, written
 //! on its pod templates, so that a re-issued certificate rolls the component.
 //!

@@ -19,7 +19,7 @@ pub fn selector_labels(kind: ComponentKind, cluster: &str) -> BTreeMap<String, S
     ])
 }
 
-/// The standard labels of design §5: the selector labels plus
+/// The standard labels of docs/design.md §5: the selector labels plus
 /// `app.kubernetes.io/component: control-plane`, `app.kubernetes.io/managed-by: capn` and
 /// `cluster.x-k8s.io/cluster-name`.
 pub fn standard_labels(kind: ComponentKind, cluster: &str) -> BTreeMap<String, String> {
@@ -35,7 +35,7 @@ pub fn standard_labels(kind: ComponentKind, cluster: &str) -> BTreeMap<String, S
 ///
 /// # Errors
 /// The object's namespace when it names another namespace than `namespace`: a channel
-/// may not place objects outside the cluster's namespace (design §4).
+/// may not place objects outside the cluster's namespace (docs/design.md §4).
 pub fn finalize_object(
     object: &mut serde_json::Value,
     namespace: &str,

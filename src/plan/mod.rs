@@ -1,4 +1,4 @@
-//! `plan`: the pure heart of a reconcile (design §4). For one component it resolves the
+//! `plan`: the pure heart of a reconcile (docs/design.md §4). For one component it resolves the
 //! channel and release, renders the templates, applies `extraArgs` and the user's
 //! patches, checks the result, and labels and owns every object. The controllers, `capn
 //! render` and the unit tests all call [`plan`]: one code path, three callers.
@@ -101,7 +101,7 @@ pub struct Plan {
     pub etcd_endpoints: Vec<String>,
     /// The Secrets the pod templates mount whose content the processes read only at
     /// start (every mounted Secret but the channel's `reloadedSecrets`), sorted: their
-    /// digest is the pod templates' [`CERTIFICATES_DIGEST_ANNOTATION`] (design §9).
+    /// digest is the pod templates' [`CERTIFICATES_DIGEST_ANNOTATION`] (docs/design.md §9).
     pub startup_secrets: Vec<String>,
 }
 
@@ -188,7 +188,7 @@ pub fn component_applyset_id(kind: ComponentKind, resource_name: &str, namespace
     )
 }
 
-/// The etcd members of `cluster` with `replicas` members (reference.md: per-member names
+/// The etcd members of `cluster` with `replicas` members (docs/reference.md: per-member names
 /// under the headless Service `<c>-etcd`).
 pub fn etcd_members(cluster: &str, namespace: &str, replicas: i32) -> Vec<EtcdMember> {
     let service = ComponentKind::Etcd.object_name(cluster);

@@ -1,5 +1,5 @@
 //! Which release a component should run, and the version rules that guard every change
-//! (design §5; Kubernetes' version skew policy; kubeadm's upgrade rules).
+//! (docs/design.md §5; Kubernetes' version skew policy; kubeadm's upgrade rules).
 
 use semver::Version;
 
@@ -17,7 +17,7 @@ pub struct Resolved<'a> {
     pub kubernetes: Version,
 }
 
-/// Resolves the channel and release of a component (design §3): the component's own
+/// Resolves the channel and release of a component (docs/design.md §3): the component's own
 /// `channel`/`version`, else the control plane's, else the channel defaults; etcd's default
 /// follows the control plane's Kubernetes minor.
 ///
@@ -146,7 +146,7 @@ fn minor(v: &Version) -> (u64, u64) {
     (v.major, v.minor)
 }
 
-/// Refuses a member count change of an etcd that was applied before (reference.md: members
+/// Refuses a member count change of an etcd that was applied before (docs/reference.md: members
 /// join with `member add` and `--initial-cluster-state=existing`, which capn does not do).
 ///
 /// # Errors

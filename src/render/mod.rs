@@ -1,4 +1,4 @@
-//! Templates → objects (design §3, §4): renders one component's templates from a channel
+//! Templates → objects (docs/design.md §3, §4): renders one component's templates from a channel
 //! with minijinja under a strict undefined policy and parses the multi-document YAML into
 //! JSON objects. Pure: no client, no clock, no randomness.
 
@@ -32,7 +32,7 @@ pub enum RenderError {
     },
     /// A rendered object is cluster-scoped or in another namespace: a channel may only place
     /// objects in the cluster's namespace, owned by the namespaced component resource
-    /// (design §4).
+    /// (docs/design.md §4).
     #[error("template {path}{}: {kind} {name} {message}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
     OutsideNamespace {
         path: String,

@@ -1,4 +1,4 @@
-//! Behaviour tests against a real super cluster (design §8). The cluster starts once per test
+//! Behaviour tests against a real super cluster (docs/design.md §8). The cluster starts once per test
 //! binary; run with `KUBEBUILDER_ASSETS` set (`export KUBEBUILDER_ASSETS=$(hack/kube-assets.sh)`).
 
 mod boot;

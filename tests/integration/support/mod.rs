@@ -1,4 +1,4 @@
-//! Test support (design §8): one real super cluster per test binary — etcd, kube-apiserver
+//! Test support (docs/design.md §8): one real super cluster per test binary — etcd, kube-apiserver
 //! and kube-controller-manager from `KUBEBUILDER_ASSETS`, as controller-runtime's envtest
 //! does — with capn's CRDs installed, plus helpers every behaviour test needs: its own
 //! namespace, standing in for the kubelet on StatefulSets, and polling with a deadline.
@@ -105,7 +105,7 @@ pub async fn test_namespace(client: &kube::Client) -> String {
 }
 
 /// Writes, through the `status` subresource, what the StatefulSet controller reports once all
-/// pods run and are ready (reference.md, "Standing in for the kubelet in tests"):
+/// pods run and are ready (docs/reference.md, "Standing in for the kubelet in tests"):
 /// `observedGeneration = metadata.generation`, `replicas = readyReplicas = availableReplicas
 /// = currentReplicas = updatedReplicas = spec.replicas`, and `currentRevision =
 /// updateRevision = <name>-<hash of spec.template>`.

@@ -214,7 +214,7 @@ fn controller_manager_args(kubeconfig: &Path, port: u16, files: &Credentials) ->
     vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         // The StatefulSet controller stays off: tests write StatefulSet status as the
-        // kubelet and that controller would (reference.md, "Standing in for the kubelet").
+        // kubelet and that controller would (docs/reference.md, "Standing in for the kubelet").
         "--controllers=garbagecollector,namespace".to_owned(),
         "--leader-elect=false".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),
