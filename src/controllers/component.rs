@@ -257,6 +257,7 @@ pub fn run<K: ComponentResource>(
         .caches
         .secret_triggers(|ncp: &NestedControlPlane| reference_of::<K>(ncp));
     let mut controller = Controller::for_shared_stream(K::subscription(subscriptions), K::cache(&ctx.caches).clone())
+        .with_config(super::controller_config())
         .owns_shared_stream(subscriptions.statefulsets.clone())
         .owns_shared_stream(subscriptions.services.clone())
         // A control plane's spec or status change (a new version, a sibling's status) wakes

@@ -165,6 +165,17 @@ impl Context {
     }
 }
 
+/// The most reconciles one controller runs at once (kube-runtime's `concurrency`). Each is
+/// bound by the super cluster's API server, not by capn's CPU; with four controllers this
+/// keeps at most 64 in flight, so that a thousand control planes created together queue in
+/// capn instead of flooding the API server.
+pub const MAX_CONCURRENT_RECONCILES: u16 = 16;
+
+/// The configuration every controller runs with.
+pub(crate) fn controller_config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(MAX_CONCURRENT_RECONCILES)
+}
+
 /// Label that assigns a resource to one of several capn instances (CAPI convention).
 pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 
