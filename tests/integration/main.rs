@@ -8,5 +8,6 @@ mod engine;
 mod harness;
 mod operations;
 mod public_crds;
+mod request_budget;
 mod smoke;
 mod support;
