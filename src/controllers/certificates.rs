@@ -49,6 +49,9 @@ pub struct CaRef {
 #[derive(Clone, Debug, Default)]
 struct Verified {
     resource_version: String,
+    /// The version this one replaced when capn wrote it: while the metadata cache still
+    /// shows that one (it lags behind capn's own write by a moment), this entry is newer.
+    replaced: Option<String>,
     /// SHA-256 (hex) of the data, keys in order: the input of the certificates digest.
     data: String,
     /// The certificate's `NotAfter` (the first certificate of `tls.crt`, or of a kubeconfig).
@@ -169,13 +172,13 @@ impl<'a> CertificateStore<'a> {
             .and_then(|m| m.resource_version())
     }
 
-    /// What was verified about `name`, if it still describes the Secret the cache holds.
+    /// What was verified about `name`, if it still describes the Secret: the cache holds
+    /// that version, or still the one capn's own write replaced. (A Secret the cache does
+    /// not hold is read: it may have been deleted.)
     fn verified(&self, name: &str) -> Option<Verified> {
+        let verified = self.ctx.verified.get(self.namespace, name)?;
         let cached = self.cached_version(name)?;
-        self.ctx
-            .verified
-            .get(self.namespace, name)
-            .filter(|v| v.resource_version == cached)
+        (cached == verified.resource_version || verified.replaced.as_ref() == Some(&cached)).then_some(verified)
     }
 
     /// Reads Secret `name` in full and remembers its version and data digest (keeping a
@@ -189,8 +192,15 @@ impl<'a> CertificateStore<'a> {
     }
 
     fn remember(&self, name: &str, secret: &Secret, leaf: Option<LeafVerdict>) {
+        self.remember_as(name, secret, leaf, false);
+    }
+
+    /// [`Self::remember`]; `written` when capn itself just wrote `secret` (so the cache may
+    /// still show the version it replaced, or none).
+    fn remember_as(&self, name: &str, secret: &Secret, leaf: Option<LeafVerdict>, written: bool) {
         let resource_version = secret.resource_version().unwrap_or_default();
         let previous = self.ctx.verified.get(self.namespace, name);
+        let replaced = written.then(|| self.cached_version(name)).flatten();
         let keep_leaf = previous
             .as_ref()
             .filter(|p| p.resource_version == resource_version)
@@ -209,6 +219,7 @@ impl<'a> CertificateStore<'a> {
             name,
             Verified {
                 resource_version,
+                replaced,
                 data: data_digest(secret),
                 not_after,
                 leaf: leaf.or(keep_leaf),
@@ -241,22 +252,34 @@ impl<'a> CertificateStore<'a> {
         let name = secret.metadata.name.clone().unwrap_or_default();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let written = self.api.patch(&name, &params, &Patch::Apply(&secret)).await?;
-        self.remember(&name, &written, leaf);
+        self.remember_as(&name, &written, leaf, true);
         Ok(())
     }
 
-    /// Creates a Secret only if none exists (a concurrent creator wins; we then read theirs).
-    async fn create(&self, secret: Secret) -> Result<bool, ReconcileError> {
+    /// Creates a Secret only if none exists; returns what the API server holds then (a
+    /// concurrent creator wins, and theirs is read).
+    async fn create(&self, secret: Secret) -> Result<Option<Secret>, ReconcileError> {
         let secret = self.own(secret);
         let name = secret.metadata.name.clone().unwrap_or_default();
         match self.api.create(&Default::default(), &secret).await {
             Ok(created) => {
-                self.remember(&name, &created, None);
-                Ok(true)
+                self.remember_as(&name, &created, None, true);
+                Ok(Some(created))
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(kube::Error::Api(s)) if s.code == 409 => self.fetch(&name).await,
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Reads Secret `name` in full, unless the synced metadata cache and capn's own memory
+    /// both say it does not exist: then it is a leaf about to be issued for the first time,
+    /// and the read would only answer NotFound. (Never used for CAs: their absence is
+    /// always confirmed by a read.)
+    async fn fetch_leaf(&self, name: &str) -> Result<Option<Secret>, ReconcileError> {
+        if self.cached_version(name).is_none() && self.ctx.verified.get(self.namespace, name).is_none() {
+            return Ok(None);
+        }
+        self.fetch(name).await
     }
 
     /// The CA in Secret `name`, from the metadata cache when it has seen the Secret, else
@@ -335,9 +358,8 @@ impl<'a> CertificateStore<'a> {
             not_after,
             None,
         );
-        self.create(secret).await?;
         // Ours or a concurrent creator's: whichever the API server holds is the CA.
-        self.fetch(name)
+        self.create(secret)
             .await?
             .map(|secret| CaRef {
                 name: name.to_string(),
@@ -392,7 +414,7 @@ impl<'a> CertificateStore<'a> {
             return Ok(kept);
         }
         let loaded = self.load_ca(ca).await?;
-        if let Some(secret) = self.fetch(name).await?
+        if let Some(secret) = self.fetch_leaf(name).await?
             && let Ok(existing) = key_pair_from_secret(&secret)
             && let Some((not_after, renew_at)) = check_leaf(&existing, &loaded, wanted, &self.policy, self.now)
         {
@@ -496,7 +518,7 @@ impl<'a> CertificateStore<'a> {
             return Ok(kept);
         }
         let loaded = self.load_ca(ca).await?;
-        if let Some(secret) = self.fetch(name).await?
+        if let Some(secret) = self.fetch_leaf(name).await?
             && let Ok(text) = kubeconfig_from_secret(&secret)
             && let Some(current) = parse_kubeconfig(&text)
             && current.server == server_url

@@ -24,8 +24,32 @@ where
     }
 }
 
-/// Publishes an Event for every condition whose status or reason changed between `old`
-/// and `new` (Normal when it became True, Warning when a failure reason appeared).
+/// The milestones a user waits for: an Event when they flip.
+const NOTABLE: &[&str] = &[crate::status::READY, crate::status::AVAILABLE];
+
+/// Whether a condition reports a failure (as opposed to waiting or progress).
+fn failing(c: &Condition) -> bool {
+    c.status != "True"
+        && !c.reason.starts_with("Waiting")
+        && !matches!(
+            c.reason.as_str(),
+            "Provisioning"
+                | "Pending"
+                | "ComponentsNotReady"
+                | "NotPaused"
+                | "NotRollingOut"
+                | "RolledOut"
+                | "Completed"
+        )
+        && c.type_ != crate::status::ROLLING_OUT
+}
+
+/// Publishes an Event for the condition changes between `old` and `new` that a user would
+/// want told about: a Warning for every failure that appears, and a Normal Event when a
+/// milestone ([`NOTABLE`]) flips, a CA rotation moves, or a condition recovers from a failure.
+/// Progress in between (waiting, provisioning, rolling out) is in the status only: an Event
+/// is a write to the super cluster, and a provisioning should cost only a few (issue
+/// "Efficiency": at most 10 per control plane).
 pub(crate) async fn publish_condition_changes<K>(ctx: &Context, object: &K, old: &[Condition], new: &[Condition])
 where
     K: Resource<DynamicType = ()>,
@@ -35,11 +59,16 @@ where
         if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
             continue;
         }
-        let warning = c.status != "True" && !c.reason.starts_with("Waiting") && c.reason != "Provisioning";
-        // A condition appearing for the first time as False without a failure (`Paused`
-        // False, `Ready` False while provisioning...) is no news: the status says it, and an
-        // Event per condition per object would cost the super cluster a write each.
-        if before.is_none() && c.status == "False" && !warning {
+        let warning = failing(c);
+        let recovered = before.is_some_and(failing) && !warning;
+        // A milestone is news when it flips (or first appears True); a rotation with every
+        // phase.
+        let flipped = match before {
+            Some(b) => b.status != c.status,
+            None => c.status == "True",
+        };
+        let notable = c.type_ == super::rotation::CA_ROTATION || (NOTABLE.contains(&c.type_.as_str()) && flipped);
+        if !(warning || recovered || notable) {
             continue;
         }
         let note = format!("{} is {}: {}", c.type_, c.status, c.message);

@@ -13,6 +13,7 @@ mod harness;
 mod maintenance;
 mod operations;
 mod public_crds;
+mod request_budget;
 mod runner_volumes;
 mod smoke;
 mod support;

@@ -8,9 +8,13 @@
 //! say when with [`mark_statefulset_ready`], or start a [`runner::Runner`], which runs the pods
 //! of capn's StatefulSets for real and reports their probes' verdicts.
 
+pub mod audit;
 pub mod capi;
+pub mod counting;
 mod process;
+pub mod requests;
 pub mod runner;
+pub mod stand_in;
 mod start;
 
 use std::path::{Path, PathBuf};
@@ -21,6 +25,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+
+pub use start::StartOptions;
 
 /// How often [`wait_until`] asks again.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -46,10 +52,21 @@ static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
 /// message holds the end of its log and the path of the log file). Every later caller panics
 /// with the same message instead of starting again.
 pub fn cluster() -> &'static TestCluster {
-    match CLUSTER.get_or_init(start::start) {
+    match CLUSTER.get_or_init(|| start::start(StartOptions::default())) {
         Ok(cluster) => cluster,
         Err(message) => panic!("the test cluster did not start: {message}"),
     }
+}
+
+/// Starts a super cluster like [`cluster`]'s but with `options` (the benchmark's audit log),
+/// for a program that is not a test binary. At most one cluster runs per process: this
+/// fails if [`cluster`] or this function started one before.
+///
+/// # Errors
+/// As [`cluster`] panics, plus the one-per-process rule.
+#[allow(dead_code)] // The benchmark's (benches/provisioning), not the tests'.
+pub fn start_cluster(options: StartOptions) -> Result<TestCluster, String> {
+    start::start(options)
 }
 
 impl TestCluster {
@@ -105,24 +122,32 @@ pub async fn test_namespace(client: &kube::Client) -> String {
 }
 
 /// Writes, through the `status` subresource, what the StatefulSet controller reports once all
-/// pods run and are ready (docs/reference.md, "Standing in for the kubelet in tests"):
-/// `observedGeneration = metadata.generation`, `replicas = readyReplicas = availableReplicas
-/// = currentReplicas = updatedReplicas = spec.replicas`, and `currentRevision =
-/// updateRevision = <name>-<hash of spec.template>`.
-///
-/// The values come from one read of the StatefulSet; if its spec changes after that read, the
-/// status written describes the older generation, and so does not count as ready.
+/// pods run and are ready ([`ready_status`]), computed from one read of the StatefulSet; if
+/// its spec changes after that read, the status written describes the older generation, and
+/// so does not count as ready.
 ///
 /// # Errors
 /// Whatever the apiserver answers to the read or the patch (for example NotFound).
 pub async fn mark_statefulset_ready(client: &kube::Client, namespace: &str, name: &str) -> kube::Result<()> {
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
     let statefulset = api.get(name).await?;
-    let spec = statefulset.spec.unwrap_or_default();
+    api.patch_status(name, &status_patch_params(), &Patch::Merge(&ready_status(&statefulset)))
+        .await?;
+    Ok(())
+}
+
+/// The merge patch of `statefulset`'s status that the StatefulSet controller writes once all
+/// pods run and are ready (docs/reference.md, "Standing in for the kubelet in tests"):
+/// `observedGeneration = metadata.generation`, `replicas = readyReplicas = availableReplicas
+/// = currentReplicas = updatedReplicas = spec.replicas`, and `currentRevision =
+/// updateRevision = <name>-<hash of spec.template>`.
+pub fn ready_status(statefulset: &StatefulSet) -> serde_json::Value {
+    let spec = statefulset.spec.clone().unwrap_or_default();
     // The apiserver defaults spec.replicas to 1.
     let replicas = spec.replicas.unwrap_or(1);
+    let name = statefulset.metadata.name.as_deref().unwrap_or_default();
     let revision = format!("{name}-{:08x}", template_hash(&spec.template));
-    let status = serde_json::json!({
+    serde_json::json!({
         "status": {
             "observedGeneration": statefulset.metadata.generation,
             "replicas": replicas,
@@ -133,13 +158,15 @@ pub async fn mark_statefulset_ready(client: &kube::Client, namespace: &str, name
             "currentRevision": revision,
             "updateRevision": revision,
         }
-    });
-    let params = PatchParams {
+    })
+}
+
+/// The field manager [`mark_statefulset_ready`] and the stand-in write status with.
+fn status_patch_params() -> PatchParams {
+    PatchParams {
         field_manager: Some(STATEFULSET_STATUS_MANAGER.to_owned()),
         ..PatchParams::default()
-    };
-    api.patch_status(name, &params, &Patch::Merge(&status)).await?;
-    Ok(())
+    }
 }
 
 /// FNV-1a of the pod template's JSON: stable for one template, different for another, like

@@ -41,19 +41,31 @@ static RUNNING: OnceLock<Running> = OnceLock::new();
 /// Set once the test binary exits, so the supervisor does not report the kills as crashes.
 static STOPPING: AtomicBool = AtomicBool::new(false);
 
+/// What a cluster differs in from the default test cluster, which
+/// `StartOptions::default()` describes.
+#[derive(Clone, Debug, Default)]
+pub struct StartOptions {
+    /// Appended to kube-apiserver's flags (the benchmark's audit log: `--audit-*`).
+    pub extra_apiserver_args: Vec<String>,
+}
+
 /// Starts the cluster, or says why it could not (with the failing binary's log tail).
 ///
 /// Start-up runs on a dedicated thread that then stays alive for the rest of the test binary:
 /// `PR_SET_PDEATHSIG` is tied to the forking thread, and libtest ends each test's thread when
 /// the test ends. That thread also reports any binary that dies while tests run.
-pub(super) fn start() -> Result<TestCluster, String> {
+pub(super) fn start(options: StartOptions) -> Result<TestCluster, String> {
+    if RUNNING.get().is_some() {
+        // The at-exit clean-up knows one cluster per process.
+        return Err("a test cluster already runs in this process".to_owned());
+    }
     let assets = assets_dir()?;
     let (sender, receiver) = mpsc::channel();
     thread::Builder::new()
         .name("capn-test-cluster".to_owned())
         .spawn(move || {
             let mut processes = Vec::new();
-            let result = start_on_this_thread(assets, &mut processes);
+            let result = start_on_this_thread(assets, &options, &mut processes);
             if result.is_err() {
                 processes.iter_mut().for_each(Process::kill);
             }
@@ -86,7 +98,11 @@ fn assets_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-fn start_on_this_thread(assets: PathBuf, processes: &mut Vec<Process>) -> Result<TestCluster, String> {
+fn start_on_this_thread(
+    assets: PathBuf,
+    options: &StartOptions,
+    processes: &mut Vec<Process>,
+) -> Result<TestCluster, String> {
     let started = Instant::now();
     // What was up when, for the start-up line: shows which binary got slow.
     let mut milestones: Vec<(&str, Duration)> = Vec::new();
@@ -112,10 +128,12 @@ fn start_on_this_thread(assets: PathBuf, processes: &mut Vec<Process>) -> Result
     milestones.push(("etcd", started.elapsed()));
 
     let cert_dir = dir.join("apiserver-certs");
+    let mut args = apiserver_args(&etcd_url, apiserver_port, &cert_dir, &files);
+    args.extend(options.extra_apiserver_args.iter().cloned());
     processes.push(Process::spawn(
         "kube-apiserver",
         &assets.join("kube-apiserver"),
-        &apiserver_args(&etcd_url, apiserver_port, &cert_dir, &files),
+        &args,
         &dir,
     )?);
     let ca = wait_for_serving_ca(&mut processes[1], &cert_dir.join("apiserver.crt"))?;

@@ -1,0 +1,197 @@
+//! The floor: a client without logic that provisions the same control planes with the least
+//! a client must send. Per control plane it server-side-applies 12 Secrets of about 2 KiB
+//! (issue 11's floor; capn writes 11 today, the twelfth stands for the etcd health-check
+//! client identity kubeadm also issues), then the objects capn's own `plan()` renders (as
+//! `capn render` does), in the etcd → apiserver → controller-manager order, waiting after
+//! each component until its StatefulSet is ready. All control planes go at once; readiness
+//! comes from one shared StatefulSet watch, not from polling.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use futures::StreamExt as _;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::ResourceExt as _;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::workload;
+
+/// Field manager of everything the floor applies.
+const FIELD_MANAGER: &str = "bench-floor";
+/// Secrets per control plane, and their size.
+const SECRETS: usize = 12;
+const SECRET_BYTES: usize = 2048;
+/// The components in the order they are applied, as `app.kubernetes.io/name` labels them.
+const COMPONENTS: [&str; 3] = ["etcd", "apiserver", "controller-manager"];
+
+/// One control plane, rendered: its Secrets, then its objects per component in order.
+struct Rendered {
+    secrets: Vec<Value>,
+    components: Vec<Vec<Value>>,
+}
+
+/// Provisions `count` control planes in `namespace` and returns how long that took, from
+/// the first request to the last StatefulSet ready. Rendering happens before the clock
+/// starts: it costs the API server nothing.
+///
+/// # Errors
+/// Rendering or a request fails, or not everything is ready within `timeout`.
+pub async fn provision(
+    client: kube::Client,
+    namespace: &str,
+    count: usize,
+    timeout: Duration,
+) -> Result<Duration, String> {
+    let channels = capn::channel::ChannelRegistry::load(&[]).map_err(|e| format!("built-in channels: {e}"))?;
+    let rendered: Vec<Rendered> = (0..count)
+        .map(|index| render(&channels, namespace, index))
+        .collect::<Result<_, _>>()?;
+    let (ready, watch) = watch_ready_statefulsets(client.clone(), namespace);
+    let started = Instant::now();
+    let all = futures::future::try_join_all(
+        rendered
+            .iter()
+            .map(|control_plane| provision_one(&client, control_plane, ready.clone())),
+    );
+    let outcome = tokio::time::timeout(timeout, all).await;
+    let elapsed = started.elapsed();
+    watch.abort();
+    outcome.map_err(|_| {
+        let ready = ready.borrow().len();
+        format!(
+            "the floor: {ready} of {} StatefulSets ready after {timeout:?}",
+            3 * count
+        )
+    })??;
+    Ok(elapsed)
+}
+
+fn render(channels: &capn::channel::ChannelRegistry, namespace: &str, index: usize) -> Result<Rendered, String> {
+    let objects = capn::cli::render_documents(
+        channels,
+        vec![workload::control_plane(namespace, index)?],
+        &capn::cli::RenderOptions::default(),
+    )
+    .map_err(|e| format!("rendering {}: {e:#}", workload::name(index)))?
+    .objects;
+    let kind = |object: &Value| object["kind"].as_str().unwrap_or_default().to_owned();
+    let mut secrets: Vec<Value> = objects.iter().filter(|o| kind(o) == "Secret").cloned().collect();
+    let cluster = workload::name(index);
+    while secrets.len() < SECRETS {
+        secrets.push(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": format!("{cluster}-etcd-healthcheck-client"),
+                "namespace": namespace,
+                "labels": {capn::api::CLUSTER_NAME_LABEL: cluster},
+            },
+            "type": capn::pki::SECRET_TYPE,
+        }));
+    }
+    let payload = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; SECRET_BYTES / 2]);
+    for secret in &mut secrets {
+        secret["data"] = serde_json::json!({"tls.crt": payload, "tls.key": payload});
+    }
+    let components = COMPONENTS
+        .iter()
+        .map(|component| {
+            objects
+                .iter()
+                .filter(|o| o.pointer("/metadata/labels/app.kubernetes.io~1name") == Some(&Value::from(*component)))
+                .cloned()
+                .map(without_owner)
+                .collect()
+        })
+        .collect();
+    Ok(Rendered { secrets, components })
+}
+
+/// Offline, the owner (the component resource) has no uid, and the API server refuses an
+/// owner reference without one; the floor has no component resources to own anything.
+fn without_owner(mut object: Value) -> Value {
+    if let Some(metadata) = object["metadata"].as_object_mut() {
+        metadata.remove("ownerReferences");
+    }
+    object
+}
+
+async fn provision_one(
+    client: &kube::Client,
+    control_plane: &Rendered,
+    mut ready: watch::Receiver<HashSet<String>>,
+) -> Result<(), String> {
+    for secret in &control_plane.secrets {
+        apply(client, secret).await?;
+    }
+    for objects in &control_plane.components {
+        for object in objects {
+            apply(client, object).await?;
+        }
+        let statefulsets: Vec<String> = objects
+            .iter()
+            .filter(|o| o["kind"] == "StatefulSet")
+            .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        ready
+            .wait_for(|ready| statefulsets.iter().all(|name| ready.contains(name)))
+            .await
+            .map_err(|_| "the floor's StatefulSet watch ended".to_owned())?;
+    }
+    Ok(())
+}
+
+async fn apply(client: &kube::Client, object: &Value) -> Result<(), String> {
+    let object: DynamicObject =
+        serde_json::from_value(object.clone()).map_err(|e| format!("a rendered object: {e}"))?;
+    let types = object.types.clone().unwrap_or_default();
+    let gvk = GroupVersionKind::try_from(&types).map_err(|e| format!("a rendered object's type: {e}"))?;
+    let namespace = object.namespace().unwrap_or_default();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &ApiResource::from_gvk(&gvk));
+    let name = object.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&object),
+    )
+    .await
+    .map_err(|e| format!("the floor applying {} {namespace}/{name}: {e}", gvk.kind))?;
+    Ok(())
+}
+
+/// The names of the StatefulSets in `namespace` that capn's readiness rule calls ready, kept
+/// current by one watch until the returned task is aborted.
+fn watch_ready_statefulsets(
+    client: kube::Client,
+    namespace: &str,
+) -> (watch::Receiver<HashSet<String>>, tokio::task::JoinHandle<()>) {
+    let (sender, receiver) = watch::channel(HashSet::new());
+    let api: Api<StatefulSet> = Api::namespaced(client, namespace);
+    let task = tokio::spawn(async move {
+        let mut events = std::pin::pin!(
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+        );
+        while let Some(event) = events.next().await {
+            let statefulset = match event {
+                Ok(statefulset) => statefulset,
+                Err(e) => {
+                    eprintln!("the floor's StatefulSet watch (retrying): {e}");
+                    continue;
+                }
+            };
+            let ready = serde_json::to_value(&statefulset)
+                .map(|object| capn::apply::readiness(&object).ready)
+                .unwrap_or(false);
+            if ready {
+                sender.send_if_modified(|names| names.insert(statefulset.name_any()));
+            }
+        }
+    });
+    (receiver, task)
+}

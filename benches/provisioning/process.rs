@@ -1,0 +1,145 @@
+//! capn as its own process (`capn run`, the binary cargo built next to this benchmark), so
+//! that its peak memory and CPU time are its own: read from `/proc/<pid>/status` (VmHWM)
+//! and `/proc/<pid>/stat` (utime + stime).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long `capn run` may take to answer `/readyz`.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many lines of capn's log an error shows.
+const LOG_TAIL_LINES: usize = 30;
+
+/// A running `capn run`; killed when dropped.
+pub struct CapnProcess {
+    child: tokio::process::Child,
+    pid: u32,
+    pub log: PathBuf,
+}
+
+/// What the kernel counted for a process.
+#[derive(Clone, Copy, Debug)]
+pub struct Usage {
+    /// Peak resident set size (VmHWM), in bytes.
+    pub peak_rss_bytes: u64,
+    /// User plus system CPU time, in seconds.
+    pub cpu_seconds: f64,
+}
+
+impl CapnProcess {
+    /// Starts `capn run` for `namespace` with `kubeconfig`, logging to `dir/capn.log`, and
+    /// waits until it answers `/readyz`. The public CRD sync stays off, as in the demo: the
+    /// stand-in's control planes have no apiserver to sync to.
+    ///
+    /// # Errors
+    /// capn does not start or exits, with the end of its log.
+    pub async fn start(kubeconfig: &Path, namespace: &str, dir: &Path) -> Result<Self, String> {
+        let log = dir.join("capn.log");
+        let stdout = std::fs::File::create(&log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+        let stderr = stdout
+            .try_clone()
+            .map_err(|e| format!("cannot duplicate {}: {e}", log.display()))?;
+        let [metrics, probes] = [free_address()?, free_address()?];
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_capn"))
+            .args(["run", "--namespace", namespace, "--controllers=*,-public-crds"])
+            .arg(format!("--metrics-bind-address={metrics}"))
+            .arg(format!("--health-probe-bind-address={probes}"))
+            .env("KUBECONFIG", kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", env!("CARGO_BIN_EXE_capn")))?;
+        let pid = child.id().ok_or("capn exited at once")?;
+        let mut capn = Self { child, pid, log };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !answers_ready(probes).await {
+            capn.check_running()?;
+            if Instant::now() > deadline {
+                return Err(capn.failure(&format!("did not answer /readyz within {START_TIMEOUT:?}")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(capn)
+    }
+
+    /// `Ok` while capn runs; once it has exited, an error with the end of its log.
+    pub fn check_running(&mut self) -> Result<(), String> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(self.failure(&format!("exited ({status})"))),
+            Err(e) => Err(self.failure(&format!("cannot be waited for ({e})"))),
+        }
+    }
+
+    /// `what` went wrong, then the end of capn's log.
+    pub fn failure(&self, what: &str) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
+        format!("capn {what}; last lines of {}:\n{tail}", self.log.display())
+    }
+
+    /// Peak memory and CPU time so far.
+    ///
+    /// # Errors
+    /// capn has exited (its `/proc` entry is gone) or the kernel's format is not the one read.
+    pub fn usage(&self) -> Result<Usage, String> {
+        let read = |file: &str| {
+            let path = format!("/proc/{}/{file}", self.pid);
+            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))
+        };
+        let status = read("status")?;
+        let peak_kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| format!("no VmHWM in /proc/{}/status", self.pid))?;
+        // Fields after the command name (which may hold spaces, so split after its ')'):
+        // state is field 3, utime field 14 and stime field 15, in clock ticks.
+        let stat = read("stat")?;
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks = |field: usize| fields.get(field - 3).and_then(|v| v.parse::<u64>().ok());
+        let (Some(user), Some(system)) = (ticks(14), ticks(15)) else {
+            return Err(format!("unexpected /proc/{}/stat: {stat}", self.pid));
+        };
+        // SAFETY: sysconf reads a constant of the running kernel.
+        let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Ok(Usage {
+            peak_rss_bytes: peak_kib * 1024,
+            cpu_seconds: (user + system) as f64 / ticks_per_second,
+        })
+    }
+
+    /// Stops capn as its Deployment would (SIGTERM), killing it if it lingers.
+    pub async fn stop(mut self) {
+        // SAFETY: signals our own child by pid.
+        unsafe {
+            libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+fn free_address() -> Result<SocketAddr, String> {
+    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .map_err(|e| format!("cannot find a free loopback port: {e}"))
+}
+
+/// Whether `GET /readyz` on `address` answers 200.
+async fn answers_ready(address: SocketAddr) -> bool {
+    tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, "/readyz"))
+        .await
+        .is_ok_and(|answer| answer.is_ok_and(|(status, _)| status == 200))
+}

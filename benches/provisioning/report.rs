@@ -1,0 +1,134 @@
+//! The side-by-side report: capn and the floor, from the audit log and the measurements.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::capn_half::CapnRun;
+use crate::cluster::Party;
+use crate::support::audit::AuditedRequest;
+use crate::support::requests::Tally;
+
+/// How many verb/resource lines the report shows per half.
+const TOP: usize = 10;
+
+/// Everything the report is made of.
+pub struct Results<'a> {
+    pub control_planes: usize,
+    pub steady: Duration,
+    pub build: &'a str,
+    pub floor_elapsed: Duration,
+    pub capn: &'a CapnRun,
+    pub requests: &'a [AuditedRequest],
+}
+
+/// The requests of `party` received in `[from, to]`.
+fn tally(requests: &[AuditedRequest], party: Party, from: Option<Timestamp>, to: Option<Timestamp>) -> Tally {
+    requests
+        .iter()
+        .filter(|r| r.identity == party.username())
+        .filter(|r| from.is_none_or(|from| r.received >= from) && to.is_none_or(|to| r.received <= to))
+        .map(|r| r.key.clone())
+        .collect()
+}
+
+/// The report, ready to print.
+pub fn render(results: &Results<'_>) -> String {
+    let n = results.control_planes;
+    let capn = tally(results.requests, Party::Capn, None, Some(results.capn.ready));
+    let steady = tally(
+        results.requests,
+        Party::Capn,
+        Some(results.capn.ready),
+        Some(results.capn.steady_end),
+    );
+    let floor = tally(results.requests, Party::Floor, None, None);
+    let per = |count: u64| count as f64 / n as f64;
+    let capn_seconds = results.capn.elapsed.as_secs_f64();
+    let floor_seconds = results.floor_elapsed.as_secs_f64();
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "capn benchmark: {n} control planes per half, capn {} build, {}",
+        results.build,
+        machine()
+    );
+    let _ = writeln!(out, "{:<44}{:>14}{:>14}", "", "capn", "floor");
+    let _ = writeln!(
+        out,
+        "{:<44}{:>13.1}s{:>13.1}s   capn/floor {:.2}x",
+        "time until all ready",
+        capn_seconds,
+        floor_seconds,
+        capn_seconds / floor_seconds
+    );
+    let _ = writeln!(
+        out,
+        "{:<44}{:>14.1}{:>14.1}",
+        "requests per control plane, Events excluded",
+        per(capn.without_event_writes()),
+        per(floor.without_event_writes())
+    );
+    let _ = writeln!(
+        out,
+        "{:<44}{:>14.1}{:>14.1}",
+        "Event writes per control plane",
+        per(capn.event_writes()),
+        per(floor.event_writes())
+    );
+    let _ = writeln!(
+        out,
+        "{:<44}{:>14}{:>14}",
+        format!("requests in the {}s after all ready", results.steady.as_secs()),
+        steady.total(),
+        "-"
+    );
+    let _ = writeln!(
+        out,
+        "{:<44}{:>10.1} MiB",
+        "capn peak RSS (VmHWM)",
+        mib(results.capn.usage_at_end.peak_rss_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "{:<44}{:>14}",
+        "capn CPU seconds: to all ready / to the end",
+        format!(
+            "{:.2} / {:.2}",
+            results.capn.usage_at_ready.cpu_seconds, results.capn.usage_at_end.cpu_seconds
+        )
+    );
+    let _ = writeln!(out, "\ntop requests per control plane (Events included):");
+    let _ = writeln!(out, "  {:<42}{}", "capn", "floor");
+    let (capn_top, floor_top) = (capn.top(TOP), floor.top(TOP));
+    for line in 0..capn_top.len().max(floor_top.len()) {
+        let cell = |top: &[(crate::support::requests::RequestKey, u64)]| {
+            top.get(line)
+                .map(|(key, count)| format!("{:>7.1}  {key}", per(*count)))
+                .unwrap_or_default()
+        };
+        let _ = writeln!(out, "  {:<42}{}", cell(&capn_top), cell(&floor_top));
+    }
+    if steady.total() > 0 {
+        let _ = writeln!(out, "\ncapn's requests after all were ready:\n{}", steady.breakdown());
+    }
+    out
+}
+
+/// The machine, for the record: cores and CPU model.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines().find_map(|line| {
+                line.strip_prefix("model name")
+                    .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    format!("{cores} cores ({model})")
+}

@@ -1,0 +1,22 @@
+//! What both halves provision: `count` copies of `examples/nestedcontrolplane.yaml`, named
+//! `cp-0`, `cp-1`, … in one namespace per half.
+
+use serde_json::Value;
+
+const EXAMPLE: &str = include_str!("../../examples/nestedcontrolplane.yaml");
+
+/// The NestedControlPlane `cp-<index>` in `namespace`.
+///
+/// # Errors
+/// The example does not parse as one object (a broken checkout).
+pub fn control_plane(namespace: &str, index: usize) -> Result<Value, String> {
+    let mut doc: Value =
+        serde_saphyr::from_str(EXAMPLE).map_err(|e| format!("examples/nestedcontrolplane.yaml: {e}"))?;
+    doc["metadata"] = serde_json::json!({ "name": name(index), "namespace": namespace });
+    Ok(doc)
+}
+
+/// The name of control plane `index`.
+pub fn name(index: usize) -> String {
+    format!("cp-{index}")
+}

@@ -1,0 +1,80 @@
+//! Issue 11: the requests one provisioning costs the super cluster, guarded by a budget.
+//! A count needs no wall clock, unlike a timing: the test fails on a regression in what
+//! capn sends, not on a slow machine.
+//!
+//! The count varies a little from run to run: kube-runtime runs one reconcile for all the
+//! changes that arrive while one is queued, so how many status writes a provisioning takes
+//! depends on how the watch events interleave.
+
+use std::time::Duration;
+
+use crate::harness::{Capn, apply_example, control_plane};
+use crate::support::counting::RequestCounter;
+use crate::support::requests::Tally;
+use crate::support::{cluster, stand_in, test_namespace, wait_until};
+
+/// Requests (Events excluded) one NestedControlPlane costs, from starting capn's
+/// controllers until capn is quiet after Ready, including capn's start-up (discovery and one
+/// LIST and WATCH per cached kind, about 22). Measured (2026-12-01, 2 cores): 319 to 358
+/// before reads came from the watch caches, 84 to 88 after (the rest: creating 11 Secrets
+/// and 11 workload objects, status writes, reading each new Secret once).
+const BUDGET: u64 = 100;
+/// Event writes of the same provisioning: issue "Efficiency"'s budget. Measured: 32 or 33
+/// before, 4 now (Ready of each component, Available of the control plane).
+const EVENT_BUDGET: u64 = 10;
+/// How long capn must send nothing before the provisioning counts as finished: it still
+/// writes the last status and Events after the NestedControlPlane reports Ready.
+const QUIET: Duration = Duration::from_secs(2);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_provisioning_stays_within_its_request_budget() {
+    let cluster = cluster();
+    let admin = cluster.client();
+    let ns = test_namespace(&admin).await;
+    let stand_in = tokio::spawn(stand_in::run(admin.clone(), Some(ns.clone())));
+    let counter = RequestCounter::default();
+    let capn = Capn::start(&counter.client(cluster.config()), &ns);
+
+    apply_example(&admin, &ns, "examples/nestedcontrolplane.yaml").await;
+    wait_until("the NestedControlPlane is ready", Duration::from_secs(60), || async {
+        control_plane(&admin, &ns, "demo")
+            .await
+            .status
+            .filter(|s| s.ready)
+            .map(|_| ())
+    })
+    .await;
+    wait_until(
+        &format!("capn sent nothing for {QUIET:?}"),
+        Duration::from_secs(60),
+        || async { (counter.idle_for() >= QUIET).then_some(()) },
+    )
+    .await;
+    let tally = counter.tally();
+    capn.stop().await;
+    stand_in.abort();
+
+    eprintln!("{}", report(&tally));
+    assert!(
+        tally.without_event_writes() <= BUDGET,
+        "{} requests without Events, budget {BUDGET}\n{}",
+        tally.without_event_writes(),
+        report(&tally)
+    );
+    assert!(
+        tally.event_writes() <= EVENT_BUDGET,
+        "{} Event writes, budget {EVENT_BUDGET}\n{}",
+        tally.event_writes(),
+        report(&tally)
+    );
+}
+
+fn report(tally: &Tally) -> String {
+    format!(
+        "one provisioning: {} requests ({} without Events, {} Event writes) by verb and resource:\n{}",
+        tally.total(),
+        tally.without_event_writes(),
+        tally.event_writes(),
+        tally.breakdown()
+    )
+}
