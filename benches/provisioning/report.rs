@@ -102,7 +102,7 @@ pub fn render(results: &Results<'_>) -> String {
         )
     );
     let _ = writeln!(out, "\ntop requests per control plane (Events included):");
-    let _ = writeln!(out, "  {:<42}{}", "capn", "floor");
+    let _ = writeln!(out, "  {:<42}floor", "capn");
     let (capn_top, floor_top) = (capn.top(TOP), floor.top(TOP));
     for line in 0..capn_top.len().max(floor_top.len()) {
         let cell = |top: &[(crate::support::requests::RequestKey, u64)]| {
