@@ -18,4 +18,7 @@ if [ -z "${CAPI_ASSETS:-}" ]; then
   export CAPI_ASSETS
 fi
 echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS CAPI_ASSETS=$CAPI_ASSETS" >&2
+# The booted tests spend most of their time waiting (for renewals, rolls, rotations), so run
+# more of them at once than there are cores.
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 exec cargo test --locked "$@"
