@@ -59,6 +59,9 @@ pub fn start(dir: &Path) -> Result<BenchCluster, String> {
             "--audit-log-format=json".to_owned(),
             // The default, 100 MB, would rotate the log in the middle of a large run.
             "--audit-log-maxsize=1000000".to_owned(),
+            // Every control plane's apiserver Service takes a ClusterIP, in both halves: the
+            // test cluster's /24 runs out at about 250 (the later flag wins).
+            "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
         ],
     };
     let cluster = support::start_cluster(options)?;

@@ -52,7 +52,7 @@ pub fn render(results: &Results<'_>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "capn benchmark: {n} control planes per half, capn {} build, {}",
+        "capn benchmark: control planes per half: {n}; capn {} build; {}",
         results.build,
         machine()
     );
@@ -81,10 +81,13 @@ pub fn render(results: &Results<'_>) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<44}{:>14}{:>14}",
+        "{:<44}{:>14}{:>14}{}",
         format!("requests in the {}s after all ready", results.steady.as_secs()),
         steady.total(),
-        "-"
+        "-",
+        last_after(results.requests, results.capn.ready, results.capn.steady_end)
+            .map(|last| format!("   the last {last:.1}s after"))
+            .unwrap_or_default()
     );
     let _ = writeln!(
         out,
@@ -116,6 +119,17 @@ pub fn render(results: &Results<'_>) -> String {
         let _ = writeln!(out, "\ncapn's requests after all were ready:\n{}", steady.breakdown());
     }
     out
+}
+
+/// Seconds from `ready` to capn's last request before `end`, if it sent any after `ready`:
+/// tells a wave that ends soon after Ready from requests all through the window.
+fn last_after(requests: &[AuditedRequest], ready: Timestamp, end: Timestamp) -> Option<f64> {
+    requests
+        .iter()
+        .filter(|r| r.identity == Party::Capn.username() && r.received > ready && r.received <= end)
+        .map(|r| r.received)
+        .max()
+        .map(|last| last.duration_since(ready).as_secs_f64())
 }
 
 /// The machine, for the record: cores and CPU model.
