@@ -225,8 +225,15 @@ async fn secret_and_config_map_volumes_follow_their_sources_while_the_pod_runs()
         std::fs::metadata(&host_dir).unwrap().ino(),
         "the container sees the volume directory through a bind mount"
     );
+    // The writer publishes the new payload, then removes the old one: a reader may see both
+    // for a moment, so give the removal a few seconds before judging.
     let layout = |dir: &Path| {
-        let names = entries(dir);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut names = entries(dir);
+        while names.iter().filter(|n| n.starts_with("..2")).count() > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            names = entries(dir);
+        }
         let payloads: Vec<String> = names.iter().filter(|n| n.starts_with("..2")).cloned().collect();
         assert_eq!(payloads.len(), 1, "one payload directory: {names:?}");
         assert_eq!(
