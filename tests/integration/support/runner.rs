@@ -1240,6 +1240,7 @@ async fn run_pod(
             .ok_or("the runner is stopping")?
             .attach(&namespaces)?;
         pod.net_inode.store(namespaces.net_inode(), Ordering::SeqCst);
+        hold_namespace("net", namespaces.net_inode());
         Ok::<_, String>((namespaces, ip))
     }
     .await;
@@ -1363,6 +1364,9 @@ fn finish_pod(shared: &Shared, pod: &PodShared, ip: Option<Ipv4Addr>, namespaces
     {
         network.release(ip);
     }
+    if namespaces.is_some() {
+        release_namespace("net", pod.net_inode.load(Ordering::SeqCst));
+    }
     drop(namespaces);
     // Waits for a refresh in progress; none starts afterwards.
     lock(&pod.volumes).clear();
@@ -1450,8 +1454,10 @@ async fn run_container(
             start_time: process_start_time(pid).unwrap_or_default(),
             mount_ns: namespace_inode(pid, "mnt"),
         };
+        let mount_ns = record.mount_ns;
         {
             let mut state = lock(&shared.state);
+            hold_namespace("mnt", mount_ns);
             state.processes.push(record);
             state.live.insert(pid, id.clone());
         }
@@ -1468,6 +1474,7 @@ async fn run_container(
         let started = Instant::now();
         let ended = supervise(&shared, &pod, &plan, &mut child, &mut control, grace).await;
         lock(&shared.state).live.remove(&pid);
+        release_namespace("mnt", mount_ns);
         update(&pod, &plan.name, |c| {
             c.pid = None;
             c.ready = false;
@@ -1672,7 +1679,36 @@ fn namespace_inode(pid: i32, kind: &str) -> u64 {
 }
 
 /// Every namespace (`net:[…]`, `mnt:[…]`) some process is in or holds a descriptor to.
+/// The namespaces (`net:[inode]`, `mnt:[inode]`) that live pods of every runner in this
+/// process hold, with how many hold each. The kernel reuses a freed namespace's inode
+/// number, so a retired pod's number found in use is a leak only if no live pod holds it.
+static LIVE_NAMESPACES: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+
+fn hold_namespace(kind: &str, inode: u64) {
+    *lock(&LIVE_NAMESPACES).entry(format!("{kind}:[{inode}]")).or_default() += 1;
+}
+
+fn release_namespace(kind: &str, inode: u64) {
+    let mut live = lock(&LIVE_NAMESPACES);
+    let key = format!("{kind}:[{inode}]");
+    if let Some(count) = live.get_mut(&key) {
+        *count -= 1;
+        if *count == 0 {
+            live.remove(&key);
+        }
+    }
+}
+
+/// The namespaces in use on this machine that no live pod of any runner holds.
 fn namespaces_in_use() -> BTreeSet<String> {
+    let live = lock(&LIVE_NAMESPACES).clone();
+    namespaces_held()
+        .into_iter()
+        .filter(|ns| !live.contains_key(ns))
+        .collect()
+}
+
+fn namespaces_held() -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return out;
