@@ -52,6 +52,8 @@ struct Verified {
     /// The version this one replaced when capn wrote it: while the metadata cache still
     /// shows that one (it lags behind capn's own write by a moment), this entry is newer.
     replaced: Option<String>,
+    /// capn wrote this version itself.
+    written: bool,
     /// SHA-256 (hex) of the data, keys in order: the input of the certificates digest.
     data: String,
     /// The certificate's `NotAfter` (the first certificate of `tls.crt`, or of a kubeconfig).
@@ -86,6 +88,34 @@ impl VerifiedSecrets {
     pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
         if let Ok(mut map) = self.0.lock() {
             map.retain(|(ns, name), _| keep(ns, name));
+        }
+    }
+}
+
+/// Parsed CAs by namespace, Secret name and resourceVersion, so that issuing does not read
+/// and parse a CA again while it is unchanged. At most [`LOADED_AUTHORITIES`] are kept (a
+/// few KiB each): a full map starts again empty.
+#[derive(Default)]
+pub struct LoadedAuthorities(Mutex<HashMap<(String, String, String), Arc<CertificateAuthority>>>);
+
+/// How many parsed CAs [`LoadedAuthorities`] keeps.
+pub const LOADED_AUTHORITIES: usize = 256;
+
+impl LoadedAuthorities {
+    fn get(&self, ns: &str, name: &str, version: &str) -> Option<Arc<CertificateAuthority>> {
+        self.0
+            .lock()
+            .ok()?
+            .get(&(ns.to_string(), name.to_string(), version.to_string()))
+            .cloned()
+    }
+
+    fn put(&self, ns: &str, name: &str, version: &str, ca: Arc<CertificateAuthority>) {
+        if let Ok(mut map) = self.0.lock() {
+            if map.len() >= LOADED_AUTHORITIES {
+                map.clear();
+            }
+            map.insert((ns.to_string(), name.to_string(), version.to_string()), ca);
         }
     }
 }
@@ -220,6 +250,7 @@ impl<'a> CertificateStore<'a> {
             Verified {
                 resource_version,
                 replaced,
+                written,
                 data: data_digest(secret),
                 not_after,
                 leaf: leaf.or(keep_leaf),
@@ -311,12 +342,22 @@ impl<'a> CertificateStore<'a> {
         if let Some(loaded) = self.loaded.lock().ok().and_then(|m| m.get(&ca.name).cloned()) {
             return Ok(loaded);
         }
-        let Some(secret) = self.fetch(&ca.name).await? else {
-            return Err(ReconcileError::CertificateAuthorityMissing(ca.name.clone()));
+        let parsed = &self.ctx.authorities;
+        let loaded = match parsed.get(self.namespace, &ca.name, &ca.resource_version) {
+            Some(loaded) => loaded,
+            None => {
+                let Some(secret) = self.fetch(&ca.name).await? else {
+                    return Err(ReconcileError::CertificateAuthorityMissing(ca.name.clone()));
+                };
+                let pair = key_pair_from_secret(&secret).map_err(Self::pki_error(&ca.name))?;
+                let loaded = Arc::new(
+                    CertificateAuthority::from_pem(&pair.cert_pem, &pair.key_pem).map_err(Self::pki_error(&ca.name))?,
+                );
+                let version = secret.resource_version().unwrap_or_default();
+                parsed.put(self.namespace, &ca.name, &version, loaded.clone());
+                loaded
+            }
         };
-        let pair = key_pair_from_secret(&secret).map_err(Self::pki_error(&ca.name))?;
-        let loaded =
-            Arc::new(CertificateAuthority::from_pem(&pair.cert_pem, &pair.key_pem).map_err(Self::pki_error(&ca.name))?);
         if let Ok(mut m) = self.loaded.lock() {
             m.insert(ca.name.clone(), loaded.clone());
         }
@@ -564,6 +605,15 @@ impl<'a> CertificateStore<'a> {
     /// API errors.
     pub async fn data_digest(&self, name: &str) -> Result<Option<String>, ReconcileError> {
         if let Some(v) = self.verified(name) {
+            return Ok(Some(v.data));
+        }
+        // A Secret capn has just written and the cache has not seen yet: its data is known.
+        // (Were it deleted meanwhile, the deletion wakes the component, whose certificate
+        // check reads it and issues it again, changing the digest.)
+        if let Some(v) = self.ctx.verified.get(self.namespace, name)
+            && v.written
+            && self.cached_version(name).is_none()
+        {
             return Ok(Some(v.data));
         }
         Ok(self.fetch(name).await?.map(|secret| data_digest(&secret)))

@@ -43,7 +43,9 @@ pub fn run(ctx: Arc<Context>, subscriptions: &Subscriptions) -> impl Future<Outp
     });
     let controller =
         Controller::for_shared_stream(subscriptions.control_planes.clone(), ctx.caches.control_planes.clone())
-            .with_config(super::controller_config())
+            // A burst of component changes (three components provisioning) becomes one
+            // reconcile and one status write.
+            .with_config(super::controller_config().debounce(Duration::from_millis(250)))
             .owns_shared_stream(subscriptions.etcds.clone())
             .owns_shared_stream(subscriptions.apiservers.clone())
             .owns_shared_stream(subscriptions.controller_managers.clone())

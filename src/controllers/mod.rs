@@ -120,6 +120,8 @@ pub struct Context {
     pub caches: Arc<cache::Caches>,
     /// What capn verified about certificate Secrets, per process.
     pub verified: certificates::VerifiedSecrets,
+    /// CAs read and parsed, per process.
+    pub authorities: certificates::LoadedAuthorities,
 }
 
 impl Context {
@@ -143,6 +145,7 @@ impl Context {
             metrics,
             caches,
             verified: Default::default(),
+            authorities: Default::default(),
         }
     }
 
