@@ -3,6 +3,8 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use capn::api::NestedControlPlane;
@@ -48,7 +50,8 @@ pub async fn run(
     let mut capn = CapnProcess::start(&kubeconfig, namespace, dir).await?;
     let api: Api<NestedControlPlane> = Api::namespaced(user, namespace);
     let clock = Instant::now();
-    let ready = tokio::spawn(all_ready(api.clone(), count));
+    let ready_count = Arc::new(AtomicUsize::new(0));
+    let ready = tokio::spawn(all_ready(api.clone(), count, ready_count.clone()));
     let applies = (0..count).map(|index| {
         let api = api.clone();
         async move {
@@ -92,8 +95,9 @@ pub async fn run(
     })
 }
 
-/// Returns once `count` NestedControlPlanes report `status.ready`, watching (not polling).
-async fn all_ready(api: Api<NestedControlPlane>, count: usize) -> Result<(), String> {
+/// Returns once `count` NestedControlPlanes report `status.ready`, watching (not polling);
+/// `so_far` tells how many do meanwhile.
+async fn all_ready(api: Api<NestedControlPlane>, count: usize, so_far: Arc<AtomicUsize>) -> Result<(), String> {
     let mut ready = HashSet::new();
     let mut events = std::pin::pin!(
         watcher(api, watcher::Config::default())
@@ -104,6 +108,7 @@ async fn all_ready(api: Api<NestedControlPlane>, count: usize) -> Result<(), Str
         match event {
             Ok(ncp) if ncp.status.as_ref().is_some_and(|s| s.ready) => {
                 ready.insert(ncp.name_any());
+                so_far.store(ready.len(), Ordering::Relaxed);
                 if ready.len() >= count {
                     return Ok(());
                 }

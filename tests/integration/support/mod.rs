@@ -7,6 +7,10 @@
 //! kubelet and no StatefulSet controller run, so nothing ever becomes ready by itself: tests
 //! say when with [`mark_statefulset_ready`], or start a [`runner::Runner`], which runs the pods
 //! of capn's StatefulSets for real and reports their probes' verdicts.
+//!
+//! For counting requests (issue 11): [`requests`] names them by verb and resource,
+//! [`counting`] counts what a client sends, [`audit`] reads the API server's audit log, and
+//! [`stand_in`] marks every StatefulSet ready as soon as it appears, driven by a watch.
 
 pub mod audit;
 pub mod capi;

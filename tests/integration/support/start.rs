@@ -45,7 +45,8 @@ static STOPPING: AtomicBool = AtomicBool::new(false);
 /// `StartOptions::default()` describes.
 #[derive(Clone, Debug, Default)]
 pub struct StartOptions {
-    /// Appended to kube-apiserver's flags (the benchmark's audit log: `--audit-*`).
+    /// Appended to kube-apiserver's flags, where a later flag overrides an earlier one (the
+    /// benchmark's audit log and its larger ClusterIP range).
     pub extra_apiserver_args: Vec<String>,
 }
 
