@@ -83,13 +83,6 @@ impl VerifiedSecrets {
             map.insert((ns.to_string(), name.to_string()), verified);
         }
     }
-
-    /// Forgets what is remembered about Secrets of namespace `ns` that no longer exist.
-    pub fn retain(&self, keep: impl Fn(&str, &str) -> bool) {
-        if let Ok(mut map) = self.0.lock() {
-            map.retain(|(ns, name), _| keep(ns, name));
-        }
-    }
 }
 
 /// Parsed CAs by namespace, Secret name and resourceVersion, so that issuing does not read
