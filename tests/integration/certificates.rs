@@ -123,14 +123,18 @@ async fn a_reissued_secret_rolls_exactly_the_components_that_read_it_at_start() 
         after["demo-controller-manager"], before["demo-controller-manager"],
         "the controller-manager does not mount it"
     );
-    let applied = Api::<capn::api::NestedAPIServer>::namespaced(client.clone(), &ns)
-        .get("demo-apiserver")
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.certificates)
-        .expect("the applied certificates are in status");
-    assert_eq!(applied.digest, after["demo-apiserver"]);
+    // The status is written after the apply: wait for it to name the digest applied.
+    let apiservers = Api::<capn::api::NestedAPIServer>::namespaced(client.clone(), &ns);
+    let applied = wait_until("the status names the applied digest", STEP, || async {
+        apiservers
+            .get("demo-apiserver")
+            .await
+            .ok()?
+            .status?
+            .certificates
+            .filter(|c| c.digest == after["demo-apiserver"])
+    })
+    .await;
     assert!(applied.secrets.contains(&"demo-apiserver-etcd-client".to_string()));
     assert!(
         !applied.secrets.contains(&"demo-apiserver".to_string()),
