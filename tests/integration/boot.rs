@@ -112,6 +112,18 @@ impl Booted {
         secret_value(&secret, "value")
     }
 
+    /// `GET /readyz` through the admin kubeconfig read from `demo-kubeconfig`.
+    ///
+    /// # Panics
+    /// When the request fails.
+    pub async fn readyz(&self) -> String {
+        self.nested(&self.kubeconfig().await)
+            .await
+            .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
+            .await
+            .expect("GET /readyz")
+    }
+
     /// A client of the nested control plane from a kubeconfig, through the runner's one
     /// adaptation: dial the address `demo-apiserver.<ns>.svc` resolves to, verify the
     /// certificate for that name.
@@ -877,12 +889,7 @@ async fn a_changed_secret_reaches_the_running_apiserver_through_its_volume() {
         .find(|v| v.name == "apiserver-kubelet-client")
         .expect("the volume is reported");
     assert_eq!((volume.updates, volume.failing.as_deref()), (3, None), "{volume:?}");
-    let nested = booted.nested(&booted.kubeconfig().await).await;
-    let readyz = nested
-        .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
-        .await
-        .expect("GET /readyz");
-    assert_eq!(readyz, "ok");
+    assert_eq!(booted.readyz().await, "ok");
     booted.stop().await;
 }
 
@@ -963,11 +970,6 @@ async fn a_reissued_serving_certificate_is_served_by_the_running_apiserver() {
     ));
     assert_eq!(pid_of(runner, pod), pid, "kube-apiserver was not restarted");
     // Clients that trust the cluster CA still get through.
-    let nested = booted.nested(&booted.kubeconfig().await).await;
-    let readyz = nested
-        .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
-        .await
-        .expect("GET /readyz");
-    assert_eq!(readyz, "ok");
+    assert_eq!(booted.readyz().await, "ok");
     booted.stop().await;
 }

@@ -12,15 +12,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use capn::api::NestedControlPlane;
-use capn::controllers::rotation::ROTATE_ANNOTATION;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Event, Namespace, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 use crate::boot::{Booted, STEP, StartCapn, boot_with, pid_of, say, whoami, with_token};
-use crate::harness::secret_fingerprints;
+use crate::harness::{request_rotation, secret_fingerprints};
 
 /// The CAs and the service-account key: never renewed.
 const AUTHORITIES: [&str; 4] = ["demo-ca", "demo-etcd", "demo-proxy", "demo-sa"];
@@ -290,13 +289,7 @@ async fn boot_a_ca_rotation_keeps_the_tenant_answering_and_ends_with_the_old_ca_
     namespace_gets_its_service_account(&booted, "before-rotation").await;
     let ncps: Api<NestedControlPlane> = Api::namespaced(booted.client.clone(), &booted.ns);
     let requested = Instant::now();
-    ncps.patch(
-        "demo",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: "ca"}}})),
-    )
-    .await
-    .unwrap();
+    request_rotation(&booted.client, &booted.ns, "demo", "ca").await;
     let done = AtomicBool::new(false);
     let rotate = async {
         let rotation = booted

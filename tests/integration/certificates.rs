@@ -8,15 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use capn::api::NestedControlPlane;
 use capn::controllers::Settings;
 use capn::controllers::rotation::ROTATE_ANNOTATION;
 use capn::plan::CERTIFICATES_DIGEST_ANNOTATION;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use serde_json::json;
 
 use crate::harness::*;
 use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
@@ -322,14 +320,7 @@ async fn a_requested_ca_rotation_walks_every_phase_and_ends_with_only_the_new_ca
     ready_demo(&client, &ns).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let old_ca = secret_value(&secrets.get("demo-ca").await.unwrap(), "tls.crt");
-    let ncps: Api<NestedControlPlane> = Api::namespaced(client.clone(), &ns);
-    ncps.patch(
-        "demo",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: "ca"}}})),
-    )
-    .await
-    .unwrap();
+    request_rotation(&client, &ns, "demo", "ca").await;
     let rotation = wait_until("the rotation completes", Duration::from_secs(120), || async {
         control_plane(&client, &ns, "demo")
             .await
@@ -399,13 +390,7 @@ async fn a_requested_ca_rotation_walks_every_phase_and_ends_with_only_the_new_ca
         assert!(reasons.iter().any(|r| r == phase), "an Event for {phase}: {reasons:?}");
     }
     // The same request again does nothing; an unknown authority is refused with a condition.
-    ncps.patch(
-        "demo",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: "kubelet"}}})),
-    )
-    .await
-    .unwrap();
+    request_rotation(&client, &ns, "demo", "kubelet").await;
     let refused = wait_until("an unknown authority is refused", STEP, || async {
         control_plane(&client, &ns, "demo")
             .await
@@ -431,14 +416,7 @@ async fn rotate_until(
     request: &str,
     phase: &str,
 ) -> capn::api::CertificateAuthorityRotation {
-    let ncps: Api<NestedControlPlane> = Api::namespaced(client.clone(), ns);
-    ncps.patch(
-        "demo",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {ROTATE_ANNOTATION: request}}})),
-    )
-    .await
-    .unwrap();
+    request_rotation(client, ns, "demo", request).await;
     wait_until(
         &format!("the rotation reaches {phase}"),
         Duration::from_secs(120),

@@ -179,6 +179,20 @@ impl Fixture {
     }
 }
 
+/// Requests a CA rotation of NestedControlPlane `name` (the annotation's `value`, e.g. `ca`).
+pub async fn request_rotation(client: &Client, ns: &str, name: &str, value: &str) {
+    Api::<NestedControlPlane>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                capn::controllers::rotation::ROTATE_ANNOTATION: value
+            }}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotating {name} for a rotation: {e}"));
+}
+
 /// Creates every document of an example file in `namespace` (like `kubectl apply -f`).
 pub async fn apply_example(client: &Client, namespace: &str, path: &str) {
     let text = std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
