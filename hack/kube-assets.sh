@@ -73,17 +73,24 @@ build_kube() {
 }
 
 build_etcd() {
-  local work
+  local bins=("$@") work b
   work="$(mktemp -d)"; trap 'rm -rf "$work"' RETURN
-  log "building etcd $ETCD_VERSION (a cold build takes about 2 minutes on 2 cores)"
-  (cd "$work" && go mod init capn.local/etcd-assets >/dev/null 2>&1 \
-    && printf 'package main\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go \
-    && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2 \
-    && rm tools.go \
-    && mkdir -p "$etcd_dir" \
-    && go build -trimpath -ldflags "-s -w" -o "$etcd_dir/etcd.tmp" go.etcd.io/etcd/server/v3 >&2)
-  mv "$etcd_dir/etcd.tmp" "$etcd_dir/etcd"
-  log "built $etcd_dir/etcd"
+  # etcd (the server) and etcdutl (offline snapshot restore, used by the restore init
+  # container) are separate Go modules released together under the same version.
+  (cd "$work" && go mod init capn.local/etcd-assets >/dev/null 2>&1)
+  mkdir -p "$etcd_dir"
+  for b in "${bins[@]}"; do
+    local module="go.etcd.io/etcd/server/v3"
+    [ "$b" = etcdutl ] && module="go.etcd.io/etcd/etcdutl/v3"
+    log "building $b $ETCD_VERSION (a cold build takes about 2 minutes on 2 cores)"
+    (cd "$work" \
+      && printf 'package main\nimport _ "%s"\n' "$module" > tools.go \
+      && go get "$module@$ETCD_VERSION" >&2 \
+      && rm tools.go \
+      && go build -trimpath -ldflags "-s -w" -o "$etcd_dir/$b.tmp" "$module" >&2)
+    mv "$etcd_dir/$b.tmp" "$etcd_dir/$b"
+    log "built $etcd_dir/$b"
+  done
 }
 
 missing=()
@@ -91,9 +98,13 @@ for b in kube-apiserver kube-controller-manager; do
   [ -x "$kube_dir/$b" ] || missing+=("$b")
 done
 if [ ${#missing[@]} -gt 0 ]; then build_kube "${missing[@]}"; else log "cached: kubernetes $KUBE_VERSION"; fi
-if [ -x "$etcd_dir/etcd" ]; then log "cached: etcd $ETCD_VERSION"; else build_etcd; fi
+missing=()
+for b in etcd etcdutl; do
+  [ -x "$etcd_dir/$b" ] || missing+=("$b")
+done
+if [ ${#missing[@]} -gt 0 ]; then build_etcd "${missing[@]}"; else log "cached: etcd $ETCD_VERSION"; fi
 
 mkdir -p "$assets"
-ln -sf "$kube_dir/kube-apiserver" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd" "$assets/"
+ln -sf "$kube_dir/kube-apiserver" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd" "$etcd_dir/etcdutl" "$assets/"
 log "assets ready in $assets"
 echo "$assets"
