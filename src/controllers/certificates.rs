@@ -297,8 +297,8 @@ impl<'a> CertificateStore<'a> {
 
     /// Reads Secret `name` in full, unless the synced metadata cache and capn's own memory
     /// both say it does not exist: then it is a leaf about to be issued for the first time,
-    /// and the read would only answer NotFound. (Never used for CAs: their absence is
-    /// always confirmed by a read.)
+    /// and the read would only answer NotFound. (Not used for the CAs of an initialized
+    /// control plane: their absence is always confirmed by a read.)
     async fn fetch_leaf(&self, name: &str) -> Result<Option<Secret>, ReconcileError> {
         if self.cached_version(name).is_none() && self.ctx.verified.get(self.namespace, name).is_none() {
             return Ok(None);
@@ -377,29 +377,45 @@ impl<'a> CertificateStore<'a> {
     /// `may_create` is false (the control plane was initialized with another CA); API
     /// and PKI errors as [`Self::load_ca`].
     pub async fn ensure_ca(&self, name: &str, common_name: &str, may_create: bool) -> Result<CaRef, ReconcileError> {
-        if let Some(found) = self.require_ca(name).await? {
-            return Ok(found);
-        }
         if !may_create {
-            return Err(ReconcileError::CertificateAuthorityMissing(name.to_string()));
+            // An initialized control plane: only a read may say the CA is gone.
+            return self
+                .require_ca(name)
+                .await?
+                .ok_or_else(|| ReconcileError::CertificateAuthorityMissing(name.to_string()));
         }
+        if let Some(resource_version) = self.cached_version(name) {
+            return Ok(CaRef {
+                name: name.to_string(),
+                resource_version,
+            });
+        }
+        // Not in the synced cache: create without reading first. A create never replaces
+        // anything, so a CA the cache has not shown yet survives (409, then it is read).
         let ca = CertificateAuthority::generate(common_name, self.now, KeyAlgorithm::default())
             .map_err(Self::pki_error(name))?;
-        tracing::info!(secret = name, cluster = self.cluster, "created certificate authority");
         let not_after = crate::pki::not_after(ca.cert_pem()).map_err(Self::pki_error(name))?;
         let secret = Self::annotate(
             tls_secret(name, self.namespace, self.cluster, ca.pem()),
             not_after,
             None,
         );
-        // Ours or a concurrent creator's: whichever the API server holds is the CA.
-        self.create(secret)
+        let created = self
+            .create(secret)
             .await?
-            .map(|secret| CaRef {
-                name: name.to_string(),
-                resource_version: secret.resource_version().unwrap_or_default(),
-            })
-            .ok_or_else(|| ReconcileError::CertificateAuthorityMissing(name.to_string()))
+            .ok_or_else(|| ReconcileError::CertificateAuthorityMissing(name.to_string()))?;
+        let resource_version = created.resource_version().unwrap_or_default();
+        if key_pair_from_secret(&created).is_ok_and(|held| held.cert_pem == ca.cert_pem()) {
+            // Ours won: keep it parsed, so that issuing does not read it back.
+            tracing::info!(secret = name, cluster = self.cluster, "created certificate authority");
+            self.ctx
+                .authorities
+                .put(self.namespace, name, &resource_version, Arc::new(ca));
+        }
+        Ok(CaRef {
+            name: name.to_string(),
+            resource_version,
+        })
     }
 
     /// The service-account key pair in Secret `name`, created only when it does not exist
@@ -408,12 +424,16 @@ impl<'a> CertificateStore<'a> {
     /// # Errors
     /// As [`Self::ensure_ca`].
     pub async fn ensure_service_account_key(&self, name: &str, may_create: bool) -> Result<(), ReconcileError> {
-        if self.cached_version(name).is_some() || self.fetch(name).await?.is_some() {
+        if self.cached_version(name).is_some() {
             return Ok(());
         }
         if !may_create {
-            return Err(ReconcileError::CertificateAuthorityMissing(name.to_string()));
+            return match self.fetch(name).await? {
+                Some(_) => Ok(()),
+                None => Err(ReconcileError::CertificateAuthorityMissing(name.to_string())),
+            };
         }
+        // As for a CA: create without reading first; a create never replaces anything.
         let pair = service_account_key_pair(KeyAlgorithm::default()).map_err(Self::pki_error(name))?;
         self.create(tls_secret(name, self.namespace, self.cluster, &pair))
             .await?;

@@ -27,6 +27,7 @@ use super::certificates::CertificateStore;
 use super::read::{
     cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane, renewal_policy,
 };
+use super::status_memo;
 use super::{Context, ReconcileError, events};
 use crate::api::{
     AppliedCertificates, ComponentSpec, ComponentStatus, EtcdStorage, InventoryEntry, NestedAPIServer,
@@ -408,8 +409,20 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
         format!("{ns}/{}", object.name_any()),
         status.inventory.len(),
     );
-    if status != old {
-        write_status(&ctx, &*object, &ns, &status).await?;
+    let name = object.name_any();
+    let uid = object.uid().unwrap_or_default();
+    let resource_version = object.resource_version().unwrap_or_default();
+    let observed = status_memo::Observed {
+        kind: K::KIND.as_str(),
+        namespace: &ns,
+        name: &name,
+        uid: &uid,
+        resource_version: &resource_version,
+        status: &old,
+    };
+    if status != old && !ctx.status_memo.already_written(observed, &status) {
+        let written = write_status(&ctx, &*object, &ns, &status).await?;
+        ctx.status_memo.record(observed, &status, written);
         events::publish_condition_changes(&ctx, &*object, &old.conditions, &status.conditions).await;
     }
     result.map(|()| action)
@@ -420,20 +433,21 @@ async fn write_status<K: ComponentResource>(
     object: &K,
     ns: &str,
     status: &ComponentStatus,
-) -> Result<(), ReconcileError> {
+) -> Result<String, ReconcileError> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
     let patch = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(
-        &object.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
+    let written = api
+        .patch_status(
+            &object.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(written.resource_version().unwrap_or_default())
 }
 
 async fn drive<K: ComponentResource>(

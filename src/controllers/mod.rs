@@ -21,6 +21,7 @@ mod events;
 pub mod public_crds;
 pub mod read;
 pub mod rotation;
+pub mod status_memo;
 
 use std::sync::Arc;
 
@@ -122,6 +123,8 @@ pub struct Context {
     pub verified: certificates::VerifiedSecrets,
     /// CAs read and parsed, per process.
     pub authorities: certificates::LoadedAuthorities,
+    /// The last status written per object, so a lagging cache causes no repeated write.
+    pub status_memo: status_memo::StatusMemo,
 }
 
 impl Context {
@@ -146,6 +149,7 @@ impl Context {
             caches,
             verified: Default::default(),
             authorities: Default::default(),
+            status_memo: Default::default(),
         }
     }
 

@@ -1,0 +1,149 @@
+//! The status capn last wrote per object, so that a reconcile that reads its object from a
+//! cache a moment behind capn's own status write does not write the same status again
+//! (issue 11: every request beyond the work is waste).
+//!
+//! A reconcile compares the status it computed with the status its (cached) object shows,
+//! and writes when they differ. Right after a write the cache can still show the status the
+//! write replaced; a reconcile woken then by something else (a StatefulSet, a sibling)
+//! would compute the same status again, see a difference and write it again. The memo
+//! remembers, per object, what the last write was computed *from* and what it wrote: when
+//! the computed status equals the written one and the object still shows either the status
+//! the write replaced or the write's own resourceVersion, the write is known to be on the
+//! server and is skipped. Anything else (another writer, a new generation, a restart of
+//! capn with an empty memo) writes as before.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// What the memo keeps per object: hashes of the statuses, never the statuses themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Written {
+    uid: String,
+    /// Hash of the status the object showed when capn computed the write.
+    based_on: u64,
+    /// Hash of the status written.
+    written: u64,
+    /// The object's resourceVersion the write returned.
+    resource_version: String,
+}
+
+/// The last status write per object (kind, namespace, name), process-wide. At most
+/// [`STATUS_MEMO_ENTRIES`] are kept (about 100 bytes each); a full memo starts again empty,
+/// which only costs one repeated write per object.
+#[derive(Default)]
+pub struct StatusMemo(Mutex<HashMap<(&'static str, String, String), Written>>);
+
+/// How many objects [`StatusMemo`] remembers.
+pub const STATUS_MEMO_ENTRIES: usize = 16_384;
+
+/// The identity and current state of an object whose status capn writes.
+#[derive(Debug)]
+pub struct Observed<'a, S> {
+    pub kind: &'static str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub resource_version: &'a str,
+    /// The status the object shows now.
+    pub status: &'a S,
+}
+
+// By hand: derived Clone/Copy would require `S: Copy`, and only references are held.
+impl<S> Clone for Observed<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S> Copy for Observed<'_, S> {}
+
+fn hash_of<S: Serialize>(status: &S) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    // serde_json writes struct fields in declaration order and maps sorted (BTreeMap), so
+    // equal statuses give equal text.
+    serde_json::to_string(status).unwrap_or_default().hash(&mut hasher);
+    hasher.finish()
+}
+
+impl StatusMemo {
+    /// Whether writing `next` for `object` would only repeat capn's last write, which the
+    /// object (read from a lagging cache) does not show yet.
+    pub fn already_written<S: Serialize>(&self, object: Observed<'_, S>, next: &S) -> bool {
+        let Ok(map) = self.0.lock() else { return false };
+        let Some(last) = map.get(&(object.kind, object.namespace.to_string(), object.name.to_string())) else {
+            return false;
+        };
+        last.uid == object.uid
+            && last.written == hash_of(next)
+            && (last.resource_version == object.resource_version || last.based_on == hash_of(object.status))
+    }
+
+    /// Records that `written` was written over `object`'s status, the server answering with
+    /// `resource_version`.
+    pub fn record<S: Serialize>(&self, object: Observed<'_, S>, written: &S, resource_version: String) {
+        let Ok(mut map) = self.0.lock() else { return };
+        if map.len() >= STATUS_MEMO_ENTRIES {
+            map.clear();
+        }
+        map.insert(
+            (object.kind, object.namespace.to_string(), object.name.to_string()),
+            Written {
+                uid: object.uid.to_string(),
+                based_on: hash_of(object.status),
+                written: hash_of(written),
+                resource_version,
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observed<'a>(rv: &'a str, status: &'a Vec<&'a str>) -> Observed<'a, Vec<&'a str>> {
+        Observed {
+            kind: "NestedEtcd",
+            namespace: "ns",
+            name: "c-etcd",
+            uid: "u1",
+            resource_version: rv,
+            status,
+        }
+    }
+
+    #[test]
+    fn a_repeat_over_a_lagging_cache_is_skipped() {
+        let memo = StatusMemo::default();
+        let before = vec!["Provisioning"];
+        let next = vec!["Ready"];
+        assert!(
+            !memo.already_written(observed("1", &before), &next),
+            "nothing written yet"
+        );
+        memo.record(observed("1", &before), &next, "2".into());
+        // The cache still shows the old status (rv 1): the same write again is skipped.
+        assert!(memo.already_written(observed("1", &before), &next));
+        // The cache caught up (rv 2 shows what was written): equal anyway, also skipped.
+        assert!(memo.already_written(observed("2", &next), &next));
+    }
+
+    #[test]
+    fn anything_else_is_written() {
+        let memo = StatusMemo::default();
+        let before = vec!["Provisioning"];
+        let next = vec!["Ready"];
+        memo.record(observed("1", &before), &next, "2".into());
+        // A different status to write.
+        assert!(!memo.already_written(observed("1", &before), &vec!["Failed"]));
+        // Someone else changed the status after capn's write (rv 3, content unknown to capn).
+        let other = vec!["Edited"];
+        assert!(!memo.already_written(observed("3", &other), &next));
+        // A new object with the same name (another uid).
+        let mut again = observed("1", &before);
+        again.uid = "u2";
+        assert!(!memo.already_written(again, &next));
+    }
+}
