@@ -206,9 +206,74 @@ pub(crate) fn pid_of(runner: &Runner, pod: &str) -> i32 {
         .unwrap_or_else(|| panic!("{} is not running: {pod:?}", pod.name))
 }
 
+/// Every Kubernetes release of the `stable` channel with the etcd it runs by default, written
+/// out rather than read from the channel (kubeadm's SupportedEtcdVersion: 3.6.8 for 1.35 and
+/// 1.36, 3.7.0 for 1.37). Each pair boots in a test of its own, so that they run in parallel;
+/// [`every_release_of_the_stable_channel_has_a_boot_test`] keeps this list equal to the channel.
+pub(crate) const RELEASES: [(&str, &str); 3] = [("1.35.4", "3.6.8"), ("1.36.3", "3.6.8"), ("1.37.2", "3.7.0")];
+
+#[test]
+fn every_release_of_the_stable_channel_has_a_boot_test() {
+    use capn::component::ComponentKind;
+    let channels = capn::channel::builtin_channels().expect("the built-in channels load");
+    let stable = channels.iter().find(|c| c.name == "stable").expect("a stable channel");
+    let carried: Vec<(String, String)> = stable
+        .versions(ComponentKind::ApiServer)
+        .into_iter()
+        .map(|v| {
+            let etcd = stable.index.etcd_for(v).map(|c| c.etcd.clone()).unwrap_or_default();
+            (v.to_string(), etcd)
+        })
+        .collect();
+    let tested: Vec<(String, String)> = RELEASES.iter().map(|(k, e)| (k.to_string(), e.to_string())).collect();
+    assert_eq!(
+        carried, tested,
+        "every Kubernetes release of the stable channel, with its default etcd, has a boot test (RELEASES)"
+    );
+}
+
+/// Kubernetes 1.35.4 with etcd 3.6.8 boots and serves (see [`boots_and_serves`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_1_35_4_with_etcd_3_6_8_boots_and_serves_through_its_kubeconfig() {
+    let (kubernetes, etcd) = RELEASES[0];
+    let booted = boot(&format!("release {kubernetes}"), Some(release_docs(kubernetes))).await;
+    boots_and_serves(booted, kubernetes, etcd).await;
+}
+
+/// The example (`version: "1.36"`, the channel's default release, 1.36.3 with etcd 3.6.8)
+/// boots and serves (see [`boots_and_serves`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_control_plane_boots_and_serves_through_its_kubeconfig() {
+    let (kubernetes, etcd) = RELEASES[1];
     let booted = boot("one replica", None).await;
+    boots_and_serves(booted, kubernetes, etcd).await;
+}
+
+/// Kubernetes 1.37.2 with etcd 3.7.0 boots and serves (see [`boots_and_serves`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_1_37_2_with_etcd_3_7_0_boots_and_serves_through_its_kubeconfig() {
+    let (kubernetes, etcd) = RELEASES[2];
+    let booted = boot(&format!("release {kubernetes}"), Some(release_docs(kubernetes))).await;
+    boots_and_serves(booted, kubernetes, etcd).await;
+}
+
+/// A one-replica NestedControlPlane `demo` at exactly `kubernetes` (etcd: the channel's
+/// default for that minor).
+pub(crate) fn release_docs(kubernetes: &str) -> Vec<serde_json::Value> {
+    vec![json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+        "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"},
+        "spec": {"version": kubernetes},
+    })]
+}
+
+/// What a booted one-replica control plane must do, whatever its release: each component
+/// runs the release asked for (as its own server reports it), ready through its own probes,
+/// with the rendered command line and identity; the admin kubeconfig serves `/readyz`,
+/// writes and reads; the controller-manager runs the namespace controllers under their own
+/// accounts; the service-account keys agree between apiserver and controller-manager.
+async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
     let (client, ns, runner) = (&booted.client, booted.ns.as_str(), &booted.runner);
 
     // Readiness came from the pods' own probes: the runner wrote every StatefulSet status
@@ -257,6 +322,39 @@ async fn one_replica_control_plane_boots_and_serves_through_its_kubeconfig() {
         .await
         .expect("GET /readyz");
     assert_eq!(readyz, "ok");
+
+    // Each component is the release asked for, as the running servers say it: the
+    // apiserver's /version, etcd's /version, the controller-manager's build_info metric.
+    let version: serde_json::Value = serde_json::from_str(
+        &nested
+            .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
+            .await
+            .expect("GET /version"),
+    )
+    .unwrap();
+    assert_eq!(
+        version["gitVersion"],
+        format!("v{kubernetes}"),
+        "kube-apiserver /version"
+    );
+    let etcd_version = etcd_member(&booted, "demo-etcd-0")
+        .await
+        .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
+        .await
+        .expect("GET /version from etcd");
+    let etcd_version: serde_json::Value = serde_json::from_str(&etcd_version).unwrap();
+    assert_eq!(etcd_version["etcdserver"], etcd, "etcd /version");
+    let kcm_build = controller_manager_build(&booted, &kubeconfig).await;
+    assert_eq!(
+        kcm_build,
+        format!("v{kubernetes}"),
+        "kube-controller-manager build_info"
+    );
+    say(&format!(
+        "release {kubernetes}: kube-apiserver {}, etcd {}, kube-controller-manager {kcm_build}",
+        version["gitVersion"].as_str().unwrap_or_default(),
+        etcd_version["etcdserver"].as_str().unwrap_or_default()
+    ));
 
     // Writes and reads land in the nested etcd.
     let namespaces: Api<Namespace> = Api::all(nested.clone());
@@ -404,6 +502,39 @@ async fn one_replica_control_plane_boots_and_serves_through_its_kubeconfig() {
     assert_eq!(whoami(&as_legacy).await.unwrap(), expected_user);
 
     booted.stop().await;
+}
+
+/// The `git_version` of the controller-manager's `kubernetes_build_info` metric, read from
+/// its pod with the admin credentials (authorized through the apiserver, like Prometheus'
+/// scrape). Its serving certificate is self-signed (no `--tls-cert-file`), so it is not
+/// verified: what is checked here is the release, not the certificate.
+async fn controller_manager_build(booted: &Booted, kubeconfig: &str) -> String {
+    let ip = booted
+        .runner
+        .pod_ip("demo-controller-manager-0")
+        .expect("the controller-manager pod has an address");
+    let mut config = booted
+        .runner
+        .client_config(kubeconfig)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    config.cluster_url = format!("https://{ip}:10257").parse().unwrap();
+    config.tls_server_name = None;
+    config.root_cert = None;
+    config.accept_invalid_certs = true;
+    let metrics = Client::try_from(config)
+        .unwrap()
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .expect("GET /metrics from the controller-manager");
+    // kubernetes_build_info{build_date="…",compiler="gc",git_commit="…",git_tree_state="clean",git_version="v1.37.2",…} 1
+    metrics
+        .lines()
+        .find(|l| l.starts_with("kubernetes_build_info{"))
+        .and_then(|l| l.split("git_version=\"").nth(1))
+        .and_then(|v| v.split('"').next())
+        .unwrap_or_else(|| panic!("no kubernetes_build_info git_version in the controller-manager's metrics"))
+        .to_owned()
 }
 
 /// The user a client authenticates as (SelfSubjectReview), or the error text.
