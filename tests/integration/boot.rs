@@ -232,6 +232,24 @@ fn every_release_of_the_stable_channel_has_a_boot_test() {
     );
 }
 
+/// CI builds the releases the boot tests run with `hack/release-assets.sh`, which reads the
+/// channel with awk: it must list exactly [`RELEASES`].
+#[test]
+fn the_release_script_lists_every_boot_tested_release() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/release-assets.sh");
+    let output = std::process::Command::new(&script)
+        .arg("--list")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let listed: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let tested: Vec<String> = RELEASES.iter().map(|(k, e)| format!("{k} {e}")).collect();
+    assert_eq!(listed, tested);
+}
+
 /// Kubernetes 1.35.4 with etcd 3.6.8 boots and serves (see [`boots_and_serves`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_1_35_4_with_etcd_3_6_8_boots_and_serves_through_its_kubeconfig() {
