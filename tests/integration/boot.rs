@@ -341,6 +341,32 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
         .expect("GET /readyz");
     assert_eq!(readyz, "ok");
 
+    // Adaptation 7: through a local forwarder, the kubeconfig is usable verbatim from this
+    // host (what hack/conformance.sh gives the upstream e2e binary), verifying the serving
+    // certificate for the in-cluster name.
+    let forward = runner
+        .forward(&format!("demo-apiserver.{ns}.svc"), 6443)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let host_kubeconfig =
+        crate::support::runner::host_kubeconfig(&kubeconfig, &forward).unwrap_or_else(|e| panic!("{e}"));
+    let verbatim = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&host_kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (verbatim.cluster_url.host(), verbatim.tls_server_name.clone()),
+        (Some("127.0.0.1"), Some(format!("demo-apiserver.{ns}.svc")))
+    );
+    let through_forward = Client::try_from(verbatim)
+        .unwrap()
+        .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
+        .await
+        .expect("GET /readyz through the forwarder");
+    assert_eq!(through_forward, "ok");
+    drop(forward);
+
     // Each component is the release asked for, as the running servers say it: the
     // apiserver's /version, etcd's /version, the controller-manager's build_info metric.
     let version: serde_json::Value = serde_json::from_str(

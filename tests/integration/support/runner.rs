@@ -79,9 +79,15 @@
 //!    initContainers, exec/gRPC probes, host namespaces, privileged containers, other volume
 //!    kinds, `envFrom`, `valueFrom` other than `fieldRef`.
 //!
-//! A client outside the pods cannot resolve the in-cluster names; [`Runner::client_config`]
-//! dials the address the name resolves to while still verifying the certificate for the
-//! name (kube's `tls_server_name`). That is the one place a kubeconfig is not used verbatim.
+//! 7. **Reaching the apiserver from the host.** A client outside the pods cannot resolve the
+//!    in-cluster names. [`Runner::client_config`] dials the address the name resolves to while
+//!    still verifying the certificate for the name (kube's `tls_server_name`). A program that
+//!    takes a kubeconfig file verbatim (the upstream e2e binary of `hack/conformance.sh`)
+//!    gets [`Runner::forward`], a TCP forwarder on `127.0.0.1:<free port>` that sends each
+//!    connection to the address the name resolves to at that moment, and
+//!    [`host_kubeconfig`], the same kubeconfig with its server set to the forwarder and
+//!    `tls-server-name` to the in-cluster name. TLS stays end to end. These are the only
+//!    places a kubeconfig is not used exactly as capn wrote it.
 //!
 //! The runner needs root (namespaces, mounts, veth pairs) and iproute2's `ip`. Every process it
 //! starts gets `PR_SET_PDEATHSIG(SIGKILL)`, and namespaces are held only by descriptors, so no
@@ -90,6 +96,7 @@
 
 mod atomic_writer;
 mod dns;
+mod forward;
 mod pod;
 mod probe;
 mod sandbox;
@@ -116,6 +123,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use self::atomic_writer::Written;
+pub use self::forward::{Forward, host_kubeconfig};
 pub use self::pod::release_cache;
 use self::pod::{ContainerPlan, PodIdentity, SourcedVolume, Sources};
 use self::probe::{Prober, Verdict};
@@ -521,6 +529,27 @@ impl Runner {
                 .map_err(|e| format!("bad URL: {e}"))?;
         }
         Ok(config)
+    }
+
+    /// Adaptation 7: a forwarder from `127.0.0.1:<free port>` to `port` of whatever `name` (an
+    /// in-cluster Service or pod name) resolves to at each new connection. Use it with
+    /// [`host_kubeconfig`].
+    ///
+    /// # Errors
+    /// When no local port can be bound.
+    pub fn forward(&self, name: &str, port: u16) -> Result<Forward, String> {
+        let shared = self.shared.clone();
+        let host = name.trim_end_matches('.').to_owned();
+        Forward::start(
+            name.to_owned(),
+            port,
+            Arc::new(move || {
+                lock(&shared.state)
+                    .records
+                    .get(&host)
+                    .and_then(|ips| ips.iter().next().copied())
+            }),
+        )
     }
 
     /// Every pod the runner has, by name.
