@@ -348,7 +348,7 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
         .forward(&format!("demo-apiserver.{ns}.svc"), 6443)
         .unwrap_or_else(|e| panic!("{e}"));
     let host_kubeconfig =
-        crate::support::runner::host_kubeconfig(&kubeconfig, &forward).unwrap_or_else(|e| panic!("{e}"));
+        crate::support::runner::forward::host_kubeconfig(&kubeconfig, &forward).unwrap_or_else(|e| panic!("{e}"));
     let verbatim = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::from_yaml(&host_kubeconfig).unwrap(),
         &Default::default(),

@@ -95,8 +95,8 @@ async fn upstream_conformance() {
         .runner
         .forward(&format!("demo-apiserver.{}.svc", booted.ns), 6443)
         .unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig =
-        crate::support::runner::host_kubeconfig(&booted.kubeconfig().await, &forward).unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = crate::support::runner::forward::host_kubeconfig(&booted.kubeconfig().await, &forward)
+        .unwrap_or_else(|e| panic!("{e}"));
     let kubeconfig_path = dir.join("kubeconfig");
     write_private(&kubeconfig_path, &kubeconfig);
 

@@ -85,7 +85,7 @@
 //!    takes a kubeconfig file verbatim (the upstream e2e binary of `hack/conformance.sh`)
 //!    gets [`Runner::forward`], a TCP forwarder on `127.0.0.1:<free port>` that sends each
 //!    connection to the address the name resolves to at that moment, and
-//!    [`host_kubeconfig`], the same kubeconfig with its server set to the forwarder and
+//!    [`forward::host_kubeconfig`], the same kubeconfig with its server set to the forwarder and
 //!    `tls-server-name` to the in-cluster name. TLS stays end to end. These are the only
 //!    places a kubeconfig is not used exactly as capn wrote it.
 //!
@@ -96,7 +96,7 @@
 
 mod atomic_writer;
 mod dns;
-mod forward;
+pub mod forward;
 mod pod;
 mod probe;
 mod sandbox;
@@ -123,7 +123,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use self::atomic_writer::Written;
-pub use self::forward::{Forward, host_kubeconfig};
+pub use self::forward::Forward;
 pub use self::pod::release_cache;
 use self::pod::{ContainerPlan, PodIdentity, SourcedVolume, Sources};
 use self::probe::{Prober, Verdict};
@@ -533,7 +533,7 @@ impl Runner {
 
     /// Adaptation 7: a forwarder from `127.0.0.1:<free port>` to `port` of whatever `name` (an
     /// in-cluster Service or pod name) resolves to at each new connection. Use it with
-    /// [`host_kubeconfig`].
+    /// [`forward::host_kubeconfig`].
     ///
     /// # Errors
     /// When no local port can be bound.
