@@ -400,6 +400,27 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
         etcd_version["etcdserver"].as_str().unwrap_or_default()
     ));
 
+    // No process warns about what the template passes it: pflag's `Flag --x has been
+    // deprecated`, etcd's `--x is deprecated in 3.y`.
+    for pod in runner.pods() {
+        for container in &pod.containers {
+            let log =
+                std::fs::read_to_string(&container.log).unwrap_or_else(|e| panic!("{}: {e}", container.log.display()));
+            assert!(!log.is_empty(), "{}/{} has logged", pod.name, container.name);
+            let deprecated: Vec<&str> = log
+                .lines()
+                .filter(|l| l.to_lowercase().contains("deprecated"))
+                .collect();
+            assert!(
+                deprecated.is_empty(),
+                "release {kubernetes}: {}/{} warns:\n{}",
+                pod.name,
+                container.name,
+                deprecated.join("\n")
+            );
+        }
+    }
+
     // Writes and reads land in the nested etcd.
     let namespaces: Api<Namespace> = Api::all(nested.clone());
     let tenant = Namespace {
