@@ -100,9 +100,19 @@ async fn upstream_conformance() {
     let kubeconfig_path = dir.join("kubeconfig");
     write_private(&kubeconfig_path, &kubeconfig);
 
-    let log_path = dir.join("e2e.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut args: Vec<String> = vec![
+    let extra: Vec<String> = std::env::var("CAPN_E2E_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let specs = focused_specs(&e2e, &focus).await;
+    say(&format!(
+        "conformance: {} specs match the focus; running them {PARALLEL} at a time, [Serial] ones alone afterwards (logs and reports in {})",
+        specs.len(),
+        dir.display()
+    ));
+    let started = Instant::now();
+    let common: Vec<String> = [
         format!("--kubeconfig={}", kubeconfig_path.display()),
         "--provider=skeleton".into(),
         "--num-nodes=0".into(),
@@ -110,49 +120,108 @@ async fn upstream_conformance() {
         format!("--ginkgo.focus={focus}"),
         "--ginkgo.no-color".into(),
         "--ginkgo.v".into(),
-        format!("--ginkgo.json-report={}", dir.join("report.json").display()),
-        format!("--report-dir={}", dir.display()),
-    ];
-    args.extend(
-        std::env::var("CAPN_E2E_ARGS")
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_owned),
-    );
-    say(&format!(
-        "conformance: running {} {} (log: {})",
-        e2e.display(),
-        args.join(" "),
-        log_path.display()
-    ));
-    let started = Instant::now();
-    let status = tokio::process::Command::new(&e2e)
-        .args(&args)
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true)
-        .status()
-        .await
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", e2e.display()));
-    say(&format!(
-        "conformance: e2e.test exited ({status}) after {:.1?}",
-        started.elapsed()
-    ));
+    ]
+    .into_iter()
+    .chain(extra)
+    .collect();
+    let (serial, parallel): (Vec<_>, Vec<_>) = specs
+        .into_iter()
+        .enumerate()
+        .partition(|(_, s)| s.name.contains("[Serial]"));
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(PARALLEL));
+    let mut runs = tokio::task::JoinSet::new();
+    for (i, spec) in parallel {
+        let (e2e, dir, common, limit) = (e2e.clone(), dir.clone(), common.clone(), limit.clone());
+        runs.spawn(async move {
+            let _permit = limit.acquire_owned().await.unwrap();
+            run_spec(&e2e, &dir, &common, i, &spec).await
+        });
+    }
+    let mut reports = Vec::new();
+    while let Some(report) = runs.join_next().await {
+        reports.push(report.unwrap());
+    }
+    for (i, spec) in serial {
+        reports.push(run_spec(&e2e, &dir, &common, i, &spec).await);
+    }
+    say(&format!("conformance: every spec ran after {:.1?}", started.elapsed()));
     // The tenant served the whole run (nothing restarted underneath the suite).
     booted.runner.check().unwrap_or_else(|e| panic!("{e}"));
-    let report = std::fs::read_to_string(dir.join("report.json")).unwrap_or_else(|e| {
-        panic!(
-            "e2e.test wrote no report.json ({e}); the end of its log:\n{}",
-            tail(&log_path, 40)
-        )
-    });
-    let summary = summarize(&report).unwrap_or_else(|e| panic!("{e}"));
+    let mut summary = Summary::default();
+    for report in reports {
+        let one = summarize(&report).unwrap_or_else(|e| panic!("{e}"));
+        summary.passed += one.passed;
+        summary.skipped += one.skipped;
+        summary.failed.extend(one.failed);
+    }
+    summary.failed.sort();
     let text = summary.render(&release, upgrade_to.as_deref());
     std::fs::write(dir.join("summary.txt"), &text).unwrap();
     say(&text);
     drop(forward);
     booted.stop().await;
     assert!(summary.passed + summary.failed.len() > 0, "the focus selected no test");
+}
+
+/// How many e2e.test processes run at once. Most specs that fail here wait out a five-minute
+/// timeout for a pod that never runs; run one after the other, the suite would take hours.
+const PARALLEL: usize = 12;
+
+/// One spec of the suite: where it is defined and its full name.
+#[derive(Clone, Debug)]
+struct Spec {
+    /// `test/e2e/apimachinery/webhook.go:648`, for `--ginkgo.focus-file`.
+    location: String,
+    name: String,
+}
+
+/// The specs whose name matches `focus`, from `e2e.test --list-tests`
+/// (`    k8s.io/kubernetes@v1.36.3/test/e2e/…/x.go:123: [sig-…] name`).
+async fn focused_specs(e2e: &Path, focus: &str) -> Vec<Spec> {
+    let output = tokio::process::Command::new(e2e)
+        .arg("--list-tests")
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {} --list-tests: {e}", e2e.display()));
+    let focus = regex::Regex::new(focus).unwrap_or_else(|e| panic!("focus {focus:?}: {e}"));
+    let specs: Vec<Spec> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (location, name) = line.trim().split_once(": ")?;
+            let location = location.split_once("/test/").map(|(_, l)| format!("test/{l}"))?;
+            focus.is_match(name).then(|| Spec {
+                location,
+                name: name.to_owned(),
+            })
+        })
+        .collect();
+    assert!(!specs.is_empty(), "no spec of {} matches {focus}", e2e.display());
+    specs
+}
+
+/// Runs one spec in its own e2e.test process and returns its ginkgo JSON report.
+async fn run_spec(e2e: &Path, dir: &Path, common: &[String], i: usize, spec: &Spec) -> String {
+    let report = dir.join(format!("report-{i:03}.json"));
+    let log_path = dir.join(format!("e2e-{i:03}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let status = tokio::process::Command::new(e2e)
+        .args(common)
+        .arg(format!("--ginkgo.focus-file={}", regex::escape(&spec.location)))
+        .arg(format!("--ginkgo.json-report={}", report.display()))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .status()
+        .await
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", e2e.display()));
+    std::fs::read_to_string(&report).unwrap_or_else(|e| {
+        panic!(
+            "{} ({status}) wrote no report for {} ({e}); the end of its log:\n{}",
+            e2e.display(),
+            spec.name,
+            tail(&log_path, 40)
+        )
+    })
 }
 
 fn write_private(path: &Path, content: &str) {
