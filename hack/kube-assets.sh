@@ -4,6 +4,8 @@
 # cache outside the repository, and prints the directory to use as KUBEBUILDER_ASSETS.
 #
 #   hack/kube-assets.sh            # build what is missing, print the assets dir on stdout
+#   hack/kube-assets.sh e2e        # build the upstream e2e.test of KUBE_VERSION (for
+#                                  # hack/conformance.sh) if missing, print its path
 #
 # Environment:
 #   CAPN_ASSETS_CACHE   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets)
@@ -31,9 +33,10 @@ kube_dir="$CACHE/kubernetes-$KUBE_VERSION"
 etcd_dir="$CACHE/etcd-$ETCD_VERSION"
 assets="$CACHE/assets-kubernetes-$KUBE_VERSION-etcd-$ETCD_VERSION"
 
-build_kube() {
-  local bins=("$@") work
-  work="$(mktemp -d)"; trap 'rm -rf "$work"' RETURN
+# Writes into $1 a throw-away module that requires k8s.io/kubernetes@$KUBE_VERSION, pins its
+# staging modules, and imports the packages $2.. (so that `go mod tidy` resolves them).
+kube_module() {
+  local work="$1"; shift
   log "resolving k8s.io/kubernetes@$KUBE_VERSION staging modules"
   local gomod
   gomod="$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')"
@@ -46,15 +49,30 @@ build_kube() {
     grep -E '^\s*k8s.io/[a-z0-9-]+ => ./staging/' "$gomod" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
   } > "$work/go.mod"
   printf 'package tools\nimport (\n' > "$work/tools.go"
-  for b in "${bins[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$b" >> "$work/tools.go"; done
+  for p in "$@"; do printf '\t_ "%s"\n' "$p" >> "$work/tools.go"; done
   printf ')\n' >> "$work/tools.go"
   sed -i 's/^package tools/\/\/go:build tools\n\npackage tools/' "$work/tools.go"
   (cd "$work" && go mod tidy -e >&2)
+}
+
+# The -X flags that make a binary report $KUBE_VERSION (`--version`, /version, build_info).
+kube_ldflags() {
   local minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
   local ldflags="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
+  echo "$ldflags"
+}
+
+build_kube() {
+  local bins=("$@") work b
+  work="$(mktemp -d)"; trap 'rm -rf "$work"' RETURN
+  local packages=()
+  for b in "${bins[@]}"; do packages+=("k8s.io/kubernetes/cmd/$b"); done
+  kube_module "$work" "${packages[@]}"
+  local ldflags
+  ldflags="$(kube_ldflags)"
   mkdir -p "$kube_dir"
   # Cold build times measured on 2 cores: kube-apiserver ~9 minutes, then
   # kube-controller-manager ~3 (it reuses most of the apiserver's compiled packages); etcd ~2.
@@ -70,6 +88,22 @@ build_kube() {
     mv "$kube_dir/$b.tmp" "$kube_dir/$b"
     log "built $kube_dir/$b"
   done
+}
+
+# The upstream end-to-end suite of $KUBE_VERSION (`go test -c k8s.io/kubernetes/test/e2e`),
+# for hack/conformance.sh. Its test files import packages whose requirements `go mod tidy`
+# of a dependency's non-test package does not record, hence -mod=mod.
+build_e2e() {
+  local work
+  work="$(mktemp -d)"; trap 'rm -rf "$work"' RETURN
+  kube_module "$work" k8s.io/kubernetes/test/e2e
+  local ldflags
+  ldflags="$(kube_ldflags)"
+  mkdir -p "$kube_dir"
+  log "building e2e.test $KUBE_VERSION (go test -c k8s.io/kubernetes/test/e2e; a cold build takes tens of minutes on 2 cores)"
+  (cd "$work" && go test -c -mod=mod -trimpath -ldflags "$ldflags" -o "$kube_dir/e2e.test.tmp" k8s.io/kubernetes/test/e2e >&2)
+  mv "$kube_dir/e2e.test.tmp" "$kube_dir/e2e.test"
+  log "built $kube_dir/e2e.test"
 }
 
 build_etcd() {
@@ -92,6 +126,12 @@ build_etcd() {
     log "built $etcd_dir/$b"
   done
 }
+
+if [ "${1:-}" = e2e ]; then
+  if [ -x "$kube_dir/e2e.test" ]; then log "cached: e2e.test $KUBE_VERSION"; else build_e2e; fi
+  echo "$kube_dir/e2e.test"
+  exit 0
+fi
 
 missing=()
 for b in kube-apiserver kube-controller-manager; do

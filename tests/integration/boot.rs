@@ -63,7 +63,7 @@ async fn boot(test: &str, docs: Option<Vec<serde_json::Value>>) -> Booted {
 pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, start: StartCapn) -> Booted {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let runner = Runner::start(&client, &ns, cluster().assets_dir())
+    let runner = Runner::start(&client, &ns)
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     let capn = match start {
@@ -206,9 +206,92 @@ pub(crate) fn pid_of(runner: &Runner, pod: &str) -> i32 {
         .unwrap_or_else(|| panic!("{} is not running: {pod:?}", pod.name))
 }
 
+/// Every Kubernetes release of the `stable` channel with the etcd it runs by default, written
+/// out rather than read from the channel (kubeadm's SupportedEtcdVersion: 3.6.8 for 1.35 and
+/// 1.36, 3.7.0 for 1.37). Each pair boots in a test of its own, so that they run in parallel;
+/// [`every_release_of_the_stable_channel_has_a_boot_test`] keeps this list equal to the channel.
+pub(crate) const RELEASES: [(&str, &str); 3] = [("1.35.4", "3.6.8"), ("1.36.3", "3.6.8"), ("1.37.2", "3.7.0")];
+
+#[test]
+fn every_release_of_the_stable_channel_has_a_boot_test() {
+    use capn::component::ComponentKind;
+    let channels = capn::channel::builtin_channels().expect("the built-in channels load");
+    let stable = channels.iter().find(|c| c.name == "stable").expect("a stable channel");
+    let carried: Vec<(String, String)> = stable
+        .versions(ComponentKind::ApiServer)
+        .into_iter()
+        .map(|v| {
+            let etcd = stable.index.etcd_for(v).map(|c| c.etcd.clone()).unwrap_or_default();
+            (v.to_string(), etcd)
+        })
+        .collect();
+    let tested: Vec<(String, String)> = RELEASES.iter().map(|(k, e)| (k.to_string(), e.to_string())).collect();
+    assert_eq!(
+        carried, tested,
+        "every Kubernetes release of the stable channel, with its default etcd, has a boot test (RELEASES)"
+    );
+}
+
+/// CI builds the releases the boot tests run with `hack/release-assets.sh`, which reads the
+/// channel with awk: it must list exactly [`RELEASES`].
+#[test]
+fn the_release_script_lists_every_boot_tested_release() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/release-assets.sh");
+    let output = std::process::Command::new(&script)
+        .arg("--list")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let listed: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let tested: Vec<String> = RELEASES.iter().map(|(k, e)| format!("{k} {e}")).collect();
+    assert_eq!(listed, tested);
+}
+
+/// Kubernetes 1.35.4 with etcd 3.6.8 boots and serves (see [`boots_and_serves`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_1_35_4_with_etcd_3_6_8_boots_and_serves_through_its_kubeconfig() {
+    let (kubernetes, etcd) = RELEASES[0];
+    let booted = boot(&format!("release {kubernetes}"), Some(release_docs(kubernetes))).await;
+    boots_and_serves(booted, kubernetes, etcd).await;
+}
+
+/// The example (`version: "1.36"`, the channel's default release, 1.36.3 with etcd 3.6.8)
+/// boots and serves (see [`boots_and_serves`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_control_plane_boots_and_serves_through_its_kubeconfig() {
+    let (kubernetes, etcd) = RELEASES[1];
     let booted = boot("one replica", None).await;
+    boots_and_serves(booted, kubernetes, etcd).await;
+}
+
+/// Kubernetes 1.37.2 with etcd 3.7.0 boots and serves (see [`boots_and_serves`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_1_37_2_with_etcd_3_7_0_boots_and_serves_through_its_kubeconfig() {
+    let (kubernetes, etcd) = RELEASES[2];
+    let booted = boot(&format!("release {kubernetes}"), Some(release_docs(kubernetes))).await;
+    boots_and_serves(booted, kubernetes, etcd).await;
+}
+
+/// A one-replica NestedControlPlane `demo` at exactly `kubernetes` (etcd: the channel's
+/// default for that minor).
+pub(crate) fn release_docs(kubernetes: &str) -> Vec<serde_json::Value> {
+    vec![json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+        "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"},
+        "spec": {"version": kubernetes},
+    })]
+}
+
+/// What a booted one-replica control plane must do, whatever its release: each component
+/// runs the release asked for (as its own server reports it), ready through its own probes,
+/// with the rendered command line and identity; the admin kubeconfig serves `/readyz`,
+/// writes and reads; the controller-manager runs the namespace controllers under their own
+/// accounts; the service-account keys agree between apiserver and controller-manager.
+async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
     let (client, ns, runner) = (&booted.client, booted.ns.as_str(), &booted.runner);
 
     // Readiness came from the pods' own probes: the runner wrote every StatefulSet status
@@ -257,6 +340,86 @@ async fn one_replica_control_plane_boots_and_serves_through_its_kubeconfig() {
         .await
         .expect("GET /readyz");
     assert_eq!(readyz, "ok");
+
+    // Adaptation 7: through a local forwarder, the kubeconfig is usable verbatim from this
+    // host (what hack/conformance.sh gives the upstream e2e binary), verifying the serving
+    // certificate for the in-cluster name.
+    let forward = runner
+        .forward(&format!("demo-apiserver.{ns}.svc"), 6443)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let host_kubeconfig =
+        crate::support::runner::forward::host_kubeconfig(&kubeconfig, &forward).unwrap_or_else(|e| panic!("{e}"));
+    let verbatim = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&host_kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (verbatim.cluster_url.host(), verbatim.tls_server_name.clone()),
+        (Some("127.0.0.1"), Some(format!("demo-apiserver.{ns}.svc")))
+    );
+    let through_forward = Client::try_from(verbatim)
+        .unwrap()
+        .request_text(http::Request::get("/readyz").body(Vec::new()).unwrap())
+        .await
+        .expect("GET /readyz through the forwarder");
+    assert_eq!(through_forward, "ok");
+    drop(forward);
+
+    // Each component is the release asked for, as the running servers say it: the
+    // apiserver's /version, etcd's /version, the controller-manager's build_info metric.
+    let version: serde_json::Value = serde_json::from_str(
+        &nested
+            .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
+            .await
+            .expect("GET /version"),
+    )
+    .unwrap();
+    assert_eq!(
+        version["gitVersion"],
+        format!("v{kubernetes}"),
+        "kube-apiserver /version"
+    );
+    let etcd_version = etcd_member(&booted, "demo-etcd-0")
+        .await
+        .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
+        .await
+        .expect("GET /version from etcd");
+    let etcd_version: serde_json::Value = serde_json::from_str(&etcd_version).unwrap();
+    assert_eq!(etcd_version["etcdserver"], etcd, "etcd /version");
+    let kcm_build = controller_manager_build(&booted, &kubeconfig).await;
+    assert_eq!(
+        kcm_build,
+        format!("v{kubernetes}"),
+        "kube-controller-manager build_info"
+    );
+    say(&format!(
+        "release {kubernetes}: kube-apiserver {}, etcd {}, kube-controller-manager {kcm_build}",
+        version["gitVersion"].as_str().unwrap_or_default(),
+        etcd_version["etcdserver"].as_str().unwrap_or_default()
+    ));
+
+    // No process warns about what the template passes it: pflag's `Flag --x has been
+    // deprecated`, etcd's `--x is deprecated in 3.y`.
+    for pod in runner.pods() {
+        for container in &pod.containers {
+            let log =
+                std::fs::read_to_string(&container.log).unwrap_or_else(|e| panic!("{}: {e}", container.log.display()));
+            assert!(!log.is_empty(), "{}/{} has logged", pod.name, container.name);
+            let deprecated: Vec<&str> = log
+                .lines()
+                .filter(|l| l.to_lowercase().contains("deprecated"))
+                .collect();
+            assert!(
+                deprecated.is_empty(),
+                "release {kubernetes}: {}/{} warns:\n{}",
+                pod.name,
+                container.name,
+                deprecated.join("\n")
+            );
+        }
+    }
 
     // Writes and reads land in the nested etcd.
     let namespaces: Api<Namespace> = Api::all(nested.clone());
@@ -404,6 +567,39 @@ async fn one_replica_control_plane_boots_and_serves_through_its_kubeconfig() {
     assert_eq!(whoami(&as_legacy).await.unwrap(), expected_user);
 
     booted.stop().await;
+}
+
+/// The `git_version` of the controller-manager's `kubernetes_build_info` metric, read from
+/// its pod with the admin credentials (authorized through the apiserver, like Prometheus'
+/// scrape). Its serving certificate is self-signed (no `--tls-cert-file`), so it is not
+/// verified: what is checked here is the release, not the certificate.
+async fn controller_manager_build(booted: &Booted, kubeconfig: &str) -> String {
+    let ip = booted
+        .runner
+        .pod_ip("demo-controller-manager-0")
+        .expect("the controller-manager pod has an address");
+    let mut config = booted
+        .runner
+        .client_config(kubeconfig)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    config.cluster_url = format!("https://{ip}:10257").parse().unwrap();
+    config.tls_server_name = None;
+    config.root_cert = None;
+    config.accept_invalid_certs = true;
+    let metrics = Client::try_from(config)
+        .unwrap()
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .expect("GET /metrics from the controller-manager");
+    // kubernetes_build_info{build_date="…",compiler="gc",git_commit="…",git_tree_state="clean",git_version="v1.37.2",…} 1
+    metrics
+        .lines()
+        .find(|l| l.starts_with("kubernetes_build_info{"))
+        .and_then(|l| l.split("git_version=\"").nth(1))
+        .and_then(|v| v.split('"').next())
+        .unwrap_or_else(|| panic!("no kubernetes_build_info git_version in the controller-manager's metrics"))
+        .to_owned()
 }
 
 /// The user a client authenticates as (SelfSubjectReview), or the error text.
@@ -749,66 +945,94 @@ async fn deleting_the_control_plane_stops_everything_the_runner_started() {
     assert!(!link_exists, "the host interface {link} is removed");
 }
 
+/// Runner adaptation 1: each image's release comes from the release cache. In a cache of the
+/// test's own, `etcd-v3.5.21/etcd` is really another release (the super cluster's etcd) and
+/// 3.5.99 is not there at all: the runner refuses both, naming the releases and the command
+/// that builds the missing one, and starts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_refuses_an_image_whose_release_is_not_the_local_binary() {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let runner = Runner::start(&client, &ns, cluster().assets_dir())
+    let cache = tempfile::tempdir().unwrap();
+    let real_etcd = cluster().assets_dir().join("etcd");
+    let real_version = std::process::Command::new(&real_etcd)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    // `etcd Version: 3.6.8` on the first line.
+    let real_version = real_version
+        .lines()
+        .next()
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or_else(|| panic!("{} --version: {real_version:?}", real_etcd.display()))
+        .to_owned();
+    std::fs::create_dir(cache.path().join("etcd-v3.5.21")).unwrap();
+    std::os::unix::fs::symlink(&real_etcd, cache.path().join("etcd-v3.5.21/etcd")).unwrap();
+    let runner = Runner::start_with_cache(&client, &ns, cache.path())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
-    // capn's etcd template, but an image of another release than the local etcd.
-    let sts: StatefulSet = serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": "other-etcd", "labels": {"app.kubernetes.io/managed-by": "capn"}},
-        "spec": {
-            "serviceName": "other-etcd",
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "other-etcd"}},
-            "template": {
-                "metadata": {"labels": {"app": "other-etcd"}},
-                "spec": {"containers": [{
-                    "name": "etcd",
-                    "image": "registry.k8s.io/etcd:3.5.21-0",
-                    "command": ["etcd"],
-                    "args": ["--name=$(POD_NAME)"],
-                }]},
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    for (name, release) in [("mislabelled-etcd", "3.5.21"), ("missing-etcd", "3.5.99")] {
+        // capn's etcd template, reduced, with an image of a release the cache does not have.
+        let sts: StatefulSet = serde_json::from_value(json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "capn"}},
+            "spec": {
+                "serviceName": name,
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{
+                        "name": "etcd",
+                        "image": format!("registry.k8s.io/etcd:{release}-0"),
+                        "command": ["etcd"],
+                        "args": ["--name=$(POD_NAME)"],
+                    }]},
+                },
             },
-        },
-    }))
-    .unwrap();
-    Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &sts)
-        .await
+        }))
         .unwrap();
-    let refusal = wait_until_refused(&runner).await;
+        sets.create(&PostParams::default(), &sts).await.unwrap();
+    }
+    let problems = wait_until_refused(&runner, 2).await;
     assert!(
-        refusal.contains("REFUSED") && refusal.contains("3.5.21") && refusal.contains("3.6.8"),
-        "the refusal names both releases: {refusal}"
+        problems.iter().any(|p| p.contains("StatefulSet mislabelled-etcd")
+            && p.contains("REFUSED")
+            && p.contains("version 3.5.21")
+            && p.contains(&format!("is version {real_version}"))),
+        "the refusal names both releases: {problems:#?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.contains("StatefulSet missing-etcd")
+            && p.contains("release 3.5.99")
+            && p.contains("`ETCD_VERSION=v3.5.99 hack/kube-assets.sh`")),
+        "the refusal names the command that builds the missing release: {problems:#?}"
     );
     assert!(runner.processes().is_empty(), "nothing was started");
     assert!(runner.pods().is_empty(), "no pod was created");
-    let status = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .get("other-etcd")
-        .await
-        .unwrap()
-        .status;
-    assert!(
-        status.is_none_or(|s| s.ready_replicas.unwrap_or(0) == 0),
-        "a refused StatefulSet is never reported ready"
-    );
+    for name in ["mislabelled-etcd", "missing-etcd"] {
+        let status = sets.get(name).await.unwrap().status;
+        assert!(
+            status.is_none_or(|s| s.ready_replicas.unwrap_or(0) == 0),
+            "a refused StatefulSet is never reported ready"
+        );
+    }
 }
 
-/// Waits until the runner reports a problem, and returns it.
-async fn wait_until_refused(runner: &Runner) -> String {
+/// Waits until the runner reports `count` problems, and returns them.
+async fn wait_until_refused(runner: &Runner, count: usize) -> Vec<String> {
     let deadline = Instant::now() + STEP;
     loop {
-        if let Err(problem) = runner.check() {
-            return problem;
+        let problems = runner.problems();
+        if problems.len() >= count {
+            return problems;
         }
         assert!(
             Instant::now() < deadline,
-            "the runner never refused:\n{}",
+            "the runner did not refuse {count} times:\n{}",
             runner.report()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;

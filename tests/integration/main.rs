@@ -6,6 +6,7 @@ mod boot_certificates;
 mod capi;
 mod certificates;
 mod cli;
+mod conformance;
 
 mod control_plane;
 mod engine;
