@@ -107,6 +107,11 @@ pub struct RunArgs {
     /// values are for tests and demos of certificate renewal.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub certificate_validity: Option<std::time::Duration>,
+    /// How long one step of a stepped upgrade may take before it is marked failed (a Go
+    /// duration); the preflight also waits while a certificate expires or is renewed within
+    /// this time.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30m")]
+    pub upgrade_step_timeout: std::time::Duration,
     /// Namespace capn's own pods run in (the clusterctl Deployment passes the downward API's
     /// `POD_NAMESPACE`). The tenants' NetworkPolicies admit capn's pods from it (pods labelled
     /// `--self-labels`) to etcd and the apiserver; empty when capn runs outside the super
@@ -252,6 +257,7 @@ pub async fn main() -> anyhow::Result<()> {
                 enabled: parse_controllers(&args.controllers)?,
                 tenant_config_hook: None,
                 certificate_validity: args.certificate_validity,
+                upgrade_step_timeout: args.upgrade_step_timeout,
                 capn_pods,
             };
             let client = kube::Client::try_default()

@@ -76,7 +76,11 @@ async fn public_crds(ctx: &Context) -> Result<Vec<CustomResourceDefinition>, Rec
 ///
 /// # Errors
 /// A missing or unparsable kubeconfig Secret.
-async fn tenant_client(ctx: &Context, ncp: &NestedControlPlane, ns: &str) -> Result<kube::Client, ReconcileError> {
+pub(crate) async fn tenant_client(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    ns: &str,
+) -> Result<kube::Client, ReconcileError> {
     let names = SecretNames::new(&cluster_name(ncp));
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
         .get(&names.kubeconfig)
