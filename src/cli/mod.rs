@@ -180,6 +180,18 @@ pub struct RenderArgs {
     /// validation).
     #[arg(long)]
     pub strict: bool,
+    /// Print the upgrade path each NestedControlPlane would take instead of its objects
+    /// (from the running release to `spec.version`, one step per minor).
+    #[arg(long)]
+    pub upgrade_path: bool,
+    /// With --upgrade-path: the Kubernetes release running now (default: the release the
+    /// file's status reports).
+    #[arg(long, value_name = "RELEASE", requires = "upgrade_path")]
+    pub from: Option<String>,
+    /// With --upgrade-path: the etcd release running now (default: the file's NestedEtcd
+    /// status, else the channel's default for --from).
+    #[arg(long, value_name = "RELEASE", requires = "upgrade_path")]
+    pub from_etcd: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -296,6 +308,21 @@ pub async fn main() -> anyhow::Result<()> {
                 super_dns_domain: args.super_cluster_dns_domain.clone(),
                 strict: args.strict,
             };
+            if args.upgrade_path {
+                let paths = render::render_upgrade_paths(
+                    &channels,
+                    docs,
+                    args.from.as_deref(),
+                    args.from_etcd.as_deref(),
+                    &options,
+                )
+                .map_err(|e| match error_reason(&e) {
+                    Some(reason) => anyhow::anyhow!("{reason}: {e:#}"),
+                    None => e,
+                })?;
+                print!("{}", to_yaml_stream(&paths)?);
+                return Ok(());
+            }
             let rendered = render_documents(&channels, docs, &options).map_err(|e| match error_reason(&e) {
                 Some(reason) => anyhow::anyhow!("{reason}: {e:#}"),
                 None => e,
