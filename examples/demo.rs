@@ -4,8 +4,10 @@
 //! generated, and instructions to use that kubeconfig with kubectl. Everything is removed on
 //! exit or Ctrl-C.
 //!
-//! Needs root (the runner creates network and mount namespaces) and `KUBEBUILDER_ASSETS`
-//! pointing at etcd, kube-apiserver and kube-controller-manager (`hack/kube-assets.sh`).
+//! Needs root (the runner creates network and mount namespaces), `KUBEBUILDER_ASSETS`
+//! pointing at etcd, kube-apiserver and kube-controller-manager for the super cluster, and
+//! the release the example names in `hack/kube-assets.sh`'s cache (`CAPN_ASSETS_CACHE` or
+//! `~/.cache/capn/assets`), which the runner runs; `hack/kube-assets.sh` builds both.
 //!
 //! ```sh
 //! hack/demo.sh
@@ -249,7 +251,7 @@ async fn boot() -> Result<Running, String> {
         3,
         "Starting the runner: it plays the kubelet for capn's StatefulSets (each pod in its own network and mount namespaces)",
     );
-    let runner = Runner::start(&client, NAMESPACE, cluster.assets_dir()).await?;
+    let runner = Runner::start(&client, NAMESPACE).await?;
 
     step(
         4,

@@ -29,6 +29,9 @@ for b in etcd kube-apiserver kube-controller-manager; do
   [ -x "$KUBEBUILDER_ASSETS/$b" ] || die "$KUBEBUILDER_ASSETS/$b is missing (run hack/kube-assets.sh)"
 done
 echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS" >&2
+# The runner takes each image's release from kube-assets.sh's cache; name it, so that sudo
+# (another HOME) finds the same one.
+CAPN_ASSETS_CACHE="${CAPN_ASSETS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets}"
 
 step "2/2 Building the demo (cargo build --bin capn --example demo; a cold build takes about 10 minutes on 2 cores)"
 cargo build --locked --bin capn --example demo
@@ -37,8 +40,8 @@ demo="${CARGO_TARGET_DIR:-target}/debug/examples/demo"
 
 step "Running the demo (Ctrl-C stops it and cleans up)"
 if [ "$(id -u)" -eq 0 ]; then
-  exec env KUBEBUILDER_ASSETS="$KUBEBUILDER_ASSETS" "$demo"
+  exec env KUBEBUILDER_ASSETS="$KUBEBUILDER_ASSETS" CAPN_ASSETS_CACHE="$CAPN_ASSETS_CACHE" "$demo"
 else
   echo "The demo needs root for namespaces; running it with sudo." >&2
-  exec sudo env KUBEBUILDER_ASSETS="$KUBEBUILDER_ASSETS" "$demo"
+  exec sudo env KUBEBUILDER_ASSETS="$KUBEBUILDER_ASSETS" CAPN_ASSETS_CACHE="$CAPN_ASSETS_CACHE" "$demo"
 fi

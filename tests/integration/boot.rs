@@ -63,7 +63,7 @@ async fn boot(test: &str, docs: Option<Vec<serde_json::Value>>) -> Booted {
 pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, start: StartCapn) -> Booted {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let runner = Runner::start(&client, &ns, cluster().assets_dir())
+    let runner = Runner::start(&client, &ns)
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     let capn = match start {
@@ -749,66 +749,94 @@ async fn deleting_the_control_plane_stops_everything_the_runner_started() {
     assert!(!link_exists, "the host interface {link} is removed");
 }
 
+/// Runner adaptation 1: each image's release comes from the release cache. In a cache of the
+/// test's own, `etcd-v3.5.21/etcd` is really another release (the super cluster's etcd) and
+/// 3.5.99 is not there at all: the runner refuses both, naming the releases and the command
+/// that builds the missing one, and starts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runner_refuses_an_image_whose_release_is_not_the_local_binary() {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let runner = Runner::start(&client, &ns, cluster().assets_dir())
+    let cache = tempfile::tempdir().unwrap();
+    let real_etcd = cluster().assets_dir().join("etcd");
+    let real_version = std::process::Command::new(&real_etcd)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    // `etcd Version: 3.6.8` on the first line.
+    let real_version = real_version
+        .lines()
+        .next()
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or_else(|| panic!("{} --version: {real_version:?}", real_etcd.display()))
+        .to_owned();
+    std::fs::create_dir(cache.path().join("etcd-v3.5.21")).unwrap();
+    std::os::unix::fs::symlink(&real_etcd, cache.path().join("etcd-v3.5.21/etcd")).unwrap();
+    let runner = Runner::start_with_cache(&client, &ns, cache.path())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
-    // capn's etcd template, but an image of another release than the local etcd.
-    let sts: StatefulSet = serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": "other-etcd", "labels": {"app.kubernetes.io/managed-by": "capn"}},
-        "spec": {
-            "serviceName": "other-etcd",
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "other-etcd"}},
-            "template": {
-                "metadata": {"labels": {"app": "other-etcd"}},
-                "spec": {"containers": [{
-                    "name": "etcd",
-                    "image": "registry.k8s.io/etcd:3.5.21-0",
-                    "command": ["etcd"],
-                    "args": ["--name=$(POD_NAME)"],
-                }]},
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    for (name, release) in [("mislabelled-etcd", "3.5.21"), ("missing-etcd", "3.5.99")] {
+        // capn's etcd template, reduced, with an image of a release the cache does not have.
+        let sts: StatefulSet = serde_json::from_value(json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "capn"}},
+            "spec": {
+                "serviceName": name,
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{
+                        "name": "etcd",
+                        "image": format!("registry.k8s.io/etcd:{release}-0"),
+                        "command": ["etcd"],
+                        "args": ["--name=$(POD_NAME)"],
+                    }]},
+                },
             },
-        },
-    }))
-    .unwrap();
-    Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &sts)
-        .await
+        }))
         .unwrap();
-    let refusal = wait_until_refused(&runner).await;
+        sets.create(&PostParams::default(), &sts).await.unwrap();
+    }
+    let problems = wait_until_refused(&runner, 2).await;
     assert!(
-        refusal.contains("REFUSED") && refusal.contains("3.5.21") && refusal.contains("3.6.8"),
-        "the refusal names both releases: {refusal}"
+        problems.iter().any(|p| p.contains("StatefulSet mislabelled-etcd")
+            && p.contains("REFUSED")
+            && p.contains("version 3.5.21")
+            && p.contains(&format!("is version {real_version}"))),
+        "the refusal names both releases: {problems:#?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.contains("StatefulSet missing-etcd")
+            && p.contains("release 3.5.99")
+            && p.contains("`ETCD_VERSION=v3.5.99 hack/kube-assets.sh`")),
+        "the refusal names the command that builds the missing release: {problems:#?}"
     );
     assert!(runner.processes().is_empty(), "nothing was started");
     assert!(runner.pods().is_empty(), "no pod was created");
-    let status = Api::<StatefulSet>::namespaced(client.clone(), &ns)
-        .get("other-etcd")
-        .await
-        .unwrap()
-        .status;
-    assert!(
-        status.is_none_or(|s| s.ready_replicas.unwrap_or(0) == 0),
-        "a refused StatefulSet is never reported ready"
-    );
+    for name in ["mislabelled-etcd", "missing-etcd"] {
+        let status = sets.get(name).await.unwrap().status;
+        assert!(
+            status.is_none_or(|s| s.ready_replicas.unwrap_or(0) == 0),
+            "a refused StatefulSet is never reported ready"
+        );
+    }
 }
 
-/// Waits until the runner reports a problem, and returns it.
-async fn wait_until_refused(runner: &Runner) -> String {
+/// Waits until the runner reports `count` problems, and returns them.
+async fn wait_until_refused(runner: &Runner, count: usize) -> Vec<String> {
     let deadline = Instant::now() + STEP;
     loop {
-        if let Err(problem) = runner.check() {
-            return problem;
+        let problems = runner.problems();
+        if problems.len() >= count {
+            return problems;
         }
         assert!(
             Instant::now() < deadline,
-            "the runner never refused:\n{}",
+            "the runner did not refuse {count} times:\n{}",
             runner.report()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -34,11 +34,7 @@ struct Tenant {
 impl Tenant {
     async fn boot(client: &Client) -> Self {
         let ns = test_namespace(client).await;
-        let runner = Arc::new(
-            Runner::start(client, &ns, cluster().assets_dir())
-                .await
-                .expect("the runner starts"),
-        );
+        let runner = Arc::new(Runner::start(client, &ns).await.expect("the runner starts"));
         let resolver = runner.clone();
         let hook = TenantConfigHook(Arc::new(move |_ncp: &NestedControlPlane, config: &mut kube::Config| {
             let url = config.cluster_url.clone();

@@ -189,7 +189,7 @@ async fn wait_for_file(runner: &Runner, path: &Path, want: Option<&str>) -> Dura
 async fn secret_and_config_map_volumes_follow_their_sources_while_the_pod_runs() {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let runner = Runner::start(&client, &ns, cluster().assets_dir())
+    let runner = Runner::start(&client, &ns)
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);

@@ -32,11 +32,20 @@
 //! # Adaptations (the complete list)
 //! Nothing in a rendered object is changed: flags, arguments, certificate paths and mount
 //! paths are used as rendered. What differs from a real node:
-//! 1. **Binaries, not images.** `command[0]` runs the binary of that name from
-//!    `KUBEBUILDER_ASSETS`, bind-mounted read-only where the images keep it
-//!    (`/usr/local/bin/<name>`), after checking that its `--version` is the release the image
-//!    tag names (`etcd:3.6.8-0` → 3.6.8, `kube-apiserver:v1.36.3` → 1.36.3); any mismatch is
-//!    refused loudly ([`Runner::check`]). The rest of the container's root is a skeleton of the
+//! 1. **Binaries, not images.** `command[0]` runs the binary of that name of the release
+//!    the image tag names (`etcd:3.6.8-0` → 3.6.8, `kube-apiserver:v1.36.3` → 1.36.3), taken
+//!    from the versioned cache that `hack/kube-assets.sh` fills ([`release_cache`]:
+//!    `$CAPN_ASSETS_CACHE`, else `~/.cache/capn/assets`): `kubernetes-v<X>/kube-apiserver`,
+//!    `kubernetes-v<X>/kube-controller-manager`, `etcd-v<Y>/etcd`, `etcd-v<Y>/etcdutl`. So
+//!    one runner runs several releases at once (a tenant at 1.35.4 beside one at 1.37.2, or
+//!    an upgrade that changes every image), and none of them needs to be the super cluster's
+//!    own release (`KUBEBUILDER_ASSETS`, which only the super cluster uses). The binary is
+//!    bind-mounted read-only where the images keep it (`/usr/local/bin/<name>`) after
+//!    checking that its `--version` is that release. A release missing from the cache is
+//!    refused loudly with the command line that builds it (`KUBE_VERSION=v1.37.2
+//!    hack/kube-assets.sh`, `ETCD_VERSION=v3.7.0 hack/kube-assets.sh`), and so is a binary
+//!    whose `--version` differs ([`Runner::check`]); the runner never builds anything
+//!    itself. The rest of the container's root is a skeleton of the
 //!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`).
 //! 2. **Shared libraries.** The locally built binaries are dynamically linked (the published
 //!    images carry static ones), so the ELF interpreter and the libraries `ldd` lists are
@@ -107,6 +116,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use self::atomic_writer::Written;
+pub use self::pod::release_cache;
 use self::pod::{ContainerPlan, PodIdentity, SourcedVolume, Sources};
 use self::probe::{Prober, Verdict};
 use self::sandbox::{Namespaces, Network, Spawner};
@@ -142,7 +152,8 @@ pub struct Runner {
 struct Shared {
     client: Client,
     namespace: String,
-    assets: PathBuf,
+    /// The release cache of `hack/kube-assets.sh` (adaptation 1).
+    cache: PathBuf,
     dir: PathBuf,
     spawner: Mutex<Option<Spawner>>,
     network: Mutex<Option<Network>>,
@@ -301,11 +312,20 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Runner {
-    /// Starts the runner for `namespace`, with the binaries of `assets`.
+    /// Starts the runner for `namespace`, running each image's release from the release
+    /// cache of `hack/kube-assets.sh` ([`release_cache`]).
     ///
     /// # Errors
     /// Without root, without `ip`, or when the pod network cannot be created.
-    pub async fn start(client: &Client, namespace: &str, assets: &Path) -> Result<Self, String> {
+    pub async fn start(client: &Client, namespace: &str) -> Result<Self, String> {
+        Self::start_with_cache(client, namespace, &release_cache()).await
+    }
+
+    /// [`Runner::start`] with the releases of another cache directory (same layout).
+    ///
+    /// # Errors
+    /// As [`Runner::start`].
+    pub async fn start_with_cache(client: &Client, namespace: &str, cache: &Path) -> Result<Self, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err("the runner needs root: it creates network and mount namespaces and veth pairs (run the tests or the demo as root)".into());
@@ -338,7 +358,7 @@ impl Runner {
         let shared = Arc::new(Shared {
             client: client.clone(),
             namespace: namespace.to_owned(),
-            assets: assets.to_owned(),
+            cache: cache.to_owned(),
             dir,
             spawner: Mutex::new(Some(spawner)),
             host_link: network.host_link().to_owned(),
@@ -454,6 +474,11 @@ impl Runner {
                 state.problems.join("\n- ")
             ))
         }
+    }
+
+    /// Every refusal and failure so far, one per entry ([`Runner::check`] joins them).
+    pub fn problems(&self) -> Vec<String> {
+        lock(&self.shared.state).problems.clone()
     }
 
     /// The addresses a pod would get for `name` (a Service or pod DNS name).
@@ -895,7 +920,7 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
         let pod_spec = spec.template.spec.clone().unwrap_or_default();
         if set.update_revision != revision {
             set.update_revision = revision.clone();
-            set.refused = pod::check_template(&pod_spec, &claim_templates, &shared.assets, &mut state.versions)
+            set.refused = pod::check_template(&pod_spec, &claim_templates, &shared.cache, &mut state.versions)
                 .err()
                 .map(|e| format!("StatefulSet {name}: {e}"));
             if let Some(refusal) = &set.refused {
@@ -907,13 +932,8 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
                 }
             } else {
                 for container in &pod_spec.containers {
-                    let base = container
-                        .command
-                        .as_ref()
-                        .and_then(|c| c.first())
-                        .and_then(|c| Path::new(c).file_name())
-                        .map(|b| shared.assets.join(b));
-                    if let Some(binary) = base
+                    let binary = pod::located_binary(container, &shared.cache).ok().map(|(b, _, _)| b);
+                    if let Some(binary) = binary
                         && !state.libraries.contains_key(&binary)
                     {
                         match pod::libraries(&binary) {
@@ -1308,7 +1328,7 @@ async fn run_pod(
             volumes: &volumes,
             dns_dir: &dns_dir,
             pod_dir: &pod.dir,
-            assets: &shared.assets,
+            cache: &shared.cache,
             libraries: &libraries,
         },
     );

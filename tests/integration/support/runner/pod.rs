@@ -54,7 +54,7 @@ pub(super) struct ContainerPlan {
 pub(super) fn check_template(
     spec: &PodSpec,
     claim_templates: &[String],
-    assets: &Path,
+    cache: &Path,
     versions: &mut BTreeMap<PathBuf, Result<String, String>>,
 ) -> Result<(), String> {
     let refuse = |what: String| Err(what);
@@ -80,7 +80,7 @@ pub(super) fn check_template(
     }
     for container in &spec.containers {
         let name = &container.name;
-        binary_for(container, assets, versions)?;
+        binary_for(container, cache, versions)?;
         for mount in container.volume_mounts.iter().flatten() {
             let known =
                 spec.volumes.iter().flatten().any(|v| v.name == mount.name) || claim_templates.contains(&mount.name);
@@ -126,31 +126,86 @@ pub(super) fn check_template(
     Ok(())
 }
 
-/// The local binary for `command[0]`, checked against the image tag's version.
-fn binary_for(
-    container: &Container,
-    assets: &Path,
-    versions: &mut BTreeMap<PathBuf, Result<String, String>>,
-) -> Result<PathBuf, String> {
+/// Where `hack/kube-assets.sh` keeps its builds, one directory per release:
+/// `$CAPN_ASSETS_CACHE`, else `${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets` (the script's own
+/// rule, so that what it built is found here).
+pub fn release_cache() -> PathBuf {
+    if let Some(cache) = std::env::var_os("CAPN_ASSETS_CACHE").filter(|c| !c.is_empty()) {
+        return PathBuf::from(cache);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|c| !c.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+    base.join("capn/assets")
+}
+
+/// The binary of `release` that a container running `base` needs, in the cache layout of
+/// `hack/kube-assets.sh`: `kubernetes-v<release>/<base>` for the Kubernetes binaries,
+/// `etcd-v<release>/<base>` for etcd's, and the command line that builds it.
+///
+/// # Errors
+/// For a binary the asset script does not build.
+pub(super) fn release_binary(cache: &Path, base: &str, release: &str) -> Result<(PathBuf, String), String> {
+    let (dir, variable) = match base {
+        "kube-apiserver" | "kube-controller-manager" => ("kubernetes", "KUBE_VERSION"),
+        "etcd" | "etcdutl" => ("etcd", "ETCD_VERSION"),
+        other => {
+            return Err(format!(
+                "{other} is not a binary hack/kube-assets.sh builds (kube-apiserver, kube-controller-manager, etcd, etcdutl)"
+            ));
+        }
+    };
+    let path = cache.join(format!("{dir}-v{release}")).join(base);
+    let build = format!("{variable}=v{release} hack/kube-assets.sh");
+    Ok((path, build))
+}
+
+/// The container's `command[0]` without its directory (`/usr/local/bin/etcd` → `etcd`).
+fn command_base(container: &Container) -> Result<&str, String> {
     let name = &container.name;
     let command0 =
         container.command.as_ref().and_then(|c| c.first()).ok_or_else(|| {
             format!("container {name} has no command; the runner does not know the image's entrypoint")
         })?;
-    let base = Path::new(command0)
+    Ok(Path::new(command0)
         .file_name()
         .and_then(|b| b.to_str())
-        .unwrap_or(command0);
-    let binary = assets.join(base);
-    if !binary.is_file() {
-        return Err(format!(
-            "container {name} runs {command0}, and {} has no {base}",
-            assets.display()
-        ));
-    }
+        .unwrap_or(command0))
+}
+
+/// The local binary for `command[0]` of the release the image tag names, from the release
+/// cache (runner adaptation 1), without checking it.
+///
+/// # Errors
+/// When the image names no release or the binary is not one the asset script builds.
+pub(super) fn located_binary(container: &Container, cache: &Path) -> Result<(PathBuf, String, String), String> {
+    let name = &container.name;
+    let base = command_base(container)?;
     let image = container.image.as_deref().unwrap_or_default();
     let wanted = image_version(image)
-        .ok_or_else(|| format!("container {name}: image {image:?} has no version tag to check the binary against"))?;
+        .ok_or_else(|| format!("container {name}: image {image:?} has no version tag naming the release to run"))?;
+    let (binary, build) = release_binary(cache, base, &wanted).map_err(|e| format!("container {name}: {e}"))?;
+    Ok((binary, wanted, build))
+}
+
+/// The local binary for `command[0]`, of the release the image tag names, checked by its
+/// `--version` against that release.
+fn binary_for(
+    container: &Container,
+    cache: &Path,
+    versions: &mut BTreeMap<PathBuf, Result<String, String>>,
+) -> Result<PathBuf, String> {
+    let name = &container.name;
+    let image = container.image.as_deref().unwrap_or_default();
+    let (binary, wanted, build) = located_binary(container, cache)?;
+    if !binary.is_file() {
+        return Err(format!(
+            "MISSING RELEASE: container {name} wants image {image} (release {wanted}), and {} does not exist; \
+             build it with `{build}` (from the repository root; it builds only what the cache lacks)",
+            binary.display()
+        ));
+    }
     let have = versions
         .entry(binary.clone())
         .or_insert_with(|| {
@@ -162,7 +217,7 @@ fn binary_for(
     if have != wanted {
         return Err(format!(
             "REFUSED: container {name} wants image {image} (version {wanted}), but {} is version {have}; \
-             the runner only runs the exact release the image names",
+             the runner only runs the exact release the image names (rebuild it: remove it and run `{build}`)",
             binary.display()
         ));
     }
@@ -655,7 +710,8 @@ pub(super) struct PodContext<'a> {
     /// The pod's DNS directory (mounted at [`DNS_DIR`]).
     pub dns_dir: &'a Path,
     pub pod_dir: &'a Path,
-    pub assets: &'a Path,
+    /// The release cache (runner adaptation 1).
+    pub cache: &'a Path,
     pub libraries: &'a BTreeMap<PathBuf, Vec<PathBuf>>,
 }
 
@@ -672,12 +728,8 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     let name = &container.name;
     let command = container.command.clone().unwrap_or_default();
     let command0 = command.first().cloned().unwrap_or_default();
-    let base = Path::new(&command0)
-        .file_name()
-        .and_then(|b| b.to_str())
-        .unwrap_or(&command0)
-        .to_owned();
-    let binary = ctx.assets.join(&base);
+    let (binary, _, _) = located_binary(container, ctx.cache)?;
+    let base = command_base(container)?.to_owned();
     // A bare name is found on the image's PATH; the Kubernetes images keep it here.
     let program = if command0.contains('/') {
         PathBuf::from(&command0)
@@ -1043,6 +1095,54 @@ mod tests {
             .payload(Some(&data))
             .unwrap_err();
         assert!(escaping.contains("escapes the volume"), "{escaping}");
+    }
+
+    #[test]
+    fn each_release_has_its_own_directory_in_the_cache() {
+        let cache = Path::new("/cache");
+        let found = |base: &str, release: &str| release_binary(cache, base, release);
+        assert_eq!(
+            found("kube-apiserver", "1.37.2"),
+            Ok((
+                PathBuf::from("/cache/kubernetes-v1.37.2/kube-apiserver"),
+                "KUBE_VERSION=v1.37.2 hack/kube-assets.sh".to_owned()
+            ))
+        );
+        assert_eq!(
+            found("kube-controller-manager", "1.35.4").map(|f| f.0),
+            Ok(PathBuf::from("/cache/kubernetes-v1.35.4/kube-controller-manager"))
+        );
+        assert_eq!(
+            found("etcd", "3.7.0"),
+            Ok((
+                PathBuf::from("/cache/etcd-v3.7.0/etcd"),
+                "ETCD_VERSION=v3.7.0 hack/kube-assets.sh".to_owned()
+            ))
+        );
+        assert_eq!(
+            found("etcdutl", "3.6.8").map(|f| f.0),
+            Ok(PathBuf::from("/cache/etcd-v3.6.8/etcdutl"))
+        );
+        let refused = found("kubelet", "1.36.3").unwrap_err();
+        assert!(
+            refused.contains("kubelet is not a binary hack/kube-assets.sh builds"),
+            "{refused}"
+        );
+        let container: Container = serde_json::from_value(serde_json::json!({
+            "name": "etcd",
+            "image": "registry.k8s.io/etcd:3.7.0-0",
+            "command": ["/usr/local/bin/etcd", "--name=a"],
+        }))
+        .unwrap();
+        assert_eq!(
+            located_binary(&container, cache).map(|f| (f.0, f.1)),
+            Ok((PathBuf::from("/cache/etcd-v3.7.0/etcd"), "3.7.0".to_owned()))
+        );
+        let untagged: Container = serde_json::from_value(serde_json::json!({
+            "name": "etcd", "image": "registry.k8s.io/etcd", "command": ["etcd"],
+        }))
+        .unwrap();
+        assert!(located_binary(&untagged, cache).is_err_and(|e| e.contains("no version tag")));
     }
 
     #[test]
