@@ -664,12 +664,16 @@ pub fn render_upgrade_paths(
             .map(str::to_string)
             .or_else(|| running_release(&etcd).map(|v| v.to_string()))
         {
-            Some(text) => parse(&text, "--from-etcd")?,
-            None => channel.resolve(crate::component::ComponentKind::Etcd, None, Some(&kubernetes))?,
+            Some(text) => Some(parse(&text, "--from-etcd")?),
+            // A running release the channel no longer pairs with an etcd: the path is
+            // refused or planned without knowing it.
+            None => channel
+                .resolve(crate::component::ComponentKind::Etcd, None, Some(&kubernetes))
+                .ok(),
         };
         let running = crate::upgrade::RunningReleases {
             kubernetes: Some(kubernetes),
-            etcd: Some(etcd_running),
+            etcd: etcd_running,
         };
         let path = crate::upgrade::plan_path(
             channel,

@@ -228,8 +228,8 @@ pub(super) async fn step(
 /// How each component stands against the step whose cluster settings are `step_cluster`:
 /// done when ready on its current generation and running the release the step asks of it
 /// (its own pinned `version` if it has one); failed when it reports a refusal or an error
-/// that does not pass by itself (a `Synced=False` other than an API hiccup) since the step
-/// started.
+/// that does not pass by itself (a `Synced=False` other than an API hiccup or the skew wait
+/// of the ordered upgrade) since the step started.
 fn component_progress(
     ctx: &Context,
     step_cluster: &ClusterSettings,
@@ -261,7 +261,12 @@ fn component_progress(
         });
         let failure = status
             .and_then(|s| s.conditions.iter().find(|c| c.type_ == SYNCED && c.status == "False"))
-            .filter(|c| !matches!(c.reason.as_str(), "APIError" | "ApplyFailed") && !c.reason.starts_with("Waiting"))
+            // An API hiccup passes by itself; `SkewNotAllowed` is how the controller-manager
+            // waits, within a step, for the apiserver to run the new minor first.
+            .filter(|c| {
+                !matches!(c.reason.as_str(), "APIError" | "ApplyFailed" | "SkewNotAllowed")
+                    && !c.reason.starts_with("Waiting")
+            })
             .filter(|c| since.is_none_or(|since| c.last_transition_time >= *since))
             .map(|c| format!("{}: {}", c.reason, c.message));
         let message = match status {
