@@ -78,8 +78,8 @@ pub enum PathError {
         available.join(", ")
     )]
     MissingMinor {
-        from: Version,
-        to: Version,
+        from: String,
+        to: String,
         missing: String,
         channel: String,
         available: Vec<String>,
@@ -88,21 +88,21 @@ pub enum PathError {
         "cannot go from Kubernetes {from} to {to}: a downgrade to an older minor is not supported (kubeadm and the version skew policy allow none); ask for {from_minor} or newer"
     )]
     Downgrade {
-        from: Version,
-        to: Version,
+        from: String,
+        to: String,
         from_minor: String,
     },
     #[error(
         "cannot upgrade from Kubernetes {from} to {to}: the major version changes; capn upgrades within one major only"
     )]
-    MajorChange { from: Version, to: Version },
+    MajorChange { from: String, to: String },
     #[error(
         "step to Kubernetes {kubernetes} would take etcd from {from} down to {to}; etcd minors never go back: pin the NestedEtcd's version to {from_minor} or newer"
     )]
     EtcdDowngrade {
-        kubernetes: Version,
-        from: Version,
-        to: Version,
+        kubernetes: String,
+        from: String,
+        to: String,
         from_minor: String,
     },
     #[error(
@@ -110,8 +110,8 @@ pub enum PathError {
         allowed.join(", ")
     )]
     IncompatibleEtcd {
-        etcd: Version,
-        kubernetes: Version,
+        etcd: String,
+        kubernetes: String,
         channel: String,
         allowed: Vec<String>,
     },
@@ -166,18 +166,21 @@ pub fn plan_path(
         return Err(if want < cur {
             PathError::Downgrade {
                 from_minor: format!("{}.{}", cur.0, cur.1),
-                from,
-                to: target,
+                from: from.to_string(),
+                to: target.to_string(),
             }
         } else {
-            PathError::MajorChange { from, to: target }
+            PathError::MajorChange {
+                from: from.to_string(),
+                to: target.to_string(),
+            }
         });
     }
     if want.1 < cur.1 {
         return Err(PathError::Downgrade {
             from_minor: format!("{}.{}", cur.0, cur.1),
-            from,
-            to: target,
+            from: from.to_string(),
+            to: target.to_string(),
         });
     }
     let mut releases = Vec::new();
@@ -194,8 +197,8 @@ pub fn plan_path(
             .find(|v| request.matches(v))
             .cloned()
             .ok_or_else(|| PathError::MissingMinor {
-                from: from.clone(),
-                to: target.clone(),
+                from: from.to_string(),
+                to: target.to_string(),
                 missing: format!("{}.{minor}", cur.0),
                 channel: channel.name.clone(),
                 available: channel
@@ -223,8 +226,8 @@ pub fn plan_path(
                     && !compat.etcd_minors.contains(&format!("{}.{}", p.major, p.minor))
                 {
                     return Err(PathError::IncompatibleEtcd {
-                        etcd: p.clone(),
-                        kubernetes,
+                        etcd: p.to_string(),
+                        kubernetes: kubernetes.to_string(),
                         channel: channel.name.clone(),
                         allowed: compat.etcd_minors.clone(),
                     });
@@ -237,9 +240,9 @@ pub fn plan_path(
             && minor_of(&etcd) < minor_of(before)
         {
             return Err(PathError::EtcdDowngrade {
-                kubernetes,
-                from: before.clone(),
-                to: etcd,
+                kubernetes: kubernetes.to_string(),
+                from: before.to_string(),
+                to: etcd.to_string(),
                 from_minor: format!("{}.{}", before.major, before.minor),
             });
         }
@@ -396,7 +399,7 @@ mod tests {
         assert_eq!(steps(&path), ["1.36.3/3.7.0", "1.37.2/3.7.0"]);
         let err = plan_path(&c, &running("1.36.3", "3.6.8"), Some("1.38"), Some("3.6.8")).unwrap_err();
         assert!(
-            matches!(&err, PathError::IncompatibleEtcd { kubernetes, .. } if *kubernetes == v("1.38.0")),
+            matches!(&err, PathError::IncompatibleEtcd { kubernetes, .. } if kubernetes == "1.38.0"),
             "{err:?}"
         );
     }

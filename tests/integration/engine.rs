@@ -758,3 +758,77 @@ fn with_applied_digest(rendered: &serde_json::Value, live: &serde_json::Value) -
     }
     object
 }
+
+#[tokio::test]
+async fn a_step_that_does_not_finish_in_time_fails_without_rolling_back_and_a_retry_restarts_it() {
+    let f = Fixture::without_capn().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    let mut settings = capn::controllers::Settings {
+        namespace: Some(ns.clone()),
+        upgrade_step_timeout: Duration::from_secs(10),
+        ..capn::controllers::Settings::default()
+    };
+    settings.enabled.public_crds = false;
+    let capn = Capn::start_with_settings(&client, settings, &[]);
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo", "annotations": {capn::upgrade::ACKNOWLEDGE_ANNOTATION: "1.37"}},
+        "spec": {"version": "1.36"}
+    }))
+    .await;
+    f.bring_up("demo").await;
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo", "annotations": {capn::upgrade::ACKNOWLEDGE_ANNOTATION: "1.37"}},
+        "spec": {"version": "1.37"}
+    }))
+    .await;
+    // etcd rolls to 3.7.0 and, standing in for a kubelet whose pods never get ready, nobody
+    // marks it ready: the step runs out of time.
+    let failed = wait_until("the step fails", STEP, || async {
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        has_condition(&s.conditions, "Upgrading", "False", "UpgradeStepFailed").then_some(s)
+    })
+    .await;
+    let step = &failed.upgrade.as_ref().unwrap().steps[0];
+    assert_eq!(step.state, "Failed");
+    assert!(step.message.contains("not done after"), "{}", step.message);
+    assert!(step.message.contains("etcd"), "{}", step.message);
+    // Nothing rolls back: etcd stays on the step's release.
+    let etcd = statefulset(&client, &ns, "demo-etcd").await.unwrap();
+    assert_eq!(image(&etcd), "registry.k8s.io/etcd:3.7.0-0");
+    let warned = wait_until("a Warning Event says the step failed", STEP, || async {
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("UpgradeStepFailed"))
+    })
+    .await;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    // The components become ready; the failed step stays failed until a retry.
+    mark_statefulset_ready(&client, &ns, "demo-etcd").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = control_plane(&client, &ns, "demo").await.status.unwrap();
+    assert_eq!(still.upgrade.unwrap().steps[0].state, "Failed");
+    annotate(&client, &ns, "demo", capn::upgrade::RETRY_ANNOTATION, "1").await;
+    // Retried, the step runs again: the apiserver and the controller-manager follow, each
+    // made ready at once.
+    wait_until("the retried step completes", STEP, || async {
+        for name in ["demo-apiserver", "demo-controller-manager"] {
+            if let Some(sts) = statefulset(&client, &ns, name).await
+                && sts.status.as_ref().and_then(|s| s.observed_generation) != sts.metadata.generation
+            {
+                mark_statefulset_ready(&client, &ns, name).await.unwrap();
+            }
+        }
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        let upgrade = s.upgrade?;
+        (upgrade.phase == "Completed").then_some(upgrade)
+    })
+    .await;
+    capn.stop().await;
+    f.stop().await;
+}
