@@ -20,14 +20,15 @@ use crate::status::{ConditionUpdate, SYNCED, set_condition};
 use crate::upgrade::preflight::{certificate_blocker, deprecated_apis, removed_by};
 use crate::upgrade::{
     ACKNOWLEDGE_ANNOTATION, ComponentProgress, HOLD_ANNOTATION, Next, RETRY_ANNOTATION, RunningReleases, acknowledged,
-    advance, phase, plan_path, record, record_preflight, start_step,
+    advance, phase, plan_path, preflight_reason, record, record_preflight, start_step,
 };
 
 /// Condition type on the NestedControlPlane: a stepped upgrade is in progress (True), or
-/// why none moves (False: `UpToDate`, `Completed`, `UpgradeNotAllowed`, `PreflightFailed`,
-/// `UpgradeHeld`, `UpgradeStepFailed`).
+/// why none moves (False: `UpToDate`, `Completed`, `UpgradeNotAllowed`,
+/// `WaitingForPreflight`, `UpgradeHeld`, `UpgradeStepFailed`).
 pub const UPGRADING: &str = "Upgrading";
-/// Condition type on the NestedControlPlane: the last preflight before an upgrade step.
+/// Condition type on the NestedControlPlane: the last preflight before an upgrade step
+/// (reasons: [`crate::upgrade::preflight_reason`]).
 pub const UPGRADE_PREFLIGHT: &str = "UpgradePreflight";
 
 /// How often a failing preflight looks again (it reads the tenant's `/metrics`, not the
@@ -113,7 +114,8 @@ pub(super) async fn step(
             }
             Ok(path) if path.steps.is_empty() => status.upgrade = None,
             Ok(path) => {
-                let planned = record(&path);
+                let mut planned = record(&path);
+                crate::upgrade::carry_step_in_flight(status.upgrade.as_ref(), &mut planned, &now.k8s);
                 events::publish(
                     ctx,
                     ncp,
@@ -193,29 +195,25 @@ pub(super) async fn step(
     let condition = match upgrade.phase.as_str() {
         phase::UPGRADING => ConditionUpdate::new(UPGRADING, true, "Upgrading", upgrade.message.clone()),
         phase::PREFLIGHT => ConditionUpdate::new(UPGRADING, true, "Preflight", upgrade.message.clone()),
-        phase::PREFLIGHT_FAILED => ConditionUpdate::new(UPGRADING, false, "PreflightFailed", upgrade.message.clone()),
+        // The UpgradePreflight condition carries the warning; this one waits.
+        phase::PREFLIGHT_FAILED => {
+            ConditionUpdate::new(UPGRADING, false, "WaitingForPreflight", upgrade.message.clone())
+        }
         phase::HELD => ConditionUpdate::new(UPGRADING, false, "UpgradeHeld", upgrade.message.clone()),
         phase::FAILED => ConditionUpdate::new(UPGRADING, false, "UpgradeStepFailed", upgrade.message.clone()),
         _ => ConditionUpdate::new(UPGRADING, false, "Completed", upgrade.message.clone()),
     };
     set(status, condition);
     if let Some(p) = &upgrade.preflight {
-        let update = if p.passed {
+        set(
+            status,
             ConditionUpdate::new(
                 UPGRADE_PREFLIGHT,
-                true,
-                "PreflightPassed",
+                p.passed,
+                preflight_reason(p),
                 format!("before the step to {}: {}", p.step, preflight_summary(p)),
-            )
-        } else {
-            ConditionUpdate::new(
-                UPGRADE_PREFLIGHT,
-                false,
-                "PreflightFailed",
-                format!("before the step to {}: {}", p.step, preflight_summary(p)),
-            )
-        };
-        set(status, update);
+            ),
+        );
     }
     // A running step can fail by its deadline, which no watch reports.
     if next == Next::Running {

@@ -220,6 +220,31 @@ pub fn advance(
     Next::Running
 }
 
+/// A new path whose first step goes where the step in flight of the old path went keeps
+/// that step running (its preflight passed, its components are moving; asking them to go
+/// back to the path's start would be a downgrade). A failed one restarts now: a new
+/// `spec.version` is the user's say to move on.
+pub fn carry_step_in_flight(old: Option<&UpgradeStatus>, planned: &mut UpgradeStatus, now: &Time) {
+    use state::{FAILED, RUNNING};
+    let Some(old) = old else { return };
+    let Some(in_flight) = old.steps.iter().find(|s| s.state == RUNNING || s.state == FAILED) else {
+        return;
+    };
+    if let Some(first) = planned.steps.first_mut()
+        && first.kubernetes == in_flight.kubernetes
+    {
+        first.state = RUNNING.into();
+        first.start_time = if in_flight.state == RUNNING {
+            in_flight.start_time.clone()
+        } else {
+            Some(now.clone())
+        };
+        planned.phase = phase::UPGRADING.into();
+        planned.preflight = old.preflight.clone();
+        planned.retried = old.retried.clone();
+    }
+}
+
 /// Starts the step at `index` after its preflight passed.
 pub fn start_step(upgrade: &mut UpgradeStatus, index: usize, now: &Time) {
     let total = upgrade.steps.len();
@@ -262,6 +287,21 @@ pub fn record_preflight(upgrade: &mut UpgradeStatus, mut result: PreflightStatus
         );
     }
     upgrade.preflight = Some(result);
+}
+
+/// The reason of the `UpgradePreflight` condition for a preflight result: `PreflightPassed`,
+/// else after the first check that failed: `ComponentsNotReady` (a wait, not a warning),
+/// `CertificateRenewalDue`, `RemovedAPIsInUse` (findings listed) or
+/// `DeprecatedAPIUsageUnknown` (the metric could not be read). A distinct reason per cause
+/// makes a new cause a new Event (docs/design.md §7: Events on change only).
+pub fn preflight_reason(preflight: &PreflightStatus) -> &'static str {
+    match preflight.checks.iter().find(|c| !c.passed).map(|c| c.name.as_str()) {
+        None => "PreflightPassed",
+        Some("ComponentsReady") => "ComponentsNotReady",
+        Some("Certificates") => "CertificateRenewalDue",
+        Some(_) if preflight.removed_apis.is_empty() => "DeprecatedAPIUsageUnknown",
+        Some(_) => "RemovedAPIsInUse",
+    }
 }
 
 /// Whether the acknowledgement annotation value names the minor of `kubernetes`

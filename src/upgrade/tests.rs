@@ -270,3 +270,64 @@ fn an_acknowledgement_names_the_minor_of_the_step() {
     assert!(!acknowledged(Some("1"), &v("1.37.2")));
     assert!(!acknowledged(None, &v("1.37.2")));
 }
+
+#[test]
+fn the_preflight_reason_names_the_first_failing_cause() {
+    let check = |name: &str, passed: bool| PreflightCheck {
+        name: name.into(),
+        passed,
+        message: String::new(),
+    };
+    let mut p = PreflightStatus {
+        step: "1.37.2".into(),
+        checks: vec![
+            check("ComponentsReady", true),
+            check("Certificates", true),
+            check("RemovedAPIs", true),
+        ],
+        passed: true,
+        ..Default::default()
+    };
+    assert_eq!(preflight_reason(&p), "PreflightPassed");
+    p.checks[2].passed = false;
+    assert_eq!(preflight_reason(&p), "DeprecatedAPIUsageUnknown");
+    p.removed_apis.push(crate::api::RemovedApi {
+        group: "networking.k8s.io".into(),
+        version: "v1beta1".into(),
+        resource: "servicecidrs".into(),
+        subresource: String::new(),
+        removed_release: "1.37".into(),
+    });
+    assert_eq!(preflight_reason(&p), "RemovedAPIsInUse");
+    p.checks[1].passed = false;
+    assert_eq!(preflight_reason(&p), "CertificateRenewalDue");
+    p.checks[0].passed = false;
+    assert_eq!(preflight_reason(&p), "ComponentsNotReady");
+}
+
+#[test]
+fn a_new_path_keeps_the_step_in_flight_when_it_goes_the_same_way() {
+    let channels = crate::channel::ChannelRegistry::load(&[]).unwrap();
+    let stable = channels.get("stable").unwrap();
+    let mut old = two_steps();
+    start_step(&mut old, 0, &at(0));
+    // Mid-step the request changes to 1.36: the new path from 1.35.4 is the step in flight.
+    let running = RunningReleases {
+        kubernetes: Some(semver::Version::new(1, 35, 4)),
+        etcd: Some(semver::Version::new(3, 6, 8)),
+    };
+    let mut planned = record(&plan_path(stable, &running, Some("1.36"), None).unwrap());
+    carry_step_in_flight(Some(&old), &mut planned, &at(50));
+    assert_eq!(planned.steps[0].state, "Running");
+    assert_eq!(planned.steps[0].start_time, Some(at(0)), "the step keeps its clock");
+    assert_eq!(components_version_of(&planned), "1.36.3", "nothing is asked to go back");
+    // A failed step restarts now; a path going elsewhere starts with its preflight.
+    old.steps[0].state = "Failed".into();
+    let mut restarted = record(&plan_path(stable, &running, Some("1.36"), None).unwrap());
+    carry_step_in_flight(Some(&old), &mut restarted, &at(60));
+    assert_eq!(restarted.steps[0].start_time, Some(at(60)));
+    let mut patch_only = record(&plan_path(stable, &running, Some("1.35.4"), None).unwrap());
+    assert!(patch_only.steps.is_empty());
+    carry_step_in_flight(Some(&old), &mut patch_only, &at(70));
+    assert!(patch_only.steps.is_empty());
+}

@@ -440,7 +440,7 @@ async fn boot_upgrade_preflight_stops_on_a_removed_api_until_acknowledged() {
         .expect("the UpgradePreflight condition");
     assert_eq!(
         (condition.status.as_str(), condition.reason.as_str()),
-        ("False", "PreflightFailed")
+        ("False", "RemovedAPIsInUse")
     );
     assert!(
         condition
@@ -460,7 +460,7 @@ async fn boot_upgrade_preflight_stops_on_a_removed_api_until_acknowledged() {
                 .items
                 .into_iter()
                 .find(|e| {
-                    e.reason.as_deref() == Some("PreflightFailed")
+                    e.reason.as_deref() == Some("RemovedAPIsInUse")
                         && e.message.as_deref().unwrap_or_default().contains("servicecidrs")
                 })
         })

@@ -190,7 +190,9 @@ async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_th
     // an unknown is not a pass. The step waits, and nothing moves.
     let upgrade = wait_until("the preflight stops the step", STEP, || async {
         let s = control_plane(&client, &ns, "demo").await.status?;
-        has_condition(&s.conditions, "Upgrading", "False", "PreflightFailed").then_some(s.upgrade?)
+        (has_condition(&s.conditions, "Upgrading", "False", "WaitingForPreflight")
+            && has_condition(&s.conditions, "UpgradePreflight", "False", "DeprecatedAPIUsageUnknown"))
+        .then_some(s.upgrade?)
     })
     .await;
     assert_eq!(upgrade.phase, "PreflightFailed");
