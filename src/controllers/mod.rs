@@ -7,6 +7,8 @@
 //!   reconciler; the per-kind steps (prerequisites, certificates) live in [`etcd`],
 //!   [`apiserver`] and [`controller_manager`].
 //! - [`cluster`]: NestedCluster — the CAPI infrastructure object.
+//! - [`upgrade`]: the NestedControlPlane's stepped upgrade (path, preflight, progress),
+//!   called from [`control_plane`].
 
 pub mod apiserver;
 pub mod cache;
