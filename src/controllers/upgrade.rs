@@ -353,43 +353,49 @@ async fn preflight(
         &target,
     );
     let mut removed_apis = Vec::new();
-    let check = match tenant_metrics(ctx, ncp, ns).await {
-        Ok(text) => match deprecated_apis(&text) {
-            Ok(used) => {
-                let removed = removed_by(&used, &target);
-                removed_apis = removed
-                    .iter()
-                    .map(|a| RemovedApi {
-                        group: a.group.clone(),
-                        version: a.version.clone(),
-                        resource: a.resource.clone(),
-                        subresource: a.subresource.clone(),
-                        removed_release: a.removed_release.clone(),
-                    })
-                    .collect();
-                let names: Vec<String> = removed
-                    .iter()
-                    .map(|a| format!("{} (removed in {})", a.name(), a.removed_release))
-                    .collect();
-                match (names.is_empty(), acknowledgement) {
-                    (true, _) => (true, format!("the tenant used no API that {target} removes")),
-                    (false, true) => (
-                        true,
-                        format!("acknowledged ({ACKNOWLEDGE_ANNOTATION}): {}", names.join(", ")),
+    let used = tenant_metrics(ctx, ncp, ns).await.and_then(|texts| {
+        let mut used = Vec::new();
+        for text in texts {
+            used.extend(deprecated_apis(&text).map_err(|e| e.to_string())?);
+        }
+        used.sort();
+        used.dedup();
+        Ok(used)
+    });
+    let check = match used {
+        Ok(used) => {
+            let removed = removed_by(&used, &target);
+            removed_apis = removed
+                .iter()
+                .map(|a| RemovedApi {
+                    group: a.group.clone(),
+                    version: a.version.clone(),
+                    resource: a.resource.clone(),
+                    subresource: a.subresource.clone(),
+                    removed_release: a.removed_release.clone(),
+                })
+                .collect();
+            let names: Vec<String> = removed
+                .iter()
+                .map(|a| format!("{} (removed in {})", a.name(), a.removed_release))
+                .collect();
+            match (names.is_empty(), acknowledgement) {
+                (true, _) => (true, format!("the tenant used no API that {target} removes")),
+                (false, true) => (
+                    true,
+                    format!("acknowledged ({ACKNOWLEDGE_ANNOTATION}): {}", names.join(", ")),
+                ),
+                (false, false) => (
+                    false,
+                    format!(
+                        "the tenant used APIs that {target} no longer serves: {}; move the clients to a served version, or acknowledge with {ACKNOWLEDGE_ANNOTATION}={}.{}",
+                        names.join(", "),
+                        target.major,
+                        target.minor
                     ),
-                    (false, false) => (
-                        false,
-                        format!(
-                            "the tenant used APIs that {target} no longer serves: {}; move the clients to a served version, or acknowledge with {ACKNOWLEDGE_ANNOTATION}={}.{}",
-                            names.join(", "),
-                            target.major,
-                            target.minor
-                        ),
-                    ),
-                }
+                ),
             }
-            Err(e) => unverified(e.to_string(), acknowledgement, &target),
-        },
+        }
         Err(e) => unverified(e, acknowledgement, &target),
     };
     checks.push(PreflightCheck {
@@ -442,14 +448,56 @@ fn preflight_summary(p: &PreflightStatus) -> String {
     }
 }
 
-/// The tenant apiserver's `/metrics`, through the admin kubeconfig (`system:masters` may
-/// read it).
-async fn tenant_metrics(ctx: &Context, ncp: &NestedControlPlane, ns: &str) -> Result<String, String> {
-    let client = super::public_crds::tenant_client(ctx, ncp, ns)
+/// The `/metrics` of every tenant apiserver replica, through the admin kubeconfig
+/// (`system:masters` may read them). Each replica counts only the requests it served, so
+/// each is read: at the addresses the tenant's own `kubernetes` EndpointSlice lists (every
+/// apiserver's `--advertise-address`), verifying the certificate for the kubeconfig's
+/// host; through the kubeconfig's server when the slice lists none.
+async fn tenant_metrics(ctx: &Context, ncp: &NestedControlPlane, ns: &str) -> Result<Vec<String>, String> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let config = super::public_crds::tenant_config(ctx, ncp, ns)
         .await
         .map_err(|e| e.to_string())?;
-    let request = http::Request::get("/metrics")
-        .body(Vec::new())
+    let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;
+    let get = |client: kube::Client| async move {
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        client.request_text(request).await.map_err(|e| e.to_string())
+    };
+    let slices = kube::Api::<EndpointSlice>::namespaced(client.clone(), "default")
+        .list(&kube::api::ListParams::default().labels("kubernetes.io/service-name=kubernetes"))
+        .await
         .map_err(|e| e.to_string())?;
-    client.request_text(request).await.map_err(|e| e.to_string())
+    let mut addresses = Vec::new();
+    for slice in &slices.items {
+        let port = slice
+            .ports
+            .iter()
+            .flatten()
+            .find_map(|p| p.port)
+            .unwrap_or(crate::plan::APISERVER_PORT);
+        for endpoint in slice.endpoints.iter().flatten() {
+            addresses.extend(endpoint.addresses.iter().map(|a| (a.clone(), port)));
+        }
+    }
+    if addresses.is_empty() {
+        return Ok(vec![get(client).await?]);
+    }
+    let host = config.cluster_url.host().map(str::to_string);
+    let mut texts = Vec::with_capacity(addresses.len());
+    for (address, port) in addresses {
+        let mut one = config.clone();
+        one.tls_server_name = one.tls_server_name.clone().or_else(|| host.clone());
+        let ip = match address.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V6(v6)) => format!("[{v6}]"),
+            _ => address.clone(),
+        };
+        one.cluster_url = format!("https://{ip}:{port}")
+            .parse()
+            .map_err(|e| format!("apiserver {address}: {e}"))?;
+        let client = kube::Client::try_from(one).map_err(|e| format!("apiserver {address}: {e}"))?;
+        texts.push(get(client).await.map_err(|e| format!("apiserver {address}: {e}"))?);
+    }
+    Ok(texts)
 }
