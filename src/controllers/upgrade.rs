@@ -477,7 +477,13 @@ async fn tenant_metrics(ctx: &Context, ncp: &NestedControlPlane, ns: &str) -> Re
             .flatten()
             .find_map(|p| p.port)
             .unwrap_or(crate::plan::APISERVER_PORT);
-        for endpoint in slice.endpoints.iter().flatten() {
+        // A replica that is going away says so (`ready: false`); it serves nobody next.
+        for endpoint in slice
+            .endpoints
+            .iter()
+            .flatten()
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+        {
             addresses.extend(endpoint.addresses.iter().map(|a| (a.clone(), port)));
         }
     }
