@@ -7,7 +7,8 @@
 //! extraArgs) · [`plan`] (the pure desired state of one component) · [`pki`]
 //! (certificates and kubeconfigs) · [`apply`] (server-side apply, readiness) ·
 //! [`controllers`] (one reconciler per kind) · [`status`] (conditions) · [`validate`] (the
-//! field rules shared by the CRDs, the controllers and `capn render`) · [`cli`].
+//! field rules shared by the CRDs, the controllers and `capn render`) · [`upgrade`]
+//! (stepped upgrades across minors: path, preflight, progress) · [`cli`].
 
 pub mod api;
 pub mod apply;
@@ -22,6 +23,7 @@ pub mod plan;
 pub mod render;
 pub mod status;
 pub mod telemetry;
+pub mod upgrade;
 pub mod validate;
 
 #[cfg(test)]

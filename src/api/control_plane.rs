@@ -207,11 +207,17 @@ pub struct NestedControlPlaneStatus {
     /// `controlplane.cluster.x-k8s.io/rotate-certificate-authority`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_authority_rotation: Option<CertificateAuthorityRotation>,
+    /// The stepped upgrade in progress, or the last one: the path through every minor, the
+    /// current step, each finished step's times, and the preflight before the next step
+    /// (README "Upgrades"). The components run the release of its current step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeStatus>,
     /// `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Conditions: `Available`, `RollingOut`, `CertificatesAvailable`, `EtcdReady`,
-    /// `APIServerReady`, `ControllerManagerReady`, `Paused`, `PublicCRDsSynced`. A map keyed
+    /// `APIServerReady`, `ControllerManagerReady`, `Paused`, `Upgrading`,
+    /// `UpgradePreflight`, `PublicCRDsSynced`. A map keyed
     /// by `type`, so that two controllers can each server-side-apply their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -307,4 +313,113 @@ pub struct CertificateAuthorityRotation {
 pub struct RotationPhaseRecord {
     pub phase: String,
     pub completion_time: Time,
+}
+
+/// A stepped upgrade: from the release that ran to the one `spec.version` asks for, one
+/// minor at a time (docs/design.md §10).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    /// The Kubernetes release that ran when the path was planned.
+    pub from: String,
+    /// The Kubernetes release `spec.version` resolves to; a different one plans a new path
+    /// from wherever the components are.
+    pub target: String,
+    /// `Preflight` (checking before a step), `PreflightFailed`, `Held`, `Upgrading`,
+    /// `Failed` (a step failed: retry or hold) or `Completed`.
+    pub phase: String,
+    /// 1-based index in `steps` of the step running or about to run; absent once completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_step: Option<i32>,
+    /// Every step of the path, in order.
+    #[serde(default)]
+    pub steps: Vec<UpgradeStepStatus>,
+    /// The last preflight, before the step it names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<PreflightStatus>,
+    /// The value of the `controlplane.cluster.x-k8s.io/upgrade-retry` annotation last acted
+    /// on (a new value retries a failed step once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried: Option<String>,
+    /// What the upgrade waits for now.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// One step of an upgrade path.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStepStatus {
+    /// Kubernetes release of the apiserver and the controller-manager in this step.
+    pub kubernetes: String,
+    /// etcd release in this step.
+    pub etcd: String,
+    /// Whether etcd moves in this step (it moves first).
+    #[serde(default)]
+    pub etcd_changes: bool,
+    /// `Pending`, `Running`, `Succeeded` or `Failed`.
+    pub state: String,
+    /// When the step started (after its preflight passed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When every component reported the step's release ready, or when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_time: Option<Time>,
+    /// Seconds from start to finish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_seconds: Option<i64>,
+    /// Why it failed, or what it waits for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// The checks run before an upgrade step starts.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightStatus {
+    /// The Kubernetes release of the step checked for.
+    pub step: String,
+    /// Whether the step may start.
+    #[serde(default)]
+    pub passed: bool,
+    /// When this result was first seen (it is rewritten only when it changes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+    /// Each check: `ComponentsReady`, `Certificates`, `RemovedAPIs`.
+    #[serde(default)]
+    pub checks: Vec<PreflightCheck>,
+    /// APIs the tenant requested that the step's release no longer serves (read from its
+    /// apiserver's `apiserver_requested_deprecated_apis` metric).
+    #[serde(default, rename = "removedAPIs", skip_serializing_if = "Vec::is_empty")]
+    pub removed_apis: Vec<RemovedApi>,
+    /// Whether `controlplane.cluster.x-k8s.io/upgrade-acknowledge-removed-apis` names this
+    /// step's minor, so that removed-API findings do not stop it.
+    #[serde(default)]
+    pub acknowledged: bool,
+}
+
+/// One preflight check.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightCheck {
+    pub name: String,
+    #[serde(default)]
+    pub passed: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// A deprecated API the tenant still uses, with the release that removes it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RemovedApi {
+    /// API group (empty for the core group).
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub subresource: String,
+    /// `major.minor` that no longer serves it.
+    pub removed_release: String,
 }

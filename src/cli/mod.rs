@@ -107,6 +107,11 @@ pub struct RunArgs {
     /// values are for tests and demos of certificate renewal.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub certificate_validity: Option<std::time::Duration>,
+    /// How long one step of a stepped upgrade may take before it is marked failed (a Go
+    /// duration); the preflight also waits while a certificate expires or is renewed within
+    /// this time.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30m")]
+    pub upgrade_step_timeout: std::time::Duration,
     /// Namespace capn's own pods run in (the clusterctl Deployment passes the downward API's
     /// `POD_NAMESPACE`). The tenants' NetworkPolicies admit capn's pods from it (pods labelled
     /// `--self-labels`) to etcd and the apiserver; empty when capn runs outside the super
@@ -175,6 +180,18 @@ pub struct RenderArgs {
     /// validation).
     #[arg(long)]
     pub strict: bool,
+    /// Print the upgrade path each NestedControlPlane would take instead of its objects
+    /// (from the running release to `spec.version`, one step per minor).
+    #[arg(long)]
+    pub upgrade_path: bool,
+    /// With --upgrade-path: the Kubernetes release running now (default: the release the
+    /// file's status reports).
+    #[arg(long, value_name = "RELEASE", requires = "upgrade_path")]
+    pub from: Option<String>,
+    /// With --upgrade-path: the etcd release running now (default: the file's NestedEtcd
+    /// status, else the channel's default for --from).
+    #[arg(long, value_name = "RELEASE", requires = "upgrade_path")]
+    pub from_etcd: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,6 +269,7 @@ pub async fn main() -> anyhow::Result<()> {
                 enabled: parse_controllers(&args.controllers)?,
                 tenant_config_hook: None,
                 certificate_validity: args.certificate_validity,
+                upgrade_step_timeout: args.upgrade_step_timeout,
                 capn_pods,
             };
             let client = kube::Client::try_default()
@@ -290,6 +308,21 @@ pub async fn main() -> anyhow::Result<()> {
                 super_dns_domain: args.super_cluster_dns_domain.clone(),
                 strict: args.strict,
             };
+            if args.upgrade_path {
+                let paths = render::render_upgrade_paths(
+                    &channels,
+                    docs,
+                    args.from.as_deref(),
+                    args.from_etcd.as_deref(),
+                    &options,
+                )
+                .map_err(|e| match error_reason(&e) {
+                    Some(reason) => anyhow::anyhow!("{reason}: {e:#}"),
+                    None => e,
+                })?;
+                print!("{}", to_yaml_stream(&paths)?);
+                return Ok(());
+            }
             let rendered = render_documents(&channels, docs, &options).map_err(|e| match error_reason(&e) {
                 Some(reason) => anyhow::anyhow!("{reason}: {e:#}"),
                 None => e,

@@ -120,6 +120,7 @@ pub fn error_reason(error: &anyhow::Error) -> Option<&'static str> {
             .map(|e| e.reason())
             .or_else(|| e.downcast_ref::<crate::validate::FieldError>().map(|e| e.reason()))
             .or_else(|| e.downcast_ref::<InputError>().map(|e| e.reason))
+            .or_else(|| e.downcast_ref::<crate::upgrade::PathError>().map(|e| e.reason()))
     })
 }
 
@@ -448,6 +449,124 @@ pub fn render_documents(
         .into());
     }
     Ok(Rendered { objects: out, warnings })
+}
+
+/// The upgrade path of every NestedControlPlane in `docs`, as the control plane controller
+/// would plan it (docs/design.md §10), without touching anything: one YAML mapping per
+/// control plane with `from`, `target`, a one-line `path` and the `steps` (Kubernetes and
+/// etcd release of each, and whether etcd moves).
+///
+/// `from` is the Kubernetes release running now; without it, the release the file's
+/// NestedControlPlane or NestedAPIServer status reports. `from_etcd` is the running etcd;
+/// without it, the file's NestedEtcd status, else the channel's default for `from`'s minor.
+///
+/// # Errors
+/// No NestedControlPlane in `docs`; no running release known (`from` missing); a release
+/// that is not a version; a path the channel cannot serve or a downgrade
+/// ([`crate::upgrade::PathError`], whose reason [`error_reason`] gives).
+pub fn render_upgrade_paths(
+    channels: &ChannelRegistry,
+    docs: Vec<Value>,
+    from: Option<&str>,
+    from_etcd: Option<&str>,
+    options: &RenderOptions,
+) -> anyhow::Result<Vec<Value>> {
+    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    refuse_duplicates(&docs)?;
+    let parse = |text: &str, what: &str| -> anyhow::Result<semver::Version> {
+        let r = crate::channel::RequestedVersion::parse(text)
+            .filter(|r| r.minor.is_some() && r.patch.is_some())
+            .ok_or_else(|| InputError {
+                reason: "InvalidVersion",
+                message: format!("{what} {text:?} is not a release; write major.minor.patch (1.35.4)"),
+            })?;
+        Ok(semver::Version::new(
+            r.major,
+            r.minor.unwrap_or(0),
+            r.patch.unwrap_or(0),
+        ))
+    };
+    let mut out = Vec::new();
+    for doc in &docs {
+        if kind_of(doc) != (NestedControlPlane::api_version(&()).as_ref(), "NestedControlPlane") {
+            continue;
+        }
+        let mut ncp: NestedControlPlane = serde_json::from_value(with_spec(doc)).context("NestedControlPlane")?;
+        if ncp.namespace().is_none() {
+            ncp.meta_mut().namespace = Some("default".into());
+        }
+        let cluster = cluster_settings(&ncp, None, &options.super_dns_domain);
+        check_control_plane(&serde_json::to_value(&ncp)?, &cluster)?;
+        let (etcd, _) = component::<NestedEtcd>(&docs, &ncp)?;
+        let (apiserver, _) = component::<NestedAPIServer>(&docs, &ncp)?;
+        let channel_name = cluster
+            .channel
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .unwrap_or(crate::channel::DEFAULT_CHANNEL);
+        let channel = channels.get(channel_name)?;
+        let reported = ncp
+            .status
+            .as_ref()
+            .and_then(|s| s.version.clone())
+            .or_else(|| apiserver.component_status().and_then(|s| s.version.clone()));
+        let kubernetes = match from.map(str::to_string).or(reported) {
+            Some(text) => parse(&text, "--from")?,
+            None => {
+                return Err(InputError {
+                    reason: "UnknownRunningVersion",
+                    message: format!(
+                        "NestedControlPlane {} reports no running release; say where the path starts with --from (for example --from 1.35.4)",
+                        ncp.name_any()
+                    ),
+                }
+                .into());
+            }
+        };
+        let etcd_running = match from_etcd
+            .map(str::to_string)
+            .or_else(|| running_release(&etcd).map(|v| v.to_string()))
+        {
+            Some(text) => Some(parse(&text, "--from-etcd")?),
+            // A running release the channel no longer pairs with an etcd: the path is
+            // refused or planned without knowing it.
+            None => channel
+                .resolve(crate::component::ComponentKind::Etcd, None, Some(&kubernetes))
+                .ok(),
+        };
+        let running = crate::upgrade::RunningReleases {
+            kubernetes: Some(kubernetes),
+            etcd: etcd_running,
+        };
+        let path = crate::upgrade::plan_path(
+            channel,
+            &running,
+            cluster.kubernetes_version.as_deref(),
+            etcd.component().version.as_deref(),
+        )
+        .map_err(|e| anyhow::Error::new(e).context(format!("NestedControlPlane {}", ncp.name_any())))?;
+        out.push(serde_json::json!({
+            "nestedControlPlane": format!("{}/{}", cluster.namespace, ncp.name_any()),
+            "channel": channel.name,
+            "from": path.from.to_string(),
+            "fromEtcd": path.from_etcd.as_ref().map(ToString::to_string),
+            "target": path.target.to_string(),
+            "path": path.summary(),
+            "steps": path.steps.iter().map(|s| serde_json::json!({
+                "kubernetes": s.kubernetes.to_string(),
+                "etcd": s.etcd.to_string(),
+                "etcdChanges": s.etcd_changes,
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    if out.is_empty() {
+        return Err(InputError {
+            reason: "NoControlPlane",
+            message: "the file holds no NestedControlPlane".into(),
+        }
+        .into());
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -469,6 +469,10 @@ async fn drive<K: ComponentResource>(
     }
     let mut cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
     cluster.network_policy.capn = ctx.settings.capn_pods.clone();
+    // The release of the upgrade step the control plane controller started, not
+    // `spec.version`: a new version moves nothing until its path is planned and its
+    // preflight passed (docs/design.md §10).
+    cluster.kubernetes_version = crate::upgrade::components_version(&ncp);
     // The version rules come before waiting for a predecessor: a refused upgrade must say
     // so at once, not wait for an etcd that will never move.
     let running = running_versions::<K>(ctx, object, &ncp, ns);

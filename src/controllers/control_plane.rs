@@ -435,12 +435,16 @@ async fn drive(
     };
     set_condition(&mut status.conditions, rolling_out, generation, &now.k8s);
     status.components = Some(components);
+    // 6. A stepped upgrade moves once the components are summarized (docs/design.md §10).
+    let parts = super::upgrade::Components {
+        etcd: etcd.as_ref(),
+        apiserver: apiserver.as_ref(),
+        controller_manager: controller_manager.as_ref(),
+    };
+    let upgrade_again = super::upgrade::step(ctx, ncp, ns, cluster, &parts, status, now).await;
     // Look again when the admin kubeconfig is due (the components watch their own).
-    Ok(Action::requeue(recheck_after(
-        &ncp.name_any(),
-        store.next_renewal(),
-        now.time,
-    )))
+    let again = recheck_after(&ncp.name_any(), store.next_renewal(), now.time);
+    Ok(Action::requeue(upgrade_again.map_or(again, |u| u.min(again))))
 }
 
 fn kube_time(t: time::OffsetDateTime) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {

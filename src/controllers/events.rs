@@ -40,6 +40,8 @@ fn failing(c: &Condition) -> bool {
                 | "NotRollingOut"
                 | "RolledOut"
                 | "Completed"
+                | "UpToDate"
+                | "UpgradeHeld"
         )
         && c.type_ != crate::status::ROLLING_OUT
 }

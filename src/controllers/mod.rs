@@ -7,6 +7,8 @@
 //!   reconciler; the per-kind steps (prerequisites, certificates) live in [`etcd`],
 //!   [`apiserver`] and [`controller_manager`].
 //! - [`cluster`]: NestedCluster — the CAPI infrastructure object.
+//! - [`upgrade`]: the NestedControlPlane's stepped upgrade (path, preflight, progress),
+//!   called from [`control_plane`].
 
 pub mod apiserver;
 pub mod cache;
@@ -22,6 +24,7 @@ pub mod public_crds;
 pub mod read;
 pub mod rotation;
 pub mod status_memo;
+pub mod upgrade;
 
 use std::sync::Arc;
 
@@ -80,7 +83,15 @@ pub struct Settings {
     /// capn's own pods, which the tenants' NetworkPolicies admit to etcd and the apiserver;
     /// `None` when capn runs outside the super cluster.
     pub capn_pods: Option<crate::plan::CapnPods>,
+    /// How long one upgrade step may take before it is marked failed, and how far ahead the
+    /// preflight looks for certificate expiry and renewal (`capn run
+    /// --upgrade-step-timeout`; docs/design.md §10).
+    pub upgrade_step_timeout: std::time::Duration,
 }
+
+/// Default of [`Settings::upgrade_step_timeout`]: a step rolls three StatefulSets, each
+/// waiting for its pods' probes; half an hour leaves room for image pulls on a busy node.
+pub const DEFAULT_UPGRADE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// See [`Settings::tenant_config_hook`].
 #[derive(Clone)]
@@ -105,6 +116,7 @@ impl Default for Settings {
             tenant_config_hook: None,
             certificate_validity: None,
             capn_pods: None,
+            upgrade_step_timeout: DEFAULT_UPGRADE_STEP_TIMEOUT,
         }
     }
 }

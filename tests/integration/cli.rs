@@ -162,3 +162,79 @@ async fn text_logs_into_a_pipe_carry_no_colour_codes() {
         "ANSI escape codes in piped logs: {seen:?}"
     );
 }
+
+#[test]
+fn render_upgrade_path_prints_each_minor_and_refuses_what_the_channel_cannot_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(&dir, "ncp.yaml", &format!("{NCP}spec:\n  version: \"1.37\"\n"));
+    let (ok, stdout, stderr) = capn(&["render", "--upgrade-path", "-f", &path, "--from", "1.35.4"]);
+    assert!(ok, "{stderr}");
+    let printed: serde_json::Value = serde_saphyr::from_str(stdout.trim_start_matches("---\n")).unwrap();
+    assert_eq!(
+        printed,
+        serde_json::json!({
+            "nestedControlPlane": "default/demo",
+            "channel": "stable",
+            "from": "1.35.4",
+            "fromEtcd": "3.6.8",
+            "target": "1.37.2",
+            "path": "1.35.4 → 1.36.3 → 1.37.2 (etcd 3.6.8 → 3.7.0)",
+            "steps": [
+                {"kubernetes": "1.36.3", "etcd": "3.6.8", "etcdChanges": false},
+                {"kubernetes": "1.37.2", "etcd": "3.7.0", "etcdChanges": true},
+            ],
+        })
+    );
+    // A downgrade is refused with the controllers' reason; nothing is printed.
+    let (ok, stdout, stderr) = capn(&["render", "--upgrade-path", "-f", &path, "--from", "1.38.0"]);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.starts_with(
+            "error: UpgradeNotAllowed: NestedControlPlane demo: cannot go from Kubernetes 1.38.0 to 1.37.2"
+        ),
+        "{stderr}"
+    );
+    // Without a running release there is no path to plan.
+    let (ok, _, stderr) = capn(&["render", "--upgrade-path", "-f", &path]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("UnknownRunningVersion") && stderr.contains("--from"),
+        "{stderr}"
+    );
+    // A channel without 1.36 cannot take 1.35 to 1.37: the refusal names the missing minor.
+    let channels = tempfile::tempdir().unwrap();
+    let gap = channels.path().join("gap");
+    std::fs::create_dir_all(&gap).unwrap();
+    std::fs::write(
+        gap.join("channel.yaml"),
+        "name: gap\ncomponents:\n  etcd:\n    versions: [\"3.6.8\"]\n  apiserver:\n    versions: [\"1.35.4\", \"1.37.2\"]\ndefaults:\n  kubernetes: \"1.37.2\"\ncompatibility:\n  - kubernetes: \"1.35\"\n    etcd: \"3.6.8\"\n  - kubernetes: \"1.37\"\n    etcd: \"3.6.8\"\n",
+    )
+    .unwrap();
+    for f in [
+        "3.6.8/etcd/a.yaml",
+        "1.35.4/apiserver/a.yaml",
+        "1.37.2/apiserver/a.yaml",
+    ] {
+        file(&channels, &format!("gap/{f}"), "kind: ConfigMap\n");
+    }
+    let gapped = file(
+        &dir,
+        "gap.yaml",
+        &format!("{NCP}spec:\n  version: \"1.37\"\n  channel: gap\n"),
+    );
+    let (ok, _, stderr) = capn(&[
+        "render",
+        "--upgrade-path",
+        "-f",
+        &gapped,
+        "--from",
+        "1.35.4",
+        "--channels-dir",
+        &channels.path().display().to_string(),
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("UpgradeNotAllowed") && stderr.contains("carries no Kubernetes 1.36"),
+        "{stderr}"
+    );
+}

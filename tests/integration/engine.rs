@@ -153,8 +153,20 @@ async fn a_failing_patch_leaves_every_existing_object_unchanged() {
     f.stop().await;
 }
 
+/// Merge-patches one annotation of NestedControlPlane `name`.
+async fn annotate(client: &kube::Client, ns: &str, name: &str, key: &str, value: &str) {
+    Api::<capn::api::NestedControlPlane>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
-async fn an_upgrade_from_1_36_to_1_37_rolls_etcd_then_apiserver_then_controller_manager() {
+async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_then_apiserver_then_controller_manager() {
     let f = Fixture::new().await;
     let (client, ns) = (f.client.clone(), f.ns.clone());
     f.apply_example("examples/nestedcontrolplane.yaml").await;
@@ -168,11 +180,47 @@ async fn an_upgrade_from_1_36_to_1_37_rolls_etcd_then_apiserver_then_controller_
         image(&sts("demo-apiserver").await),
         "registry.k8s.io/kube-apiserver:v1.36.3"
     );
+    let before = statefulset_versions(&client, &ns).await;
     f.apply(json!({
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
         "metadata": {"name": "demo"}, "spec": {"version": "1.37"}
     }))
     .await;
+    // No tenant apiserver runs in this test: its deprecated-API metric cannot be read, and
+    // an unknown is not a pass. The step waits, and nothing moves.
+    let upgrade = wait_until("the preflight stops the step", STEP, || async {
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        (has_condition(&s.conditions, "Upgrading", "False", "WaitingForPreflight")
+            && has_condition(&s.conditions, "UpgradePreflight", "False", "DeprecatedAPIUsageUnknown"))
+        .then_some(s.upgrade?)
+    })
+    .await;
+    assert_eq!(upgrade.phase, "PreflightFailed");
+    assert_eq!(upgrade.current_step, Some(1));
+    let preflight = upgrade.preflight.unwrap();
+    assert_eq!(preflight.step, "1.37.2");
+    let checks: Vec<(&str, bool)> = preflight.checks.iter().map(|c| (c.name.as_str(), c.passed)).collect();
+    assert_eq!(
+        checks,
+        [
+            ("ComponentsReady", true),
+            ("Certificates", true),
+            ("RemovedAPIs", false)
+        ]
+    );
+    assert!(
+        preflight.checks[2]
+            .message
+            .contains("upgrade-acknowledge-removed-apis=1.37"),
+        "{}",
+        preflight.checks[2].message
+    );
+    assert_eq!(
+        statefulset_versions(&client, &ns).await,
+        before,
+        "a stopped step moved a workload"
+    );
+    annotate(&client, &ns, "demo", capn::upgrade::ACKNOWLEDGE_ANNOTATION, "1.37").await;
     // etcd first: kubeadm's etcd for 1.37 is 3.7.0.
     wait_until("etcd rolls to 3.7.0", STEP, || async {
         (image(&sts("demo-etcd").await) == "registry.k8s.io/etcd:3.7.0-0").then_some(())
@@ -213,67 +261,158 @@ async fn an_upgrade_from_1_36_to_1_37_rolls_etcd_then_apiserver_then_controller_
         .unwrap();
     let status = wait_until("the control plane is ready on 1.37.2", STEP, || async {
         let s = control_plane(&client, &ns, "demo").await.status?;
-        (s.ready && s.version.as_deref() == Some("1.37.2") && !capn::status::is_true(&s.conditions, "RollingOut"))
-            .then_some(s)
+        (s.ready
+            && s.version.as_deref() == Some("1.37.2")
+            && !capn::status::is_true(&s.conditions, "RollingOut")
+            && has_condition(&s.conditions, "Upgrading", "False", "Completed"))
+        .then_some(s)
     })
     .await;
     assert_eq!(
         status.components.unwrap().etcd.unwrap().version.as_deref(),
         Some("3.7.0")
     );
+    let upgrade = status.upgrade.unwrap();
+    assert_eq!((upgrade.from.as_str(), upgrade.target.as_str()), ("1.36.3", "1.37.2"));
+    assert_eq!(upgrade.steps.len(), 1);
+    assert_eq!(upgrade.steps[0].state, "Succeeded");
+    assert!(upgrade.steps[0].duration_seconds.is_some() && upgrade.steps[0].finish_time.is_some());
+    assert!(upgrade.preflight.unwrap().acknowledged);
     f.stop().await;
 }
 
+/// Stands in for the kubelet for every StatefulSet of `demo` until the components report
+/// `kubernetes` ready (etcd moves first, then the apiserver, then the controller-manager).
+async fn roll_to(client: &kube::Client, ns: &str, kubernetes: &str) {
+    wait_until(&format!("every component runs {kubernetes}"), STEP * 2, || async {
+        for name in ["demo-etcd", "demo-apiserver", "demo-controller-manager"] {
+            if let Some(sts) = statefulset(client, ns, name).await
+                && sts.status.as_ref().and_then(|s| s.observed_generation) != sts.metadata.generation
+            {
+                mark_statefulset_ready(client, ns, name).await.unwrap();
+            }
+        }
+        let s = control_plane(client, ns, "demo").await.status?;
+        let c = s.components?;
+        (c.apiserver?.version.as_deref() == Some(kubernetes)
+            && c.controller_manager.as_ref()?.version.as_deref() == Some(kubernetes)
+            && c.controller_manager?.ready)
+            .then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
-async fn an_upgrade_skipping_a_minor_is_refused_and_touches_nothing() {
+async fn an_upgrade_from_1_35_to_1_37_passes_through_1_36_and_a_downgrade_is_refused_before_anything_moves() {
     let f = Fixture::new().await;
     let (client, ns) = (f.client.clone(), f.ns.clone());
     f.apply(json!({
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-        "metadata": {"name": "demo"}, "spec": {"version": "1.35"}
+        "metadata": {"name": "demo", "annotations": {capn::upgrade::ACKNOWLEDGE_ANNOTATION: "1.36,1.37"}},
+        "spec": {"version": "1.35"}
     }))
     .await;
     f.bring_up("demo").await;
+    // Held first: the path is planned and shown, and no step starts.
+    annotate(&client, &ns, "demo", capn::upgrade::HOLD_ANNOTATION, "").await;
     let before = statefulset_versions(&client, &ns).await;
     f.apply(json!({
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
-        "metadata": {"name": "demo"}, "spec": {"version": "1.37"}
+        "metadata": {"name": "demo", "annotations": {capn::upgrade::ACKNOWLEDGE_ANNOTATION: "1.36,1.37"}},
+        "spec": {"version": "1.37"}
     }))
     .await;
-    let refused = |conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
-        has_condition(conditions, "Synced", "False", "UpgradeNotAllowed")
-    };
-    let etcd_api: Api<NestedEtcd> = Api::namespaced(client.clone(), &ns);
-    let api_api: Api<NestedAPIServer> = Api::namespaced(client.clone(), &ns);
-    let message = wait_until("etcd and the apiserver refuse the upgrade", STEP, || async {
-        let e = etcd_api.get("demo-etcd").await.unwrap().status?;
-        let a = api_api.get("demo-apiserver").await.unwrap().status?;
-        (refused(&e.conditions) && refused(&a.conditions)).then(|| {
-            a.conditions
-                .iter()
-                .find(|c| c.type_ == "Synced")
-                .unwrap()
-                .message
-                .clone()
-        })
+    let held = wait_until("the planned path is held", STEP, || async {
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        has_condition(&s.conditions, "Upgrading", "False", "UpgradeHeld").then_some(s.upgrade?)
     })
     .await;
-    assert!(
-        message.contains("1.36"),
-        "the refusal names the allowed next minor: {message}"
-    );
+    let steps: Vec<(&str, &str, bool)> = held
+        .steps
+        .iter()
+        .map(|s| (s.kubernetes.as_str(), s.etcd.as_str(), s.etcd_changes))
+        .collect();
+    assert_eq!(steps, [("1.36.3", "3.6.8", false), ("1.37.2", "3.7.0", true)]);
+    assert_eq!(held.from, "1.35.4");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = statefulset_versions(&client, &ns).await;
-    assert_eq!(before, after, "a refused upgrade changed a workload");
-    let cm = Api::<NestedControllerManager>::namespaced(client.clone(), &ns)
-        .get("demo-controller-manager")
+    assert_eq!(
+        statefulset_versions(&client, &ns).await,
+        before,
+        "a held path moved a workload"
+    );
+    Api::<capn::api::NestedControlPlane>::namespaced(client.clone(), &ns)
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {capn::upgrade::HOLD_ANNOTATION: null}}})),
+        )
         .await
         .unwrap();
-    assert_eq!(cm.status.unwrap().version.as_deref(), Some("1.35.4"));
+    roll_to(&client, &ns, "1.36.3").await;
+    let middle = control_plane(&client, &ns, "demo").await.status.unwrap();
+    let etcd = middle.components.as_ref().unwrap().etcd.as_ref().unwrap();
+    assert_eq!(etcd.version.as_deref(), Some("3.6.8"), "1.36 keeps 1.35's etcd");
+    roll_to(&client, &ns, "1.37.2").await;
+    let done = wait_until("the path completes", STEP, || async {
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        (s.ready && has_condition(&s.conditions, "Upgrading", "False", "Completed")).then_some(s)
+    })
+    .await;
+    let upgrade = done.upgrade.unwrap();
+    let states: Vec<(&str, &str)> = upgrade
+        .steps
+        .iter()
+        .map(|s| (s.kubernetes.as_str(), s.state.as_str()))
+        .collect();
+    assert_eq!(states, [("1.36.3", "Succeeded"), ("1.37.2", "Succeeded")]);
     assert!(
-        control_plane(&client, &ns, "demo").await.status.unwrap().ready,
-        "the running control plane stays ready"
+        upgrade.steps[0].finish_time <= upgrade.steps[1].start_time,
+        "the second step started after the first finished"
     );
+    assert_eq!(done.components.unwrap().etcd.unwrap().version.as_deref(), Some("3.7.0"));
+    // kube's recorder folds Events of the same reason into one with a series count.
+    let count = |events: &[k8s_openapi::api::events::v1::Event], reason: &str| -> i32 {
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+            .sum()
+    };
+    let events = wait_until("the steps are told as Events", STEP, || async {
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        (count(&events, "UpgradeStepStarted") == 2 && count(&events, "UpgradeCompleted") == 1).then_some(events)
+    })
+    .await;
+    assert_eq!(count(&events, "UpgradePlanned"), 1);
+    // Back to 1.36: refused before anything moves, naming the rule.
+    let before = statefulset_versions(&client, &ns).await;
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo", "annotations": {capn::upgrade::ACKNOWLEDGE_ANNOTATION: "1.36,1.37"}},
+        "spec": {"version": "1.36"}
+    }))
+    .await;
+    let message = wait_until("the downgrade is refused", STEP, || async {
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Upgrading" && c.status == "False" && c.reason == "UpgradeNotAllowed")
+            .map(|c| c.message.clone())
+    })
+    .await;
+    assert!(message.contains("downgrade"), "{message}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        statefulset_versions(&client, &ns).await,
+        before,
+        "a refused path moved a workload"
+    );
+    let ncp = control_plane(&client, &ns, "demo").await;
+    assert!(ncp.status.unwrap().ready, "the running control plane stays ready");
     f.stop().await;
 }
 
@@ -620,4 +759,78 @@ fn with_applied_digest(rendered: &serde_json::Value, live: &serde_json::Value) -
         *placeholder = applied.into();
     }
     object
+}
+
+#[tokio::test]
+async fn a_step_that_does_not_finish_in_time_fails_without_rolling_back_and_a_retry_restarts_it() {
+    let f = Fixture::without_capn().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    let mut settings = capn::controllers::Settings {
+        namespace: Some(ns.clone()),
+        upgrade_step_timeout: Duration::from_secs(10),
+        ..capn::controllers::Settings::default()
+    };
+    settings.enabled.public_crds = false;
+    let capn = Capn::start_with_settings(&client, settings, &[]);
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo", "annotations": {capn::upgrade::ACKNOWLEDGE_ANNOTATION: "1.37"}},
+        "spec": {"version": "1.36"}
+    }))
+    .await;
+    f.bring_up("demo").await;
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo", "annotations": {capn::upgrade::ACKNOWLEDGE_ANNOTATION: "1.37"}},
+        "spec": {"version": "1.37"}
+    }))
+    .await;
+    // etcd rolls to 3.7.0 and, standing in for a kubelet whose pods never get ready, nobody
+    // marks it ready: the step runs out of time.
+    let failed = wait_until("the step fails", STEP, || async {
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        has_condition(&s.conditions, "Upgrading", "False", "UpgradeStepFailed").then_some(s)
+    })
+    .await;
+    let step = &failed.upgrade.as_ref().unwrap().steps[0];
+    assert_eq!(step.state, "Failed");
+    assert!(step.message.contains("not done after"), "{}", step.message);
+    assert!(step.message.contains("etcd"), "{}", step.message);
+    // Nothing rolls back: etcd stays on the step's release.
+    let etcd = statefulset(&client, &ns, "demo-etcd").await.unwrap();
+    assert_eq!(image(&etcd), "registry.k8s.io/etcd:3.7.0-0");
+    let warned = wait_until("a Warning Event says the step failed", STEP, || async {
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("UpgradeStepFailed"))
+    })
+    .await;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    // The components become ready; the failed step stays failed until a retry.
+    mark_statefulset_ready(&client, &ns, "demo-etcd").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = control_plane(&client, &ns, "demo").await.status.unwrap();
+    assert_eq!(still.upgrade.unwrap().steps[0].state, "Failed");
+    annotate(&client, &ns, "demo", capn::upgrade::RETRY_ANNOTATION, "1").await;
+    // Retried, the step runs again: the apiserver and the controller-manager follow, each
+    // made ready at once.
+    wait_until("the retried step completes", STEP, || async {
+        for name in ["demo-apiserver", "demo-controller-manager"] {
+            if let Some(sts) = statefulset(&client, &ns, name).await
+                && sts.status.as_ref().and_then(|s| s.observed_generation) != sts.metadata.generation
+            {
+                mark_statefulset_ready(&client, &ns, name).await.unwrap();
+            }
+        }
+        let s = control_plane(&client, &ns, "demo").await.status?;
+        let upgrade = s.upgrade?;
+        (upgrade.phase == "Completed").then_some(upgrade)
+    })
+    .await;
+    capn.stop().await;
+    f.stop().await;
 }

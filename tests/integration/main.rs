@@ -3,6 +3,7 @@
 
 mod boot;
 mod boot_certificates;
+mod boot_upgrade;
 mod capi;
 mod certificates;
 mod cli;

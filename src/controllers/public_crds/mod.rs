@@ -76,7 +76,24 @@ async fn public_crds(ctx: &Context) -> Result<Vec<CustomResourceDefinition>, Rec
 ///
 /// # Errors
 /// A missing or unparsable kubeconfig Secret.
-async fn tenant_client(ctx: &Context, ncp: &NestedControlPlane, ns: &str) -> Result<kube::Client, ReconcileError> {
+pub(crate) async fn tenant_client(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    ns: &str,
+) -> Result<kube::Client, ReconcileError> {
+    Ok(kube::Client::try_from(tenant_config(ctx, ncp, ns).await?)?)
+}
+
+/// The client configuration of [`tenant_client`], for callers that dial each apiserver
+/// replica themselves.
+///
+/// # Errors
+/// A missing or unparsable kubeconfig Secret.
+pub(crate) async fn tenant_config(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    ns: &str,
+) -> Result<kube::Config, ReconcileError> {
     let names = SecretNames::new(&cluster_name(ncp));
     let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
         .get(&names.kubeconfig)
@@ -95,7 +112,7 @@ async fn tenant_client(ctx: &Context, ncp: &NestedControlPlane, ns: &str) -> Res
     }
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(15));
-    Ok(kube::Client::try_from(config)?)
+    Ok(config)
 }
 
 /// Syncs the public CRDs into one ready nested control plane and reports the outcome.
