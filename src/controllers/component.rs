@@ -461,9 +461,10 @@ async fn drive<K: ComponentResource>(
     let name = object.name_any();
     if let Err(e) = check_input(&cluster, K::KIND, &name, object.component(), object.etcd_storage())
         .and_then(|()| resolve(&ctx.channels, &cluster, K::KIND, object.component()))
-        .and_then(|r| check(K::KIND, &r, &running).map_err(PlanError::from))
-        .and_then(|()| {
-            check_members(K::KIND, object.component().replicas.unwrap_or(1), &running).map_err(PlanError::from)
+        .and_then(|r| {
+            check(K::KIND, &r, &running)?;
+            check_members(K::KIND, object.component().replicas.unwrap_or(1), &running, &r)?;
+            Ok(())
         })
     {
         return Ok(Outcome::Invalid(e));

@@ -79,6 +79,10 @@ pub struct Settings {
     /// capn's own pods, which the tenants' NetworkPolicies admit to etcd and the apiserver;
     /// `None` when capn runs outside the super cluster.
     pub capn_pods: Option<crate::plan::CapnPods>,
+    /// Name → address overrides for dialing tenant etcd members (`capn run
+    /// --etcd-hosts-file`, [`crate::etcd::HostsFile`]); `None` dials the names, which cluster
+    /// DNS answers in a super cluster.
+    pub etcd_hosts_file: Option<std::path::PathBuf>,
 }
 
 /// See [`Settings::tenant_config_hook`].
@@ -104,6 +108,7 @@ impl Default for Settings {
             tenant_config_hook: None,
             certificate_validity: None,
             capn_pods: None,
+            etcd_hosts_file: None,
         }
     }
 }
@@ -122,6 +127,8 @@ pub struct Context {
     pub verified: certificates::VerifiedSecrets,
     /// CAs read and parsed, per process.
     pub authorities: certificates::LoadedAuthorities,
+    /// Clients of the tenants' etcd, cached per cluster ([`crate::etcd`]).
+    pub etcd: crate::etcd::EtcdClients,
 }
 
 impl Context {
@@ -136,6 +143,7 @@ impl Context {
             controller: "capn".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let etcd = crate::etcd::EtcdClients::new(settings.etcd_hosts_file.clone());
         Self {
             applier: Applier::new(client.clone()),
             recorder: Recorder::new(client.clone(), reporter),
@@ -146,6 +154,7 @@ impl Context {
             caches,
             verified: Default::default(),
             authorities: Default::default(),
+            etcd,
         }
     }
 

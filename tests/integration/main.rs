@@ -3,6 +3,7 @@
 
 mod boot;
 mod boot_certificates;
+mod boot_members;
 mod capi;
 mod certificates;
 mod cli;
