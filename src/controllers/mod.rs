@@ -18,6 +18,7 @@ pub mod controller_manager;
 mod error;
 pub mod etcd;
 mod events;
+pub mod membership;
 pub mod public_crds;
 pub mod read;
 pub mod rotation;

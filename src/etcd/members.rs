@@ -233,14 +233,9 @@ pub fn next_step(observed: &Observed) -> Result<Step, Refusal> {
             return Ok(Step::ScaleStatefulSet { replicas: at + 1 });
         }
         if !(learner.started && learner.healthy) {
-            if observed.replace_lost && learner.lost {
-                // Added but never came up: take it out and try again.
-                return Ok(Step::Remove {
-                    id: learner.id,
-                    name: learner.name.clone(),
-                    lost: true,
-                });
-            }
+            // A learner that does not come up is not removed and added again: whatever keeps
+            // it from starting (for example a data directory of another cluster) would keep
+            // the next one from starting too. The condition says it is stuck.
             return Ok(Step::WaitForLearner {
                 ordinal: at,
                 name: learner.name.clone(),

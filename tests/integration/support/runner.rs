@@ -63,7 +63,8 @@
 //!    the volume directory stays the same (so the containers' bind mounts show the new files)
 //!    and a `subPath` mount keeps the file it was bound to at start. Volume claims are
 //!    directories that live as long as the StatefulSet, whatever its
-//!    `persistentVolumeClaimRetentionPolicy` says.
+//!    `persistentVolumeClaimRetentionPolicy` says; [`Runner::wipe_claim`] empties one while
+//!    its pod is stopped, standing in for a deleted claim replaced by a new, empty one.
 //! 6. **Not emulated:** Pod, PersistentVolumeClaim and Endpoints objects in the super cluster,
 //!    PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
 //!    and resource limits, seccomp profiles, capability sets (the processes simply run as
@@ -570,6 +571,39 @@ impl Runner {
     /// If there is no such pod.
     pub fn resume_pod(&self, pod: &str) -> Result<(), String> {
         self.control(pod, Control::Run)
+    }
+
+    /// Loses a pod's data, as when its PersistentVolumeClaim is deleted and a new, empty one
+    /// bound (or its disk is replaced): stops the pod's containers (SIGKILL), waits until none
+    /// runs, empties the claim `claim` (the volume claim template's name; the directory itself
+    /// stays, with its owner and mode) and starts the containers again, which then restart
+    /// with the kubelet's crash back-off if they fail.
+    ///
+    /// # Errors
+    /// If there is no such pod, or its processes do not stop within 30 s.
+    pub async fn wipe_claim(&self, pod: &str, claim: &str) -> Result<(), String> {
+        self.pause_pod(pod)?;
+        let prefix = format!("{pod}/");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while lock(&self.shared.state).live.values().any(|p| p.starts_with(&prefix)) {
+            if Instant::now() >= deadline {
+                return Err(format!("{pod}'s processes did not stop"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let dir = self.shared.dir.join("claims").join(format!("{claim}-{pod}"));
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let removed = if path.is_dir() && !path.is_symlink() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        self.event(format!("{pod}: claim {claim} emptied"));
+        self.resume_pod(pod)
     }
 
     fn control(&self, pod: &str, control: Control) -> Result<(), String> {
