@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use futures::future::join_all;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
 use kube::runtime::reflector::ObjectRef;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -281,6 +283,12 @@ async fn take_step(
                 .add_learner(need_via()?, &member.peer_url)
                 .await
                 .map_err(|e| e.to_string())?;
+            // The new member starts on empty data: a pod of this ordinal may still hold a
+            // removed member's data (a replaced lost member), with which it would refuse to
+            // start ("the member has been permanently removed"). Until the membership
+            // ConfigMap applied after this step names it, a restarted pod stops at once
+            // ("couldn't find local name"), before writing anything.
+            clear_data(ctx, ns, &member.name).await?;
             after.push(MemberView {
                 id,
                 ordinal: Some(*ordinal),
@@ -310,6 +318,7 @@ async fn take_step(
         Step::Remove { id, name, lost } => {
             etcd.remove(need_via()?, *id).await.map_err(|e| e.to_string())?;
             after.retain(|m| m.id != *id);
+
             if let Some(url) = etcd_members(c, ns, 64)
                 .into_iter()
                 .find(|m| m.name == *name)
@@ -332,6 +341,26 @@ async fn take_step(
             Ok(())
         }
     }
+}
+
+/// The claim template of the members' data directories in the `stable` channel
+/// (`volumeClaimTemplates[0].metadata.name`): a member's claim is `data-<pod>`.
+pub const DATA_CLAIM: &str = "data";
+
+/// Clears a removed member's data the way a super cluster allows: deletes its claim
+/// (`data-<pod>`; it goes once the pod no longer uses it) and then its pod, which the
+/// StatefulSet controller creates again with a new, empty claim. Missing objects are fine.
+async fn clear_data(ctx: &Context, ns: &str, pod: &str) -> Result<(), String> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let claim = format!("{DATA_CLAIM}-{pod}");
+    let gone = |r: Result<(), kube::Error>| match r {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other.map_err(|e| e.to_string()),
+    };
+    gone(claims.delete(&claim, &DeleteParams::default()).await.map(drop))?;
+    gone(pods.delete(pod, &DeleteParams::default()).await.map(drop))?;
+    Ok(())
 }
 
 /// The Status of every listed member, in list order.
