@@ -221,8 +221,8 @@ enum Outcome {
         next_renewal: Option<time::OffsetDateTime>,
         /// Readiness is a provider kind's, which no watch reports.
         provider_readiness: bool,
-        /// etcd: the membership as read and changed this round.
-        membership: Membership,
+        /// etcd: the membership as read and changed this round (boxed: the variant is large).
+        membership: Box<Membership>,
     },
 }
 
@@ -630,7 +630,7 @@ async fn drive<K: ComponentResource>(
         certificates,
         next_renewal: store.next_renewal(),
         provider_readiness: declared.and_then(|d| d.readiness.as_ref()).is_some(),
-        membership,
+        membership: Box::new(membership),
     })
 }
 
