@@ -150,9 +150,9 @@ pub struct MemberRemediation {
     pub enabled: Option<bool>,
     /// How long, in seconds, a voting member must have been unreachable (no answer to
     /// etcd's Status call, or no leader known) before capn considers its data lost and
-    /// replaces it. Default 300. A member that comes back with its data after being
-    /// replaced refuses to start (etcd: "the member has been permanently removed"); its
-    /// claim must then be deleted (README "etcd membership").
+    /// replaces it. Default 300. Replacing deletes the member's claim and pod, so a member
+    /// that was only down loses its data too and receives a full copy (README "etcd
+    /// membership").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub unreachable_timeout_seconds: Option<i32>,

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::reflector::ObjectRef;
 use time::OffsetDateTime;
@@ -524,9 +523,4 @@ fn unchanged(
 
 fn refused(refusal: &Refusal, warning: &str) -> ConditionUpdate {
     ConditionUpdate::new(MEMBERS_SYNCED, false, refusal.reason(), format!("{refusal}{warning}"))
-}
-
-/// The name of `object` for logs.
-pub fn describe(object: &NestedEtcd) -> String {
-    format!("{}/{}", object.namespace().unwrap_or_default(), object.name_any())
 }
