@@ -242,16 +242,21 @@ async fn boot() -> Result<Running, String> {
     give_to_sudo_user(dir.path());
     step(
         2,
-        &format!("Running capn: `capn run --namespace {NAMESPACE}` against the super cluster"),
+        "Starting the runner: it plays the kubelet for capn's StatefulSets (each pod in its own network and mount namespaces)",
     );
     create_namespace(&client).await?;
-    let capn = start_capn(cluster.kubeconfig_path(), &dir.path().join("capn.log"))?;
+    let runner = Runner::start(&client, NAMESPACE).await?;
 
     step(
         3,
-        "Starting the runner: it plays the kubelet for capn's StatefulSets (each pod in its own network and mount namespaces)",
+        &format!("Running capn: `capn run --namespace {NAMESPACE}` against the super cluster"),
     );
-    let runner = Runner::start(&client, NAMESPACE).await?;
+    // capn dials the tenant's etcd members by name: the runner's hosts file maps them.
+    let capn = start_capn(
+        cluster.kubeconfig_path(),
+        &dir.path().join("capn.log"),
+        &runner.hosts_file(),
+    )?;
 
     step(
         4,
@@ -489,7 +494,7 @@ fn capn_binary() -> Result<PathBuf, String> {
 
 /// Starts `capn run` for the demo's namespace against the super cluster. It dies with the
 /// demo (PR_SET_PDEATHSIG); its health and metrics endpoints listen on loopback only.
-fn start_capn(kubeconfig: &Path, log: &Path) -> Result<CapnProcess, String> {
+fn start_capn(kubeconfig: &Path, log: &Path, etcd_hosts: &Path) -> Result<CapnProcess, String> {
     let binary = capn_binary()?;
     let out = std::fs::File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
@@ -507,6 +512,8 @@ fn start_capn(kubeconfig: &Path, log: &Path) -> Result<CapnProcess, String> {
             "--health-probe-bind-address",
             "127.0.0.1:0",
         ])
+        .arg("--etcd-hosts-file")
+        .arg(etcd_hosts)
         .env("KUBECONFIG", kubeconfig)
         .stdin(Stdio::null())
         .stdout(out)

@@ -115,6 +115,15 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
                 &["statefulsets"],
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
+            // etcd's membership ConfigMap (issue 10).
+            rule(
+                &[""],
+                &["configmaps"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
+            // A lost etcd member's data is cleared by deleting its claim and its pod, which
+            // the StatefulSet controller creates anew, empty (issue 10, part 2).
+            rule(&[""], &["persistentvolumeclaims", "pods"], &["delete"]),
             rule(
                 &["policy"],
                 &["poddisruptionbudgets"],

@@ -121,6 +121,12 @@ pub struct RunArgs {
     /// Labels of capn's own pods, `key=value[,key=value]`, for the same NetworkPolicy peer.
     #[arg(long, value_delimiter = ',', default_value = crate::plan::policy::DEFAULT_CAPN_POD_LABELS, value_name = "LABELS")]
     pub self_labels: Vec<String>,
+    /// A file in `/etc/hosts` format mapping tenant etcd member names
+    /// (`<c>-etcd-<i>.<c>-etcd.<ns>.svc`) to addresses, for running capn outside the pod
+    /// network (tests, development). Read again when it changes; TLS still verifies the name.
+    /// Not needed in a super cluster, where cluster DNS answers those names.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_hosts_file: Option<std::path::PathBuf>,
 }
 
 impl RunArgs {
@@ -271,6 +277,7 @@ pub async fn main() -> anyhow::Result<()> {
                 certificate_validity: args.certificate_validity,
                 upgrade_step_timeout: args.upgrade_step_timeout,
                 capn_pods,
+                etcd_hosts_file: args.etcd_hosts_file,
             };
             let client = kube::Client::try_default()
                 .await

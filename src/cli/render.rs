@@ -428,6 +428,7 @@ pub fn render_documents(
         let etcd_plan = plan_component(channels, &cluster, &etcd, &Upstream::default(), etcd_running)?;
         let upstream = Upstream {
             etcd_endpoints: etcd_plan.etcd_endpoints.clone(),
+            ..Upstream::default()
         };
         let apiserver_plan = plan_component(channels, &cluster, &apiserver, &upstream, apiserver_running)?;
         let cm_plan = plan_component(

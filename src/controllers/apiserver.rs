@@ -38,6 +38,7 @@ impl ComponentResource for NestedAPIServer {
         match predecessor_ready::<NestedEtcd>(ctx, ncp, cluster, ns) {
             Ok(etcd) if !etcd.endpoints.is_empty() => Gate::Open(Upstream {
                 etcd_endpoints: etcd.endpoints,
+                ..Upstream::default()
             }),
             Ok(_) => Gate::Wait {
                 reason: "WaitingForEtcd",

@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 
 use super::cache::{Caches, Subscriptions};
 use super::certificates::CertificateStore;
+use super::membership::Membership;
 use super::read::{
     cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane, renewal_policy,
 };
@@ -93,6 +94,18 @@ pub trait ComponentResource:
         plan: &Plan,
         applied: &[serde_json::Value],
     ) -> impl Future<Output = Result<Gate, ReconcileError>> + Send;
+
+    /// etcd: reads the members through etcd and takes at most one membership step (issue
+    /// 10); what the plan renders for them. The others: nothing.
+    fn membership(
+        _ctx: &Context,
+        _object: &Self,
+        _store: &CertificateStore<'_>,
+        _cluster: &ClusterSettings,
+        _now: &Now,
+    ) -> impl Future<Output = Result<Membership, ReconcileError>> + Send {
+        std::future::ready(Ok(Membership::default()))
+    }
 
     /// The Service this component publishes in its status (the apiserver's), from the
     /// objects as applied.
@@ -209,6 +222,8 @@ enum Outcome {
         next_renewal: Option<time::OffsetDateTime>,
         /// Readiness is a provider kind's, which no watch reports.
         provider_readiness: bool,
+        /// etcd: the membership as read and changed this round (boxed: the variant is large).
+        membership: Box<Membership>,
     },
 }
 
@@ -350,6 +365,7 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             certificates,
             next_renewal,
             provider_readiness,
+            membership,
         }) => {
             let members = format!("{ready_replicas}/{desired} members ready");
             set(ConditionUpdate::new(
@@ -381,7 +397,20 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             status.ready_replicas = Some(ready_replicas);
             status.replicas_display = Some(format!("{ready_replicas}/{desired}"));
             status.inventory = plan.inventory();
-            status.endpoints = plan.etcd_endpoints.clone();
+            // During a membership change the apiserver keeps the members it has (member 0
+            // never goes, so it always reaches one); it gets the new list, and rolls once,
+            // when the change is done.
+            status.endpoints = if membership.render.is_none() || membership.settled || old.endpoints.is_empty() {
+                plan.etcd_endpoints.clone()
+            } else {
+                old.endpoints.clone()
+            };
+            if let Some(members) = membership.status {
+                status.etcd = Some(members);
+            }
+            if let Some(condition) = membership.condition {
+                set(condition);
+            }
             status.service = service;
             status.certificates = Some(certificates);
             // Owned StatefulSets and Services wake us on change; a provider's own kinds are
@@ -392,6 +421,7 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             } else {
                 recheck_after(&object.name_any(), next_renewal, now.time)
             };
+            let again = membership.requeue.map_or(again, |m| m.min(again));
             (Action::requeue(again), Ok(()))
         }
         Err(e) => {
@@ -479,9 +509,10 @@ async fn drive<K: ComponentResource>(
     let name = object.name_any();
     if let Err(e) = check_input(&cluster, K::KIND, &name, object.component(), object.etcd_storage())
         .and_then(|()| resolve(&ctx.channels, &cluster, K::KIND, object.component()))
-        .and_then(|r| check(K::KIND, &r, &running).map_err(PlanError::from))
-        .and_then(|()| {
-            check_members(K::KIND, object.component().replicas.unwrap_or(1), &running).map_err(PlanError::from)
+        .and_then(|r| {
+            check(K::KIND, &r, &running)?;
+            check_members(K::KIND, object.component().replicas.unwrap_or(1), &running, &r)?;
+            Ok(())
         })
     {
         return Ok(Outcome::Invalid(e));
@@ -490,13 +521,20 @@ async fn drive<K: ComponentResource>(
         Ok(policy) => policy,
         Err(message) => return Ok(Outcome::Invalid(PlanError::InvalidCertificateValidity(message))),
     };
-    let upstream = match K::gate(ctx, &ncp, &cluster, ns) {
+    let mut upstream = match K::gate(ctx, &ncp, &cluster, ns) {
         Gate::Open(u) => u,
         Gate::Wait { reason, message } => return Ok(Outcome::Waiting { reason, message }),
     };
     let Some(owner) = controller_reference(object) else {
         return Err(ReconcileError::NoNamespace);
     };
+    let Some(ncp_owner) = controller_reference(&*ncp) else {
+        return Err(ReconcileError::NoNamespace);
+    };
+    let store = CertificateStore::new(ctx, ns, &cluster.name, &ncp_owner, now.time, policy);
+    // etcd: the members as etcd lists them, and at most one step toward the desired count.
+    let membership = K::membership(ctx, object, &store, &cluster, now).await?;
+    upstream.etcd_membership = membership.render.clone();
     // decide (pure)
     let request = ComponentRequest {
         kind: K::KIND,
@@ -517,10 +555,6 @@ async fn drive<K: ComponentResource>(
         Err(e) => return Ok(Outcome::Invalid(e)),
     };
     // act
-    let Some(ncp_owner) = controller_reference(&*ncp) else {
-        return Err(ReconcileError::NoNamespace);
-    };
-    let store = CertificateStore::new(ctx, ns, &cluster.name, &ncp_owner, now.time, policy);
     let applyset = component_applyset_id(K::KIND, &object.name_any(), ns);
     let previous = object
         .component_status()
@@ -614,6 +648,7 @@ async fn drive<K: ComponentResource>(
         certificates,
         next_renewal: store.next_renewal(),
         provider_readiness: declared.and_then(|d| d.readiness.as_ref()).is_some(),
+        membership: Box::new(membership),
     })
 }
 

@@ -7,7 +7,8 @@ use futures::stream::BoxStream;
 use kube::runtime::reflector::ObjectRef;
 
 use super::certificates::{CertificateStore, waiting_for_ca};
-use super::component::{ComponentResource, Gate, component_accessors};
+use super::component::{ComponentResource, Gate, Now, component_accessors};
+use super::membership::{Membership, reconcile_members};
 use super::{Context, ReconcileError};
 use crate::api::{NestedControlPlane, NestedEtcd};
 use crate::component::ComponentKind;
@@ -46,5 +47,25 @@ impl ComponentResource for NestedEtcd {
         let leaf = etcd_server_leaf(&cluster.name, &cluster.namespace, &cluster.super_dns_domain, replicas);
         store.ensure_leaf(&names.etcd_server, &etcd_ca, &leaf).await?;
         Ok(Gate::Open(Upstream::default()))
+    }
+
+    /// Reads the members through etcd and takes at most one step toward `spec.replicas`
+    /// ([`super::membership`]), when the channel's provider declares membership changes.
+    async fn membership(
+        ctx: &Context,
+        object: &Self,
+        store: &CertificateStore<'_>,
+        cluster: &ClusterSettings,
+        now: &Now,
+    ) -> Result<Membership, ReconcileError> {
+        let supported = crate::plan::resolve(&ctx.channels, cluster, ComponentKind::Etcd, &object.spec.component)
+            .ok()
+            .and_then(|r| {
+                r.channel
+                    .component(ComponentKind::Etcd)
+                    .map(|c| c.capabilities.membership_changes)
+            })
+            .unwrap_or(false);
+        reconcile_members(ctx, object, store, cluster, supported, now).await
     }
 }

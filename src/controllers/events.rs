@@ -42,6 +42,12 @@ fn failing(c: &Condition) -> bool {
                 | "Completed"
                 | "UpToDate"
                 | "UpgradeHeld"
+                // Membership steps in progress (issue 10): each change made has an Event of its own.
+                | "AddingLearner"
+                | "ScalingStatefulSet"
+                | "PromotingLearner"
+                | "RemovingMember"
+                | "ReplacingLostMember"
         )
         && c.type_ != crate::status::ROLLING_OUT
 }

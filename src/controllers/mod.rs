@@ -20,6 +20,7 @@ pub mod controller_manager;
 mod error;
 pub mod etcd;
 mod events;
+pub mod membership;
 pub mod public_crds;
 pub mod read;
 pub mod rotation;
@@ -87,6 +88,10 @@ pub struct Settings {
     /// preflight looks for certificate expiry and renewal (`capn run
     /// --upgrade-step-timeout`; docs/design.md §10).
     pub upgrade_step_timeout: std::time::Duration,
+    /// Name → address overrides for dialing tenant etcd members (`capn run
+    /// --etcd-hosts-file`, [`crate::etcd::HostsFile`]); `None` dials the names, which cluster
+    /// DNS answers in a super cluster.
+    pub etcd_hosts_file: Option<std::path::PathBuf>,
 }
 
 /// Default of [`Settings::upgrade_step_timeout`]: a step rolls three StatefulSets, each
@@ -117,6 +122,7 @@ impl Default for Settings {
             certificate_validity: None,
             capn_pods: None,
             upgrade_step_timeout: DEFAULT_UPGRADE_STEP_TIMEOUT,
+            etcd_hosts_file: None,
         }
     }
 }
@@ -137,6 +143,8 @@ pub struct Context {
     pub authorities: certificates::LoadedAuthorities,
     /// The last status written per object, so a lagging cache causes no repeated write.
     pub status_memo: status_memo::StatusMemo,
+    /// Clients of the tenants' etcd, cached per cluster ([`crate::etcd`]).
+    pub etcd: crate::etcd::EtcdClients,
 }
 
 impl Context {
@@ -151,6 +159,7 @@ impl Context {
             controller: "capn".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let etcd = crate::etcd::EtcdClients::new(settings.etcd_hosts_file.clone());
         Self {
             applier: Applier::new(client.clone()),
             recorder: Recorder::new(client.clone(), reporter),
@@ -162,6 +171,7 @@ impl Context {
             verified: Default::default(),
             authorities: Default::default(),
             status_memo: Default::default(),
+            etcd,
         }
     }
 

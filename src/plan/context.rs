@@ -16,7 +16,8 @@
 //! | `labels` | the standard labels capn puts on every object of this component (map) |
 //! | `network.service_cidr`, `network.dns_domain`, `network.super_dns_domain` | tenant service CIDR, tenant DNS domain, super cluster DNS domain |
 //! | `secrets.<name>` | Secret names: `ca`, `etcd_ca`, `proxy_ca`, `sa`, `apiserver`, `apiserver_etcd_client`, `etcd_server`, `apiserver_kubelet_client`, `front_proxy_client`, `controller_manager_kubeconfig`, `kubeconfig` |
-//! | `etcd.members` | etcd only: `[{name, host, peer_url, client_url}]` for every member |
+//! | `etcd.members` | etcd only: `[{name, host, peer_url, client_url}]` for every member (etcd lists, once it runs) |
+//! | `etcd.initial_cluster`, `etcd.initial_cluster_state` | etcd only: `--initial-cluster` (`name=peer_url,...`) and `--initial-cluster-state` (`new`, or `existing` while a member joins) |
 //! | `etcd.endpoints` | the etcd client URLs (apiserver: those NestedEtcd published; etcd: its own) |
 //! | `etcd.storage` | `{ephemeral, size, storage_class_name}` |
 //! | `apiserver.service`, `apiserver.port`, `apiserver.url` | apiserver Service name, port 6443, in-cluster URL |
@@ -95,6 +96,10 @@ pub struct NetworkVars {
 #[derive(Clone, Debug, Serialize)]
 pub struct EtcdVars {
     pub members: Vec<EtcdMember>,
+    /// `--initial-cluster`: `name=peer_url` of every member, comma-separated.
+    pub initial_cluster: String,
+    /// `--initial-cluster-state`: `new` or `existing`.
+    pub initial_cluster_state: String,
     pub endpoints: Vec<String>,
     pub storage: StorageVars,
 }

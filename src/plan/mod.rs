@@ -84,6 +84,45 @@ pub struct ComponentRequest<'a> {
 pub struct Upstream {
     /// etcd client URLs, as NestedEtcd published them (apiserver only).
     pub etcd_endpoints: Vec<String>,
+    /// etcd only: the membership of a running etcd, as capn read it from etcd and the step it
+    /// takes (issue 10); `None` renders a new cluster of `spec.replicas` members.
+    pub etcd_membership: Option<EtcdMembership>,
+}
+
+/// What an etcd with members renders: how many pods, and what a member starting with an
+/// empty data directory reads (the `<c>-etcd-membership` ConfigMap).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EtcdMembership {
+    /// `spec.replicas` of the StatefulSet: follows the member list one step at a time, not
+    /// `spec.replicas` of the NestedEtcd.
+    pub statefulset_replicas: i32,
+    /// Every member etcd lists, by name and peer URL, including a learner not started yet
+    /// (`--initial-cluster`).
+    pub members: Vec<EtcdMember>,
+    /// `new` or `existing` (`--initial-cluster-state`).
+    pub initial_cluster_state: InitialClusterState,
+}
+
+/// etcd's `--initial-cluster-state`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InitialClusterState {
+    #[default]
+    /// Bootstrap: a member with an empty data directory forms the cluster with the listed
+    /// members, or refuses to start when the others report it bootstrapped already.
+    New,
+    /// Join: a member with an empty data directory joins the running cluster as the member
+    /// whose peer URL it advertises.
+    Existing,
+}
+
+impl InitialClusterState {
+    /// The flag's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Existing => "existing",
+        }
+    }
 }
 
 /// The complete desired state of one component.
@@ -314,17 +353,29 @@ pub fn plan(
     check_input(cluster, kind, request.resource_name, spec, request.etcd_storage)?;
     let resolved = rules::resolve(channels, cluster, kind, spec)?;
     rules::check(kind, &resolved, &request.running)?;
-    rules::check_members(kind, spec.replicas.unwrap_or(1), &request.running)?;
+    rules::check_members(kind, spec.replicas.unwrap_or(1), &request.running, &resolved)?;
     let (channel, version) = (resolved.channel, resolved.version);
-    let replicas = spec.replicas.unwrap_or(1);
+    let mut replicas = spec.replicas.unwrap_or(1);
     if replicas < 1 {
         return Err(PlanError::InvalidReplicas(replicas));
     }
-    let members = match kind {
-        ComponentKind::Etcd => etcd_members(&cluster.name, &cluster.namespace, replicas),
+    let mut initial_state = InitialClusterState::New;
+    let members = match (kind, &upstream.etcd_membership) {
+        (ComponentKind::Etcd, Some(membership)) => {
+            replicas = membership.statefulset_replicas.max(1);
+            initial_state = membership.initial_cluster_state;
+            membership.members.clone()
+        }
+        (ComponentKind::Etcd, None) => etcd_members(&cluster.name, &cluster.namespace, replicas),
         _ => Vec::new(),
     };
-    let etcd_endpoints: Vec<String> = members.iter().map(|m| m.client_url.clone()).collect();
+    let etcd_endpoints: Vec<String> = match kind {
+        ComponentKind::Etcd => etcd_members(&cluster.name, &cluster.namespace, replicas)
+            .into_iter()
+            .map(|m| m.client_url)
+            .collect(),
+        _ => Vec::new(),
+    };
     let endpoints_for_templates = match kind {
         ComponentKind::Etcd => etcd_endpoints.clone(),
         ComponentKind::ApiServer if upstream.etcd_endpoints.is_empty() => {
@@ -333,6 +384,7 @@ pub fn plan(
         _ => upstream.etcd_endpoints.clone(),
     };
     let mut context = build_context(cluster, request, &version, replicas, members, endpoints_for_templates);
+    context.etcd.initial_cluster_state = initial_state.as_str().to_string();
     // Every object is a member of the component's ApplySet (KEP-3659): pruning and kubectl
     // both find the set by this label.
     context.labels.insert(
@@ -458,6 +510,12 @@ fn build_context(
         .into_iter()
         .collect(),
         etcd: EtcdVars {
+            initial_cluster: members
+                .iter()
+                .map(|m| format!("{}={}", m.name, m.peer_url))
+                .collect::<Vec<_>>()
+                .join(","),
+            initial_cluster_state: InitialClusterState::New.as_str().to_string(),
             members,
             endpoints: etcd_endpoints,
             storage: StorageVars {

@@ -56,6 +56,7 @@ fn three_endpoints() -> Upstream {
             .into_iter()
             .map(|m| m.client_url)
             .collect(),
+        ..Upstream::default()
     }
 }
 
@@ -90,7 +91,31 @@ fn etcd_initial_cluster_lists_every_member_with_its_peer_url() {
     };
     let p = plan_of(ComponentKind::Etcd, &spec, &Upstream::default()).unwrap();
     let sts = find(&p, "StatefulSet");
-    let initial = flag(sts, "initial-cluster").expect("--initial-cluster");
+    // The member list is not a flag (a flag change would roll every member) but the
+    // environment, from the membership ConfigMap.
+    assert_eq!(flag(sts, "initial-cluster"), None);
+    assert_eq!(flag(sts, "initial-cluster-state"), None);
+    let env = &sts["spec"]["template"]["spec"]["containers"][0]["env"];
+    for (var, key) in [
+        ("ETCD_INITIAL_CLUSTER", "initial-cluster"),
+        ("ETCD_INITIAL_CLUSTER_STATE", "initial-cluster-state"),
+    ] {
+        let entry = env
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == var)
+            .unwrap_or_else(|| panic!("{var} in {env}"));
+        assert_eq!(entry["valueFrom"]["configMapKeyRef"]["name"], "demo-etcd-membership");
+        assert_eq!(entry["valueFrom"]["configMapKeyRef"]["key"], key);
+    }
+    let membership = p
+        .objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "demo-etcd-membership")
+        .expect("the membership ConfigMap");
+    assert_eq!(membership["data"]["initial-cluster-state"], "new");
+    let initial = membership["data"]["initial-cluster"].as_str().unwrap();
     let mut members: Vec<&str> = initial.split(',').collect();
     members.sort();
     assert_eq!(
@@ -103,6 +128,39 @@ fn etcd_initial_cluster_lists_every_member_with_its_peer_url() {
     );
     assert_eq!(p.etcd_endpoints.len(), 3);
     assert_eq!(sts["spec"]["replicas"], 3);
+}
+
+#[test]
+fn a_running_etcd_renders_the_membership_capn_read_not_the_spec() {
+    let spec = ComponentSpec {
+        replicas: Some(5),
+        ..Default::default()
+    };
+    // Three members, the fourth added as a learner that has not started: the StatefulSet
+    // grows to four and a starting member joins (`existing`) the four listed.
+    let members = etcd_members("demo", "tenant-a", 4);
+    let upstream = Upstream {
+        etcd_membership: Some(EtcdMembership {
+            statefulset_replicas: 4,
+            members: members.clone(),
+            initial_cluster_state: InitialClusterState::Existing,
+        }),
+        ..Upstream::default()
+    };
+    let p = plan_of(ComponentKind::Etcd, &spec, &upstream).unwrap();
+    assert_eq!(find(&p, "StatefulSet")["spec"]["replicas"], 4);
+    assert_eq!(p.replicas, 4);
+    assert_eq!(p.etcd_endpoints.len(), 4);
+    let membership = p
+        .objects
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "demo-etcd-membership")
+        .unwrap();
+    assert_eq!(membership["data"]["initial-cluster-state"], "existing");
+    let want: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect();
+    assert_eq!(membership["data"]["initial-cluster"], want.join(","));
+    // The PodDisruptionBudget follows the members that exist: 4 → 1 may be unavailable.
+    assert_eq!(find(&p, "PodDisruptionBudget")["spec"]["maxUnavailable"], 1);
 }
 
 #[test]

@@ -66,9 +66,14 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     let runner = Runner::start(&client, &ns)
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
+    // capn dials the tenant's etcd members by name through the runner's hosts file.
+    let hosts = runner.hosts_file();
     let capn = match start {
-        StartCapn::InProcess => Running::InProcess(Capn::start(&client, &ns)),
-        StartCapn::Process(args) => Running::Process(CapnProcess::start(&ns, &args)),
+        StartCapn::InProcess => Running::InProcess(Capn::start_with_etcd_hosts(&client, &ns, &hosts)),
+        StartCapn::Process(mut args) => {
+            args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
+            Running::Process(CapnProcess::start(&ns, &args))
+        }
     };
     let applied = Instant::now();
     match docs {

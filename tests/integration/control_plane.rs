@@ -186,9 +186,15 @@ async fn three_member_etcd_is_listed_everywhere_and_every_dialled_host_is_certif
     }))
     .await;
     make_ready(&client, &ns, "big-etcd").await;
-    let etcd_sts = statefulset(&client, &ns, "big-etcd").await.unwrap();
-    let etcd_flags = flags(&etcd_sts);
-    let mut members: Vec<&str> = etcd_flags["initial-cluster"].split(',').collect();
+    // Members start from the membership ConfigMap (ETCD_INITIAL_CLUSTER), not from flags.
+    let initial_cluster = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns)
+        .get("big-etcd-membership")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["initial-cluster"]
+        .clone();
+    let mut members: Vec<&str> = initial_cluster.split(',').collect();
     members.sort();
     let expected: Vec<String> = (0..3)
         .map(|i| format!("big-etcd-{i}=https://big-etcd-{i}.big-etcd.{ns}.svc:2380"))
@@ -220,7 +226,7 @@ async fn three_member_etcd_is_listed_everywhere_and_every_dialled_host_is_certif
         "tls.crt",
     ));
     let (dns, _) = sans(&cert);
-    let urls = etcd_flags["initial-cluster"]
+    let urls = initial_cluster
         .split(',')
         .map(|m| m.split_once('=').unwrap().1.to_string())
         .chain(servers.iter().map(|s| s.to_string()));

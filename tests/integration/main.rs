@@ -4,6 +4,7 @@
 mod boot;
 mod boot_certificates;
 mod boot_upgrade;
+mod boot_members;
 mod capi;
 mod certificates;
 mod cli;

@@ -267,6 +267,7 @@ fn rendered(ns: &str) -> Vec<Value> {
     };
     let endpoints = Upstream {
         etcd_endpoints: etcd_members("demo", ns, 3).into_iter().map(|m| m.client_url).collect(),
+        ..Upstream::default()
     };
     let mut objects = Vec::new();
     for kind in [

@@ -12,7 +12,8 @@
 //!   runs, emptyDir, and the StatefulSet's volume claims, with the owner and modes the kubelet
 //!   gives them (`fsGroup` included);
 //! - for every container, a process started exactly from the container's `command` + `args`
-//!   (`$(VAR)` expanded from `env` like the kubelet, downward-API `fieldRef`s included), in a
+//!   (`$(VAR)` expanded from `env` like the kubelet, downward-API `fieldRef`s and
+//!   `configMapKeyRef`s included, the environment built anew at every start), in a
 //!   private mount namespace whose root is the container's own directory with every
 //!   `volumeMount` at its `mountPath`, as `runAsUser`/`runAsGroup` with the fsGroup, with
 //!   `no_new_privs` and a read-only root when the security context asks for them;
@@ -71,15 +72,32 @@
 //!    the volume directory stays the same (so the containers' bind mounts show the new files)
 //!    and a `subPath` mount keeps the file it was bound to at start. Volume claims are
 //!    directories that live as long as the StatefulSet, whatever its
-//!    `persistentVolumeClaimRetentionPolicy` says.
-//! 6. **Not emulated:** Pod, PersistentVolumeClaim and Endpoints objects in the super cluster,
+//!    `persistentVolumeClaimRetentionPolicy` says; [`Runner::wipe_claim`] empties one while
+//!    its pod is stopped, standing in for a deleted claim replaced by a new, empty one.
+//! 6. **Not emulated:** Pod and Endpoints objects in the super cluster (claims: item 9),
 //!    PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
 //!    and resource limits, seccomp profiles, capability sets (the processes simply run as
 //!    their non-root user), Service environment variables, `minReadySeconds`. Refused loudly:
 //!    initContainers, exec/gRPC probes, host namespaces, privileged containers, other volume
-//!    kinds, `envFrom`, `valueFrom` other than `fieldRef`.
-//!
-//! 7. **Reaching the apiserver from the host.** A client outside the pods cannot resolve the
+//!    kinds, `envFrom`, `valueFrom` other than `fieldRef` and `configMapKeyRef`.
+//! 7. **`configMapKeyRef` from the watch cache.** As the kubelet, the runner builds a
+//!    container's environment when it starts the container (and again at each restart), so
+//!    a ConfigMap changed meanwhile reaches the next start and never a running process; a
+//!    missing ConfigMap or key that is not `optional` keeps the container from starting
+//!    (the kubelet's `CreateContainerConfigError`) and is retried every second. The value is
+//!    read from the runner's watch of the namespace's ConfigMaps, which may lag the API by
+//!    a moment, as the kubelet's watch-based ConfigMap manager does.
+//! 8. **Hosts file for the host.** [`Runner::hosts_file`] lists every name the pods resolve,
+//!    for capn's `--etcd-hosts-file` (capn dials tenant etcd members by name).
+//! 9. **Claim objects.** For each claim directory the runner creates a PersistentVolumeClaim
+//!    object `<template>-<pod>` (never bound: there are no PersistentVolumes), as the
+//!    StatefulSet controller would. Deleting one stands for losing the disk: the pod's
+//!    containers stop, the directory is emptied, the object is released (its
+//!    `kubernetes.io/pvc-protection` finalizer removed, which no controller here does) and
+//!    created again, and the containers start on the empty claim. Pods have no objects, so
+//!    deleting a Pod (as capn does after deleting a claim) is answered NotFound and changes
+//!    nothing.
+//! 10. **Reaching the apiserver from the host.** A client outside the pods cannot resolve the
 //!    in-cluster names. [`Runner::client_config`] dials the address the name resolves to while
 //!    still verifying the certificate for the name (kube's `tls_server_name`). A program that
 //!    takes a kubeconfig file verbatim (the upstream e2e binary of `hack/conformance.sh`)
@@ -113,7 +131,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PodSpec, Secret, Service};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -170,6 +188,8 @@ struct Shared {
     services: Store<Service>,
     secrets: Store<Secret>,
     config_maps: Store<ConfigMap>,
+    /// The PersistentVolumeClaim objects of the namespace ([`sync_claims`]).
+    claim_objects: Store<PersistentVolumeClaim>,
     state: Mutex<State>,
     wake: Notify,
     /// Woken by every change to a Secret or ConfigMap of the namespace.
@@ -194,6 +214,10 @@ struct State {
     versions: BTreeMap<PathBuf, Result<String, String>>,
     libraries: BTreeMap<PathBuf, Vec<PathBuf>>,
     records: dns::Records,
+    /// What [`Runner::hosts_file`] holds.
+    outside_hosts: String,
+    /// The claim objects the runner keeps for its claim directories, by claim name.
+    claim_records: BTreeMap<String, ClaimRecord>,
     warned: BTreeSet<String>,
 }
 
@@ -243,6 +267,17 @@ struct Refreshed {
     updates: u32,
     /// Why the last refresh failed (reported once), `None` after a success.
     failing: Option<String>,
+}
+
+/// A volume claim directory and the PersistentVolumeClaim object standing for it.
+#[derive(Clone, Debug)]
+struct ClaimRecord {
+    dir: PathBuf,
+    pod: String,
+    /// The object was created (or found) and not deleted since.
+    created: bool,
+    /// The watch cache has shown the object since it was created.
+    seen: bool,
 }
 
 /// A running or finished container, for reports.
@@ -359,6 +394,8 @@ impl Runner {
         let services_api: Api<Service> = Api::namespaced(client.clone(), namespace);
         let secrets_api: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let config_maps_api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+        let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+        let (claim_objects, claims_writer) = reflector::store();
         let (sets, sets_writer) = reflector::store();
         let (services, services_writer) = reflector::store();
         let (secrets, secrets_writer) = reflector::store();
@@ -375,6 +412,7 @@ impl Runner {
             services,
             secrets,
             config_maps,
+            claim_objects,
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             volumes_wake: Notify::new(),
@@ -390,9 +428,12 @@ impl Runner {
         .default_backoff();
         let watch_services =
             reflector::reflector(services_writer, watcher(services_api, watcher::Config::default())).default_backoff();
+        let watch_claims =
+            reflector::reflector(claims_writer, watcher(claims_api, watcher::Config::default())).default_backoff();
         for stream in [
             watch_sets.map(|e| e.map(drop)).boxed(),
             watch_services.map(|e| e.map(drop)).boxed(),
+            watch_claims.map(|e| e.map(drop)).boxed(),
         ] {
             let shared = shared.clone();
             tasks.push(tokio::spawn(async move {
@@ -499,6 +540,13 @@ impl Runner {
             .unwrap_or_default()
     }
 
+    /// A hosts file (`/etc/hosts` format) holding every name the pods resolve, kept current
+    /// like theirs: what capn gets as `--etcd-hosts-file` (or `Settings::etcd_hosts_file`) to
+    /// dial the tenant's etcd members by name from the host. Removed with the runner.
+    pub fn hosts_file(&self) -> PathBuf {
+        self.shared.dir.join("hosts")
+    }
+
     /// A client configuration from a kubeconfig, used verbatim except for one thing: the
     /// server's host, an in-cluster name, is dialled at the address it resolves to (as from a
     /// pod), while the certificate is still verified for the name (`tls_server_name`).
@@ -602,6 +650,20 @@ impl Runner {
     /// If there is no such pod.
     pub fn resume_pod(&self, pod: &str) -> Result<(), String> {
         self.control(pod, Control::Run)
+    }
+
+    /// Loses a pod's data while it is down, as a member whose machine and disk are gone:
+    /// stops the pod's containers (SIGKILL), waits until none runs and empties the claim
+    /// `claim` (the volume claim template's name; the directory itself stays, with its owner
+    /// and mode). The pod stays stopped until [`Runner::resume_pod`], or until its claim
+    /// object is deleted (then it starts on the empty claim, as a pod recreated with a new
+    /// claim would).
+    ///
+    /// # Errors
+    /// If there is no such pod, or its processes do not stop within 30 s.
+    pub async fn wipe_claim(&self, pod: &str, claim: &str) -> Result<(), String> {
+        let dir = self.shared.dir.join("claims").join(format!("{claim}-{pod}"));
+        wipe(&self.shared, pod, &dir).await
     }
 
     fn control(&self, pod: &str, control: Control) -> Result<(), String> {
@@ -858,6 +920,7 @@ fn pod_ready(pod: &PodShared) -> bool {
 /// One pass: every StatefulSet's pods and status, then DNS.
 async fn reconcile(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) {
     let patches = plan_pass(shared, sets);
+    sync_claims(shared).await;
     for (uid, name, status) in patches {
         let api: Api<StatefulSet> = Api::namespaced(shared.client.clone(), &shared.namespace);
         let params = PatchParams {
@@ -1038,9 +1101,16 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
             }
             let mut claims = BTreeMap::new();
             for template in &claim_templates {
-                let dir = shared.dir.join("claims").join(format!("{template}-{name}-{ordinal}"));
+                let claim = format!("{template}-{name}-{ordinal}");
+                let dir = shared.dir.join("claims").join(&claim);
                 set.claims.insert(dir.clone());
-                claims.insert(template.clone(), dir);
+                claims.insert(template.clone(), dir.clone());
+                state.claim_records.entry(claim).or_insert(ClaimRecord {
+                    dir,
+                    pod: pod_name.clone(),
+                    created: false,
+                    seen: false,
+                });
             }
             let handle = start_pod(shared, sts, &pod_name, ordinal, &revision, pod_spec.clone(), claims);
             names_in_use.insert(pod_name);
@@ -1221,6 +1291,123 @@ fn refresh_volumes(shared: &Shared) {
     }
 }
 
+/// Keeps a PersistentVolumeClaim object for every claim directory, as the StatefulSet
+/// controller creates one per pod and claim template, and treats the deletion of one as the
+/// loss of its data: the pod's containers stop, the directory is emptied, the object is
+/// released (its `kubernetes.io/pvc-protection` finalizer removed, which no controller here
+/// would do) and created again, and the containers start on the empty claim, as a pod
+/// recreated with a new claim would.
+async fn sync_claims(shared: &Arc<Shared>) {
+    let records: Vec<(String, ClaimRecord)> = lock(&shared.state)
+        .claim_records
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(shared.client.clone(), &shared.namespace);
+    for (name, record) in records {
+        let live = shared
+            .claim_objects
+            .get(&kube::runtime::reflector::ObjectRef::new(&name).within(&shared.namespace));
+        let deleted = match &live {
+            Some(claim) => claim.metadata.deletion_timestamp.is_some(),
+            None => record.created && record.seen,
+        };
+        if deleted {
+            shared.event(format!("claim {name} deleted: {} loses its data", record.pod));
+            if let Err(e) = wipe(shared, &record.pod, &record.dir)
+                .await
+                .and_then(|()| set_control(shared, &record.pod, Control::Run))
+            {
+                shared.problem(format!("emptying claim {name}: {e}"));
+            }
+            if live.is_some() {
+                let release = serde_json::json!({"metadata": {"finalizers": null}});
+                let _ = api.patch(&name, &PatchParams::default(), &Patch::Merge(&release)).await;
+            }
+            if let Some(r) = lock(&shared.state).claim_records.get_mut(&name) {
+                r.created = false;
+                r.seen = false;
+            }
+            continue;
+        }
+        if live.is_some() {
+            if let Some(r) = lock(&shared.state).claim_records.get_mut(&name) {
+                r.created = true;
+                r.seen = true;
+            }
+            continue;
+        }
+        if record.created {
+            continue;
+        }
+        let claim = PersistentVolumeClaim {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                resources: Some(k8s_openapi::api::core::v1::VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([(
+                        "storage".to_owned(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
+                    )])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match api.create(&kube::api::PostParams::default(), &claim).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            // A claim being deleted still holds the name: created on a later pass.
+            Err(_) => continue,
+        }
+        if let Some(r) = lock(&shared.state).claim_records.get_mut(&name) {
+            r.created = true;
+        }
+    }
+}
+
+/// Stops `pod`'s containers and empties `dir` (keeping the directory, its owner and mode).
+async fn wipe(shared: &Shared, pod: &str, dir: &Path) -> Result<(), String> {
+    set_control(shared, pod, Control::Pause)?;
+    let prefix = format!("{pod}/");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lock(&shared.state).live.values().any(|p| p.starts_with(&prefix)) {
+        if Instant::now() >= deadline {
+            return Err(format!("{pod}'s processes did not stop"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let removed = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    shared.event(format!("{pod}: claim {} emptied", dir.display()));
+    Ok(())
+}
+
+/// Sends `control` to the (not deleting) pod named `pod`.
+fn set_control(shared: &Shared, pod: &str, control: Control) -> Result<(), String> {
+    let state = lock(&shared.state);
+    let handle = state
+        .sets
+        .values()
+        .flat_map(|s| s.pods.values())
+        .find(|p| p.name == pod && !p.deleting)
+        .ok_or_else(|| format!("the runner has no pod {pod}"))?;
+    handle.control.send_replace(control);
+    Ok(())
+}
+
 /// Rewrites every pod's hosts file when the names changed.
 fn refresh_dns(shared: &Shared) {
     let services: Vec<Service> = shared.services.state().iter().map(|s| (**s).clone()).collect();
@@ -1253,6 +1440,10 @@ fn refresh_dns(shared: &Shared) {
         }
     }
     state.records = names.clone();
+    let outside = dns::outside_hosts_file(&names);
+    if state.outside_hosts != outside && write_dns_file(&shared.dir, "hosts", &outside).is_ok() {
+        state.outside_hosts = outside;
+    }
     drop(state);
     for (record, pod) in pods {
         let text = dns::hosts_file(&record, &shared.namespace, DNS_DOMAIN, &names);
@@ -1470,7 +1661,19 @@ async fn run_container(
                 }
             }
         }
-        let launch = plan.launch.clone();
+        // The environment as the kubelet builds it at this start (configMapKeyRef included).
+        let launch = match plan.launch_now(&shared.sources()) {
+            Ok(launch) => launch,
+            Err(why) => {
+                *lock(&pod.waiting) = Some(why);
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = control.changed() => {}
+                }
+                continue;
+            }
+        };
+        *lock(&pod.waiting) = None;
         let stopping = shared.stopping.clone();
         let submitted = lock(&shared.spawner).as_ref().map(|s| {
             s.submit(move || {
