@@ -43,6 +43,24 @@ pub struct ComponentVersions {
     /// mounted Secret rolls it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reloaded_secrets: Vec<String>,
+    /// etcd only: which day-2 operations the provider supports. Default: none, so capn
+    /// refuses them with a condition rather than guess what another provider's objects do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Capabilities>,
+}
+
+/// Day-2 operations a provider of etcd supports (issue 10, part 5). capn refuses, with a
+/// condition naming the channel, whatever its channel does not declare.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Capabilities {
+    /// Members can be added and removed on a running etcd (capn's member API steps).
+    #[serde(default)]
+    pub membership_changes: bool,
+    /// capn may take snapshots through etcd's maintenance API and restore members from one
+    /// (the templates render the restore init containers).
+    #[serde(default)]
+    pub backups: bool,
 }
 
 /// Which rendered objects decide a component's readiness: every object of `kind` must be

@@ -93,6 +93,19 @@ pub trait ComponentResource:
         applied: &[serde_json::Value],
     ) -> impl Future<Output = Result<Gate, ReconcileError>> + Send;
 
+    /// What must be settled before the members are planned (etcd: a pending restore, see
+    /// [`super::backup`]), decided against the resolved channel and release. Default:
+    /// nothing.
+    fn prepare(
+        _ctx: &Context,
+        _object: &Self,
+        _ns: &str,
+        _channel: &crate::channel::Channel,
+        _version: &semver::Version,
+    ) -> impl Future<Output = Result<super::backup::RestorePlan, ReconcileError>> + Send {
+        async { Ok(super::backup::RestorePlan::None) }
+    }
+
     /// The Service this component publishes in its status (the apiserver's), from the
     /// objects as applied.
     fn service_output(_cluster: &ClusterSettings, _applied: &[serde_json::Value]) -> Option<ServiceOutput> {
@@ -197,7 +210,14 @@ enum Outcome {
         message: String,
     },
     Invalid(PlanError),
+    /// Refused before planning (a restore that cannot start); nothing is applied.
+    Refused {
+        reason: &'static str,
+        message: String,
+    },
     Applied {
+        /// The restore status to report (etcd), when a restore is pending or completed.
+        restore: Option<crate::api::RestoreStatus>,
         plan: Plan,
         ready: bool,
         desired: i32,
@@ -340,7 +360,18 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             }
             (Action::await_change(), Ok(()))
         }
+        Ok(Outcome::Refused { reason, message }) => {
+            set(ConditionUpdate::new(SYNCED, false, reason, message.clone()));
+            if !running {
+                set(ConditionUpdate::new(READY, false, reason, message));
+                status.ready = false;
+                status.phase = Some(phase::FAILED.into());
+            }
+            // What was missing (a snapshot, a Secret) may appear without a spec change.
+            (Action::requeue(Duration::from_secs(60)), Ok(()))
+        }
         Ok(Outcome::Applied {
+            restore,
             plan,
             ready,
             desired,
@@ -383,6 +414,9 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             status.endpoints = plan.etcd_endpoints.clone();
             status.service = service;
             status.certificates = Some(certificates);
+            if restore.is_some() {
+                status.restore = restore;
+            }
             // Owned StatefulSets and Services wake us on change; a provider's own kinds are
             // not watched, so look again soon while one is not ready. Otherwise come back when
             // the next certificate is due.
@@ -468,6 +502,18 @@ async fn drive<K: ComponentResource>(
     {
         return Ok(Outcome::Invalid(e));
     }
+    let restore_plan = match resolve(&ctx.channels, &cluster, K::KIND, object.component()) {
+        Ok(resolved) => K::prepare(ctx, object, ns, resolved.channel, &resolved.version).await?,
+        Err(e) => return Ok(Outcome::Invalid(e)),
+    };
+    let (restore_vars, restore_status) = match restore_plan {
+        super::backup::RestorePlan::None => (None, None),
+        super::backup::RestorePlan::Pending(vars, status) => (Some(vars), Some(status)),
+        super::backup::RestorePlan::Completed(status) => (None, Some(status)),
+        super::backup::RestorePlan::Refused { reason, message } => {
+            return Ok(Outcome::Refused { reason, message });
+        }
+    };
     let policy = match renewal_policy(&ncp, ctx.settings.certificate_validity) {
         Ok(policy) => policy,
         Err(message) => return Ok(Outcome::Invalid(PlanError::InvalidCertificateValidity(message))),
@@ -485,6 +531,7 @@ async fn drive<K: ComponentResource>(
         resource_name: &object.name_any(),
         spec: object.component(),
         etcd_storage: object.etcd_storage(),
+        etcd_restore: restore_vars.as_ref(),
         owner,
         running,
     };
@@ -588,6 +635,7 @@ async fn drive<K: ComponentResource>(
     }
     let service = K::service_output(&cluster, &applied);
     Ok(Outcome::Applied {
+        restore: restore_status,
         plan,
         ready,
         desired,

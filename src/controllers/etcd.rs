@@ -29,6 +29,17 @@ impl ComponentResource for NestedEtcd {
         None
     }
 
+    /// A pending restore's snapshot, checked before any member is planned.
+    async fn prepare(
+        ctx: &Context,
+        object: &Self,
+        ns: &str,
+        channel: &crate::channel::Channel,
+        version: &semver::Version,
+    ) -> Result<super::backup::RestorePlan, ReconcileError> {
+        super::backup::plan_restore(ctx, object, ns, channel, version).await
+    }
+
     /// Issues `<c>-etcd-server` (server and client usage; every member's names) before the
     /// StatefulSet is applied. Waits while the etcd CA does not exist.
     async fn ensure_certificates(

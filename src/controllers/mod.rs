@@ -9,6 +9,7 @@
 //! - [`cluster`]: NestedCluster — the CAPI infrastructure object.
 
 pub mod apiserver;
+pub mod backup;
 pub mod cache;
 pub mod certificates;
 pub mod cluster;
@@ -79,7 +80,14 @@ pub struct Settings {
     /// capn's own pods, which the tenants' NetworkPolicies admit to etcd and the apiserver;
     /// `None` when capn runs outside the super cluster.
     pub capn_pods: Option<crate::plan::CapnPods>,
+    /// capn's own image, which the etcd restore init containers run (`capn run
+    /// --capn-image`, default [`DEFAULT_CAPN_IMAGE`]).
+    pub capn_image: String,
 }
+
+/// The image capn's clusterctl components deploy by default (`${CAPN_IMAGE}`), for this
+/// release.
+pub const DEFAULT_CAPN_IMAGE: &str = concat!("ghcr.io/capn/capn:v", env!("CARGO_PKG_VERSION"));
 
 /// See [`Settings::tenant_config_hook`].
 #[derive(Clone)]
@@ -104,6 +112,7 @@ impl Default for Settings {
             tenant_config_hook: None,
             certificate_validity: None,
             capn_pods: None,
+            capn_image: DEFAULT_CAPN_IMAGE.to_string(),
         }
     }
 }

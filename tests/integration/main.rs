@@ -3,6 +3,9 @@
 
 mod boot;
 mod boot_certificates;
+mod backup;
+mod backup_store;
+mod boot_backup;
 mod capi;
 mod certificates;
 mod cli;

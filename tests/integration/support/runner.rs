@@ -36,7 +36,11 @@
 //!    `KUBEBUILDER_ASSETS`, bind-mounted read-only where the images keep it
 //!    (`/usr/local/bin/<name>`), after checking that its `--version` is the release the image
 //!    tag names (`etcd:3.6.8-0` → 3.6.8, `kube-apiserver:v1.36.3` → 1.36.3); any mismatch is
-//!    refused loudly ([`Runner::check`]). The rest of the container's root is a skeleton of the
+//!    refused loudly ([`Runner::check`]). `etcdutl` (the etcd image's offline tool) says its
+//!    version with `etcdutl version`. capn's own image (`…/capn:v0.1.0`, which the etcd
+//!    restore init containers run) maps to the `capn` binary cargo built for this test
+//!    binary (`CARGO_BIN_EXE_capn`), checked against the tag with `capn --version` like the
+//!    others. The rest of the container's root is a skeleton of the
 //!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`).
 //! 2. **Shared libraries.** The locally built binaries are dynamically linked (the published
 //!    images carry static ones), so the ELF interpreter and the libraries `ldd` lists are
@@ -67,8 +71,17 @@
 //!    PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
 //!    and resource limits, seccomp profiles, capability sets (the processes simply run as
 //!    their non-root user), Service environment variables, `minReadySeconds`. Refused loudly:
-//!    initContainers, exec/gRPC probes, host namespaces, privileged containers, other volume
-//!    kinds, `envFrom`, `valueFrom` other than `fieldRef`.
+//!    sidecar init containers (`restartPolicy: Always`), exec/gRPC probes, host namespaces,
+//!    privileged containers, other volume kinds, `envFrom`, `valueFrom` other than
+//!    `fieldRef` and `secretKeyRef`.
+//! 7. **Init containers** run as the kubelet runs them: in order, each in its own mount
+//!    namespace like a container, each to completion (exit 0) before the next and before
+//!    the containers start; one that fails is restarted with the crash back-off (the pod's
+//!    `restartPolicy: Always`). A pod that is deleted and made again runs them again. A
+//!    `secretKeyRef` variable is read from the runner's Secret watch when the container is
+//!    created; a missing Secret or key holds the pod (the kubelet's
+//!    CreateContainerConfigError) unless the reference is `optional`. While they run, the
+//!    pod is not ready and [`Runner::pods`] reports the init container that runs.
 //!
 //! A client outside the pods cannot resolve the in-cluster names; [`Runner::client_config`]
 //! dials the address the name resolves to while still verifying the certificate for the
@@ -639,6 +652,11 @@ impl Runner {
         &self.shared.host_link
     }
 
+    /// This host's address on the pod network: pods reach a server listening there.
+    pub fn host_address(&self) -> Ipv4Addr {
+        self.shared.host_ip
+    }
+
     /// Everything the runner knows, for a failure message: problems, events, pods, log tails.
     pub fn report(&self) -> String {
         let mut out = String::new();
@@ -906,13 +924,14 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
                     eprintln!("capn runner [{}]: PROBLEM: {refusal}", shared.namespace);
                 }
             } else {
-                for container in &pod_spec.containers {
+                for container in pod_spec.init_containers.iter().flatten().chain(&pod_spec.containers) {
                     let base = container
                         .command
                         .as_ref()
                         .and_then(|c| c.first())
                         .and_then(|c| Path::new(c).file_name())
-                        .map(|b| shared.assets.join(b));
+                        .and_then(|b| b.to_str())
+                        .map(|b| pod::local_binary(b, &shared.assets));
                     if let Some(binary) = base
                         && !state.libraries.contains_key(&binary)
                     {
@@ -1301,17 +1320,40 @@ async fn run_pod(
         }
     };
     let libraries = lock(&shared.state).libraries.clone();
-    let plans = pod::plan_containers(
-        &spec,
-        &pod::PodContext {
+    // Environment from Secrets is read when the containers are created, retried like
+    // volumes (the kubelet's CreateContainerConfigError).
+    let planned = loop {
+        if *control.borrow() == Control::Delete {
+            finish_pod(&shared, &pod, Some(ip), Some(namespaces));
+            return;
+        }
+        let context = pod::PodContext {
             identity: &identity,
             volumes: &volumes,
             dns_dir: &dns_dir,
             pod_dir: &pod.dir,
             assets: &shared.assets,
             libraries: &libraries,
-        },
-    );
+            sources: shared.sources(),
+        };
+        match pod::plan_init_containers(&spec, &context)
+            .and_then(|init| Ok((init, pod::plan_containers(&spec, &context)?)))
+        {
+            Err(why) if why.contains("(yet)") => {
+                if why != said {
+                    shared.event(format!("{name}: waiting for its environment: {why}"));
+                    said = why.clone();
+                }
+                *lock(&pod.waiting) = Some(why);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            other => break other,
+        }
+    };
+    let (init_plans, plans) = match planned {
+        Ok((init, plans)) => (init, Ok(plans)),
+        Err(e) => (Vec::new(), Err(e)),
+    };
     let plans = match plans {
         Ok(plans) => plans,
         Err(e) => {
@@ -1322,6 +1364,31 @@ async fn run_pod(
         }
     };
     *lock(&pod.waiting) = None;
+    let grace = spec
+        .termination_grace_period_seconds
+        .map_or(DEFAULT_GRACE, |s| Duration::from_secs(s.max(0) as u64));
+    let net = namespaces.net.as_raw_fd();
+    let uts = namespaces.uts.as_ref().map(AsRawFd::as_raw_fd);
+    // Init containers, in order, each to completion (restarted with back-off while it
+    // fails, as the kubelet does under restartPolicy Always); the containers start after
+    // the last one succeeded. An init container is reported while it runs or fails.
+    for plan in init_plans {
+        lock(&pod.containers).insert(
+            plan.name.clone(),
+            ContainerReport {
+                name: plan.name.clone(),
+                log: plan.launch.log.clone(),
+                ..ContainerReport::default()
+            },
+        );
+        let init_name = plan.name.clone();
+        let completed = run_container(shared.clone(), pod.clone(), plan, (net, uts), control.clone(), grace).await;
+        if !completed {
+            finish_pod(&shared, &pod, Some(ip), Some(namespaces));
+            return;
+        }
+        lock(&pod.containers).remove(&init_name);
+    }
     {
         let mut containers = lock(&pod.containers);
         for plan in &plans {
@@ -1335,11 +1402,6 @@ async fn run_pod(
             );
         }
     }
-    let grace = spec
-        .termination_grace_period_seconds
-        .map_or(DEFAULT_GRACE, |s| Duration::from_secs(s.max(0) as u64));
-    let net = namespaces.net.as_raw_fd();
-    let uts = namespaces.uts.as_ref().map(AsRawFd::as_raw_fd);
     futures::future::join_all(
         plans
             .into_iter()
@@ -1384,13 +1446,16 @@ fn finish_pod(shared: &Shared, pod: &PodShared, ip: Option<Ipv4Addr>, namespaces
 
 /// How one run of a container ended.
 enum Ended {
+    /// An init container exited 0.
+    Completed,
     Exited(String),
     Unhealthy(String),
     Paused,
     Deleted,
 }
 
-/// A container's life: start, probe, restart with back-off, stop when told.
+/// A container's life: start, probe, restart with back-off, stop when told. Returns true
+/// when an init container completed (exit 0); a container returns false once deleted.
 async fn run_container(
     shared: Arc<Shared>,
     pod: Arc<PodShared>,
@@ -1398,7 +1463,7 @@ async fn run_container(
     (net, uts): (RawFd, Option<RawFd>),
     mut control: watch::Receiver<Control>,
     grace: Duration,
-) {
+) -> bool {
     let id = format!("{}/{}", pod.name, plan.name);
     let mut backoff = Duration::ZERO;
     loop {
@@ -1406,18 +1471,18 @@ async fn run_container(
         loop {
             match *control.borrow_and_update() {
                 Control::Run => break,
-                Control::Delete => return,
+                Control::Delete => return false,
                 Control::Pause => {}
             }
             if control.changed().await.is_err() {
-                return;
+                return false;
             }
         }
         if !backoff.is_zero() {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
                 _ = control.changed() => {
-                    if *control.borrow() == Control::Delete { return; }
+                    if *control.borrow() == Control::Delete { return false; }
                 }
             }
         }
@@ -1431,7 +1496,7 @@ async fn run_container(
                 sandbox::spawn_container(&launch, net, uts)
             })
         });
-        let Some(Ok(receiver)) = submitted else { return };
+        let Some(Ok(receiver)) = submitted else { return false };
         let spawned = receiver
             .await
             .map_err(|_| "the runner's spawner thread dropped the start".to_owned());
@@ -1484,7 +1549,11 @@ async fn run_container(
         match ended {
             Ended::Deleted => {
                 shared.event(format!("{id}: stopped"));
-                return;
+                return false;
+            }
+            Ended::Completed => {
+                shared.event(format!("{id}: completed after {:.1?}", started.elapsed()));
+                return true;
             }
             Ended::Paused => {
                 shared.event(format!("{id}: killed and held stopped"));
@@ -1545,6 +1614,7 @@ async fn supervise(
     }
     loop {
         match child.try_wait() {
+            Ok(Some(status)) if plan.init && status.success() => return Ended::Completed,
             Ok(Some(status)) => return Ended::Exited(format!("exited ({status})")),
             Ok(None) => {}
             Err(e) => return Ended::Exited(format!("cannot be waited for ({e})")),

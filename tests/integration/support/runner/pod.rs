@@ -43,6 +43,8 @@ pub(super) struct PodIdentity {
 #[derive(Clone, Debug)]
 pub(super) struct ContainerPlan {
     pub name: String,
+    /// An init container: runs to completion before the next one and the containers.
+    pub init: bool,
     pub launch: Launch,
     pub startup: Option<ProbeSpec>,
     pub readiness: Option<ProbeSpec>,
@@ -58,8 +60,18 @@ pub(super) fn check_template(
     versions: &mut BTreeMap<PathBuf, Result<String, String>>,
 ) -> Result<(), String> {
     let refuse = |what: String| Err(what);
-    if spec.init_containers.as_ref().is_some_and(|c| !c.is_empty()) {
-        return refuse("initContainers are not supported by the runner".into());
+    for init in spec.init_containers.iter().flatten() {
+        // The API server refuses probes on init containers; a sidecar (restartPolicy
+        // Always) would need the kubelet's sidecar lifecycle, which the runner lacks.
+        if init.startup_probe.is_some() || init.readiness_probe.is_some() || init.liveness_probe.is_some() {
+            return refuse(format!("init container {}: probes are not allowed on init containers", init.name));
+        }
+        if init.restart_policy.as_deref() == Some("Always") {
+            return refuse(format!(
+                "init container {}: sidecar containers (restartPolicy: Always) are not supported by the runner",
+                init.name
+            ));
+        }
     }
     if spec.host_network == Some(true) || spec.host_pid == Some(true) || spec.host_ipc == Some(true) {
         return refuse(
@@ -78,7 +90,7 @@ pub(super) fn check_template(
             ));
         }
     }
-    for container in &spec.containers {
+    for container in spec.init_containers.iter().flatten().chain(&spec.containers) {
         let name = &container.name;
         binary_for(container, assets, versions)?;
         for mount in container.volume_mounts.iter().flatten() {
@@ -97,9 +109,10 @@ pub(super) fn check_template(
         for var in container.env.iter().flatten() {
             if let Some(from) = &var.value_from
                 && from.field_ref.is_none()
+                && from.secret_key_ref.is_none()
             {
                 return refuse(format!(
-                    "container {name}: env {} uses a valueFrom the runner does not support (only fieldRef)",
+                    "container {name}: env {} uses a valueFrom the runner does not support (only fieldRef and secretKeyRef)",
                     var.name
                 ));
             }
@@ -141,7 +154,7 @@ fn binary_for(
         .file_name()
         .and_then(|b| b.to_str())
         .unwrap_or(command0);
-    let binary = assets.join(base);
+    let binary = local_binary(base, assets);
     if !binary.is_file() {
         return Err(format!(
             "container {name} runs {command0}, and {} has no {base}",
@@ -154,7 +167,7 @@ fn binary_for(
     let have = versions
         .entry(binary.clone())
         .or_insert_with(|| {
-            let text = super::sandbox::run_host_command(&binary, &["--version"])?;
+            let text = super::sandbox::run_host_command(&binary, version_args(base))?;
             parse_version(&text)
                 .ok_or_else(|| format!("{} --version printed no version: {}", binary.display(), text.trim()))
         })
@@ -167,6 +180,23 @@ fn binary_for(
         ));
     }
     Ok(binary)
+}
+
+/// The local binary a container's `command[0]` runs: capn's own image runs the `capn`
+/// that cargo built for this test binary (adaptation 1), everything else the binary of
+/// that name in the assets directory.
+pub(super) fn local_binary(base: &str, assets: &Path) -> PathBuf {
+    if base == "capn" {
+        PathBuf::from(env!("CARGO_BIN_EXE_capn"))
+    } else {
+        assets.join(base)
+    }
+}
+
+/// How a binary prints its version: `etcdutl version` (it has no `--version` flag), else
+/// `--version`.
+fn version_args(base: &str) -> &'static [&'static str] {
+    if base == "etcdutl" { &["version"] } else { &["--version"] }
 }
 
 /// The release an image tag names: `registry.k8s.io/etcd:3.6.8-0` → `3.6.8`,
@@ -299,7 +329,11 @@ pub(super) fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
 }
 
 /// The container's environment, in order, as the kubelet builds it from `env`.
-fn environment(container: &Container, pod: &PodIdentity) -> Result<Vec<(String, String)>, String> {
+fn environment(
+    container: &Container,
+    pod: &PodIdentity,
+    sources: Option<&Sources<'_>>,
+) -> Result<Vec<(String, String)>, NotYet> {
     let mut vars: Vec<(String, String)> = Vec::new();
     let mut map: BTreeMap<String, String> = BTreeMap::new();
     for EnvVar {
@@ -310,6 +344,24 @@ fn environment(container: &Container, pod: &PodIdentity) -> Result<Vec<(String, 
     {
         let value = match (value, value_from) {
             (Some(v), _) if !v.is_empty() => expand(v, &map),
+            (_, Some(from)) if from.secret_key_ref.is_some() => {
+                // As the kubelet: a missing Secret or key keeps the container from starting
+                // (CreateContainerConfigError) unless the reference is optional.
+                let Some(key_ref) = from.secret_key_ref.as_ref() else {
+                    continue;
+                };
+                let data = sources.and_then(|s| s.data(&Source::Secret(key_ref.name.clone())));
+                match data.as_ref().and_then(|d| d.get(&key_ref.key)) {
+                    Some(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                    None if key_ref.optional == Some(true) => continue,
+                    None => {
+                        return Err(format!(
+                            "container {}: env {name}: secret {} has no key {} (yet)",
+                            container.name, key_ref.name, key_ref.key
+                        ));
+                    }
+                }
+            }
             (_, Some(from)) => {
                 let path = from
                     .field_ref
@@ -657,6 +709,8 @@ pub(super) struct PodContext<'a> {
     pub pod_dir: &'a Path,
     pub assets: &'a Path,
     pub libraries: &'a BTreeMap<PathBuf, Vec<PathBuf>>,
+    /// Where `secretKeyRef` environment variables are read from.
+    pub sources: Sources<'a>,
 }
 
 /// Plans every container of the pod and lays out their root directories.
@@ -664,6 +718,17 @@ pub(super) fn plan_containers(spec: &PodSpec, ctx: &PodContext<'_>) -> Result<Ve
     let mut plans = Vec::new();
     for container in &spec.containers {
         plans.push(plan_container(spec, container, ctx)?);
+    }
+    Ok(plans)
+}
+
+/// Plans the init containers, in order.
+pub(super) fn plan_init_containers(spec: &PodSpec, ctx: &PodContext<'_>) -> Result<Vec<ContainerPlan>, String> {
+    let mut plans = Vec::new();
+    for container in spec.init_containers.iter().flatten() {
+        let mut plan = plan_container(spec, container, ctx)?;
+        plan.init = true;
+        plans.push(plan);
     }
     Ok(plans)
 }
@@ -677,14 +742,14 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
         .and_then(|b| b.to_str())
         .unwrap_or(&command0)
         .to_owned();
-    let binary = ctx.assets.join(&base);
+    let binary = local_binary(&base, ctx.assets);
     // A bare name is found on the image's PATH; the Kubernetes images keep it here.
     let program = if command0.contains('/') {
         PathBuf::from(&command0)
     } else {
         PathBuf::from("/usr/local/bin").join(&base)
     };
-    let env = environment(container, ctx.identity)?;
+    let env = environment(container, ctx.identity, Some(&ctx.sources))?;
     let vars: BTreeMap<String, String> = env.iter().cloned().collect();
     let args: Vec<String> = command
         .iter()
@@ -783,6 +848,7 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     };
     Ok(ContainerPlan {
         name: name.clone(),
+        init: false,
         startup: probe(&container.startup_probe)?,
         readiness: probe(&container.readiness_probe)?,
         liveness: probe(&container.liveness_probe)?,
