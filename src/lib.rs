@@ -16,6 +16,7 @@ pub mod channel;
 pub mod cli;
 pub mod component;
 pub mod controllers;
+pub mod etcd;
 pub mod manifests;
 pub mod patch;
 pub mod pki;

@@ -138,6 +138,49 @@ pub struct NestedEtcdSpec {
     /// Start from a snapshot instead of empty (only when the etcd is first created).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<super::EtcdRestore>,
+    /// What capn does about a member that lost its data (README "etcd membership").
+    /// Default: it is replaced automatically.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_remediation: Option<MemberRemediation>,
+}
+
+/// Replacement of lost etcd members (issue 10, part 2), named after Cluster API's
+/// remediation of unhealthy machines (KubeadmControlPlane `remediationStrategy`,
+/// MachineHealthCheck `unhealthyNodeConditions[].timeoutSeconds`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberRemediation {
+    /// Whether a lost member is removed from the cluster and added back as a learner that
+    /// starts on an empty data directory. Default `true`. Never while quorum is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// How long, in seconds, a voting member must have been unreachable (no answer to
+    /// etcd's Status call, or no leader known) before capn considers its data lost and
+    /// replaces it. Default 300. A member that comes back with its data after being
+    /// replaced refuses to start (etcd: "the member has been permanently removed"); its
+    /// claim must then be deleted (README "etcd membership").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub unreachable_timeout_seconds: Option<i32>,
+}
+
+impl MemberRemediation {
+    /// The default of [`Self::unreachable_timeout_seconds`].
+    pub const DEFAULT_UNREACHABLE_TIMEOUT_SECONDS: i32 = 300;
+
+    /// Whether lost members are replaced.
+    pub fn enabled(remediation: Option<&Self>) -> bool {
+        remediation.and_then(|r| r.enabled).unwrap_or(true)
+    }
+
+    /// The unreachable timeout.
+    pub fn unreachable_timeout(remediation: Option<&Self>) -> std::time::Duration {
+        let seconds = remediation
+            .and_then(|r| r.unreachable_timeout_seconds)
+            .unwrap_or(Self::DEFAULT_UNREACHABLE_TIMEOUT_SECONDS)
+            .max(1);
+        std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or(300))
+    }
 }
 
 /// Spec of a [`NestedAPIServer`].
@@ -238,6 +281,44 @@ pub struct ComponentStatus {
     /// etcd only: the snapshot the members were restored from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<super::RestoreStatus>,
+    /// etcd only: the members as etcd lists them, and the leader (issue 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdClusterStatus>,
+}
+
+/// The members of a running etcd, as capn last read them through etcd's API.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdClusterStatus {
+    /// Every member etcd lists, by ordinal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<EtcdMemberStatus>,
+    /// The leader's name, when a member knows one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+}
+
+/// One etcd member.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdMemberStatus {
+    /// The member's name (its pod's), or the name its pod will have while it has not started.
+    pub name: String,
+    /// etcd's member ID, in hexadecimal as `etcdctl member list` prints it.
+    #[serde(rename = "id")]
+    pub id: String,
+    /// The peer URL other members dial.
+    #[serde(rename = "peerURL")]
+    pub peer_url: String,
+    /// A learner (non-voting, catching up) rather than a voter.
+    #[serde(default)]
+    pub learner: bool,
+    /// It answered capn's Status call and knows a leader.
+    #[serde(default)]
+    pub healthy: bool,
+    /// Since when it has been unhealthy (RFC 3339), while it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy_since: Option<String>,
 }
 
 /// The Secrets a component's processes read only at start, and their digest as applied to

@@ -43,24 +43,31 @@ pub struct ComponentVersions {
     /// mounted Secret rolls it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reloaded_secrets: Vec<String>,
-    /// etcd only: which day-2 operations the provider supports. Default: none, so capn
-    /// refuses them with a condition rather than guess what another provider's objects do.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capabilities: Option<Capabilities>,
+    /// etcd only: the day-2 operations capn may perform on this provider's etcd. Default:
+    /// none, because capn cannot know that another provider's templates take their member
+    /// list from capn (membership) or that capn may reach its members (backups).
+    #[serde(default, skip_serializing_if = "Capabilities::is_none")]
+    pub capabilities: Capabilities,
 }
 
-/// Day-2 operations a provider of etcd supports (issue 10, part 5). capn refuses, with a
-/// condition naming the channel, whatever its channel does not declare.
+/// What capn may do to a running etcd of a channel's provider (issue 10, part 5).
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Capabilities {
-    /// Members can be added and removed on a running etcd (capn's member API steps).
+    /// Members are added and removed through etcd's member API (learners, one at a time),
+    /// and the templates start each member from the `<c>-etcd-membership` ConfigMap.
     #[serde(default)]
     pub membership_changes: bool,
-    /// capn may take snapshots through etcd's maintenance API and restore members from one
-    /// (the templates render the restore init containers).
+    /// capn takes snapshots through etcd's maintenance API and may restore from them.
     #[serde(default)]
     pub backups: bool,
+}
+
+impl Capabilities {
+    /// Neither capability (the default).
+    pub fn is_none(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Which rendered objects decide a component's readiness: every object of `kind` must be

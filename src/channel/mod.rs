@@ -14,7 +14,7 @@ use semver::Version;
 
 use crate::component::ComponentKind;
 pub use error::ChannelError;
-pub use index::{ChannelIndex, Compatibility, ComponentVersions, EndpointsSource, ReadinessSource};
+pub use index::{Capabilities, ChannelIndex, Compatibility, ComponentVersions, EndpointsSource, ReadinessSource};
 pub use load::{builtin_channels, load_channel_dir};
 pub use version::{RequestedVersion, minor_of};
 

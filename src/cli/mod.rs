@@ -126,6 +126,12 @@ pub struct RunArgs {
     /// capn's own image: the etcd restore init containers run `capn etcd-restore` from it.
     #[arg(long, env = "CAPN_IMAGE", default_value = crate::controllers::DEFAULT_CAPN_IMAGE, value_name = "IMAGE")]
     pub capn_image: String,
+    /// A file in `/etc/hosts` format mapping tenant etcd member names
+    /// (`<c>-etcd-<i>.<c>-etcd.<ns>.svc`) to addresses, for running capn outside the pod
+    /// network (tests, development). Read again when it changes; TLS still verifies the name.
+    /// Not needed in a super cluster, where cluster DNS answers those names.
+    #[arg(long, value_name = "FILE")]
+    pub etcd_hosts_file: Option<std::path::PathBuf>,
 }
 
 impl RunArgs {
@@ -264,6 +270,7 @@ pub async fn main() -> anyhow::Result<()> {
                 certificate_validity: args.certificate_validity,
                 capn_pods,
                 capn_image: args.capn_image,
+                etcd_hosts_file: args.etcd_hosts_file,
             };
             let client = kube::Client::try_default()
                 .await

@@ -106,6 +106,24 @@ pub trait ComponentResource:
         async { Ok(super::backup::RestorePlan::None) }
     }
 
+    /// What follows a successful apply (etcd: backups, see [`super::backup::backup_step`]),
+    /// with the round's certificate store, whether the component is ready and the etcd
+    /// client URLs. Default: nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn after_apply(
+        _ctx: &Context,
+        _object: &Self,
+        _ns: &str,
+        _certificates: &CertificateStore<'_>,
+        _cluster: &str,
+        _channel: &crate::channel::Channel,
+        _ready: bool,
+        _endpoints: &[String],
+        _now: k8s_openapi::jiff::Timestamp,
+    ) -> impl Future<Output = Result<super::backup::BackupReport, ReconcileError>> + Send {
+        async { Ok(super::backup::BackupReport::default()) }
+    }
+
     /// The Service this component publishes in its status (the apiserver's), from the
     /// objects as applied.
     fn service_output(_cluster: &ClusterSettings, _applied: &[serde_json::Value]) -> Option<ServiceOutput> {
@@ -218,6 +236,8 @@ enum Outcome {
     Applied {
         /// The restore status to report (etcd), when a restore is pending or completed.
         restore: Option<crate::api::RestoreStatus>,
+        /// Backups (etcd): status, condition, when to look again.
+        backup: super::backup::BackupReport,
         plan: Plan,
         ready: bool,
         desired: i32,
@@ -372,6 +392,7 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
         }
         Ok(Outcome::Applied {
             restore,
+            backup,
             plan,
             ready,
             desired,
@@ -417,6 +438,12 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             if restore.is_some() {
                 status.restore = restore;
             }
+            if backup.status.is_some() {
+                status.backup = backup.status;
+            }
+            if let Some(condition) = backup.condition {
+                set(condition);
+            }
             // Owned StatefulSets and Services wake us on change; a provider's own kinds are
             // not watched, so look again soon while one is not ready. Otherwise come back when
             // the next certificate is due.
@@ -425,6 +452,8 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             } else {
                 recheck_after(&object.name_any(), next_renewal, now.time)
             };
+            // The next scheduled snapshot, or a running one's result.
+            let again = backup.requeue.map_or(again, |b| again.min(b));
             (Action::requeue(again), Ok(()))
         }
         Err(e) => {
@@ -495,9 +524,10 @@ async fn drive<K: ComponentResource>(
     let name = object.name_any();
     if let Err(e) = check_input(&cluster, K::KIND, &name, object.component(), object.etcd_storage())
         .and_then(|()| resolve(&ctx.channels, &cluster, K::KIND, object.component()))
-        .and_then(|r| check(K::KIND, &r, &running).map_err(PlanError::from))
-        .and_then(|()| {
-            check_members(K::KIND, object.component().replicas.unwrap_or(1), &running).map_err(PlanError::from)
+        .and_then(|r| {
+            check(K::KIND, &r, &running)?;
+            check_members(K::KIND, object.component().replicas.unwrap_or(1), &running, &r)?;
+            Ok(())
         })
     {
         return Ok(Outcome::Invalid(e));
@@ -634,8 +664,26 @@ async fn drive<K: ComponentResource>(
             .unwrap_or_default();
     }
     let service = K::service_output(&cluster, &applied);
+    let backup = match ctx.channels.get(&plan.channel) {
+        Ok(channel) => {
+            K::after_apply(
+                ctx,
+                object,
+                ns,
+                &store,
+                &cluster.name,
+                channel,
+                ready,
+                &plan.etcd_endpoints,
+                now.k8s.0,
+            )
+            .await?
+        }
+        Err(_) => super::backup::BackupReport::default(),
+    };
     Ok(Outcome::Applied {
         restore: restore_status,
+        backup,
         plan,
         ready,
         desired,

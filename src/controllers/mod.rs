@@ -83,6 +83,10 @@ pub struct Settings {
     /// capn's own image, which the etcd restore init containers run (`capn run
     /// --capn-image`, default [`DEFAULT_CAPN_IMAGE`]).
     pub capn_image: String,
+    /// Name → address overrides for dialing tenant etcd members (`capn run
+    /// --etcd-hosts-file`, [`crate::etcd::HostsFile`]); `None` dials the names, which cluster
+    /// DNS answers in a super cluster.
+    pub etcd_hosts_file: Option<std::path::PathBuf>,
 }
 
 /// The image capn's clusterctl components deploy by default (`${CAPN_IMAGE}`), for this
@@ -113,6 +117,7 @@ impl Default for Settings {
             certificate_validity: None,
             capn_pods: None,
             capn_image: DEFAULT_CAPN_IMAGE.to_string(),
+            etcd_hosts_file: None,
         }
     }
 }
@@ -131,6 +136,10 @@ pub struct Context {
     pub verified: certificates::VerifiedSecrets,
     /// CAs read and parsed, per process.
     pub authorities: certificates::LoadedAuthorities,
+    /// Clients of the tenants' etcd, cached per cluster ([`crate::etcd`]).
+    pub etcd: crate::etcd::EtcdClients,
+    /// Snapshot jobs running in the background ([`backup::Backups`]).
+    pub backups: backup::Backups,
 }
 
 impl Context {
@@ -145,6 +154,7 @@ impl Context {
             controller: "capn".into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let etcd = crate::etcd::EtcdClients::new(settings.etcd_hosts_file.clone());
         Self {
             applier: Applier::new(client.clone()),
             recorder: Recorder::new(client.clone(), reporter),
@@ -155,6 +165,8 @@ impl Context {
             caches,
             verified: Default::default(),
             authorities: Default::default(),
+            etcd,
+            backups: Default::default(),
         }
     }
 

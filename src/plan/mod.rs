@@ -316,7 +316,7 @@ pub fn plan(
     check_input(cluster, kind, request.resource_name, spec, request.etcd_storage)?;
     let resolved = rules::resolve(channels, cluster, kind, spec)?;
     rules::check(kind, &resolved, &request.running)?;
-    rules::check_members(kind, spec.replicas.unwrap_or(1), &request.running)?;
+    rules::check_members(kind, spec.replicas.unwrap_or(1), &request.running, &resolved)?;
     let (channel, version) = (resolved.channel, resolved.version);
     let replicas = spec.replicas.unwrap_or(1);
     if replicas < 1 {

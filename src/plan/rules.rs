@@ -104,9 +104,9 @@ pub enum SkewError {
         controller_manager: Version,
     },
     #[error(
-        "etcd has {from} members and cannot change to {to}: adding or removing members of a running etcd needs etcd member management, which capn does not do yet; keep replicas at {from}"
+        "etcd has {from} members and cannot change to {to}: channel {channel} does not declare membership changes for its etcd provider (channel.yaml components.etcd.capabilities.membershipChanges); keep replicas at {from}"
     )]
-    EtcdMembershipChange { from: i32, to: i32 },
+    EtcdMembershipChange { from: i32, to: i32, channel: String },
     #[error("etcd {etcd} is not compatible with Kubernetes {kubernetes} in channel {channel}; allowed etcd minors: {}", allowed.join(", "))]
     IncompatibleEtcd {
         etcd: Version,
@@ -146,17 +146,31 @@ fn minor(v: &Version) -> (u64, u64) {
     (v.major, v.minor)
 }
 
-/// Refuses a member count change of an etcd that was applied before (docs/reference.md: members
-/// join with `member add` and `--initial-cluster-state=existing`, which capn does not do).
+/// Refuses a member count change of an etcd that was applied before when the channel's
+/// provider does not declare `capabilities.membershipChanges` (issue 10, part 5): only a
+/// provider whose templates start members from capn's membership ConfigMap can have members
+/// added and removed through etcd's member API.
 ///
 /// # Errors
 /// [`SkewError::EtcdMembershipChange`].
-pub fn check_members(kind: ComponentKind, desired_replicas: i32, running: &Running) -> Result<(), SkewError> {
+pub fn check_members(
+    kind: ComponentKind,
+    desired_replicas: i32,
+    running: &Running,
+    resolved: &Resolved<'_>,
+) -> Result<(), SkewError> {
+    let supported = resolved
+        .channel
+        .component(kind)
+        .is_some_and(|c| c.capabilities.membership_changes);
     match running.etcd_members {
-        Some(from) if kind == ComponentKind::Etcd && from != desired_replicas => Err(SkewError::EtcdMembershipChange {
-            from,
-            to: desired_replicas,
-        }),
+        Some(from) if kind == ComponentKind::Etcd && from != desired_replicas && !supported => {
+            Err(SkewError::EtcdMembershipChange {
+                from,
+                to: desired_replicas,
+                channel: resolved.channel.name.clone(),
+            })
+        }
         _ => Ok(()),
     }
 }
@@ -425,31 +439,48 @@ mod tests {
     }
 
     #[test]
-    fn an_applied_etcd_keeps_its_member_count() {
+    fn an_applied_etcd_keeps_its_member_count_unless_the_channel_supports_changes() {
         let running = Running {
             etcd_members: Some(3),
             ..Running::default()
         };
-        assert_eq!(check_members(ComponentKind::Etcd, 3, &running), Ok(()));
-        let err = check_members(ComponentKind::Etcd, 5, &running).unwrap_err();
+        // A provider that does not declare `capabilities.membershipChanges`.
+        let files = vec![
+            (
+                "channel.yaml".to_string(),
+                "name: t\ncomponents:\n  etcd:\n    versions: [\"3.6.8\"]\ndefaults:\n  kubernetes: \"1.36.3\"\ncompatibility:\n  - kubernetes: \"1.36\"\n    etcd: \"3.6.8\"\n".to_string(),
+            ),
+            ("3.6.8/etcd/a.yaml".to_string(), "kind: ConfigMap".to_string()),
+        ];
+        let mut channels = ChannelRegistry::load(&[]).unwrap();
+        channels.insert(Channel::from_files("t", "test", files).unwrap());
+        let mut c = cluster("1.36");
+        c.channel = Some("t".into());
+        let spec = ComponentSpec::default();
+        let other = resolve(&channels, &c, ComponentKind::Etcd, &spec).unwrap();
+        assert_eq!(check_members(ComponentKind::Etcd, 3, &running, &other), Ok(()));
+        let err = check_members(ComponentKind::Etcd, 5, &running, &other).unwrap_err();
         assert_eq!(err.reason(), "EtcdMembershipChangeNotSupported");
         assert!(err.to_string().contains("keep replicas at 3"), "{err}");
+        assert!(err.to_string().contains("channel t "), "{err}");
         assert_eq!(
-            check_members(ComponentKind::Etcd, 5, &Running::default()),
+            check_members(ComponentKind::Etcd, 5, &Running::default(), &other),
             Ok(()),
             "a new etcd may have any size"
         );
-        assert_eq!(
-            check_members(
-                ComponentKind::ApiServer,
-                5,
-                &Running {
-                    etcd_members: Some(1),
-                    ..Running::default()
-                }
+        // A provider that declares membership changes: capn changes the members.
+        let files = vec![
+            (
+                "channel.yaml".to_string(),
+                "name: u\ncomponents:\n  etcd:\n    versions: [\"3.6.8\"]\n    capabilities: {membershipChanges: true}\ndefaults:\n  kubernetes: \"1.36.3\"\ncompatibility:\n  - kubernetes: \"1.36\"\n    etcd: \"3.6.8\"\n".to_string(),
             ),
-            Ok(())
-        );
+            ("3.6.8/etcd/a.yaml".to_string(), "kind: ConfigMap".to_string()),
+        ];
+        channels.insert(Channel::from_files("u", "test", files).unwrap());
+        c.channel = Some("u".into());
+        let declared = resolve(&channels, &c, ComponentKind::Etcd, &spec).unwrap();
+        assert_eq!(check_members(ComponentKind::Etcd, 5, &running, &declared), Ok(()));
+        assert_eq!(check_members(ComponentKind::Etcd, 1, &running, &declared), Ok(()));
     }
 
     #[test]

@@ -804,21 +804,23 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
             replicas: Some(3),
             ..ComponentSpec::default()
         };
-        let request = |restore: Option<&RestoreVars>| ComponentRequest {
-            kind: ComponentKind::Etcd,
-            resource_name: "demo",
-            spec: &spec,
-            etcd_storage: None,
-            etcd_restore: restore,
-            owner: owner(ComponentKind::Etcd),
-            running: Running::default(),
-        };
+        fn request<'a>(spec: &'a ComponentSpec, restore: Option<&'a RestoreVars>) -> ComponentRequest<'a> {
+            ComponentRequest {
+                kind: ComponentKind::Etcd,
+                resource_name: "demo",
+                spec,
+                etcd_storage: None,
+                etcd_restore: restore,
+                owner: owner(ComponentKind::Etcd),
+                running: Running::default(),
+            }
+        }
         let mut kube_1_37 = cluster();
         kube_1_37.kubernetes_version = Some("1.37".into());
-        let plain = plan(&registry(), &kube_1_37, &request(None), &Upstream::default()).unwrap();
+        let plain = plan(&registry(), &kube_1_37, &request(&spec, None), &Upstream::default()).unwrap();
         assert!(find(&plain, "StatefulSet")["spec"]["template"]["spec"]["initContainers"].is_null());
 
-        let planned = plan(&registry(), &kube_1_37, &request(Some(&restore)), &Upstream::default()).unwrap();
+        let planned = plan(&registry(), &kube_1_37, &request(&spec, Some(&restore)), &Upstream::default()).unwrap();
         let sts = find(&planned, "StatefulSet");
         let init = sts["spec"]["template"]["spec"]["initContainers"].as_array().unwrap();
         let names: Vec<&str> = init.iter().map(|c| c["name"].as_str().unwrap()).collect();

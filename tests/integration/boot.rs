@@ -66,9 +66,14 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     let runner = Runner::start(&client, &ns, cluster().assets_dir())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
+    // capn dials the tenant's etcd members by name through the runner's hosts file.
+    let hosts = runner.hosts_file();
     let capn = match start {
-        StartCapn::InProcess => Running::InProcess(Capn::start(&client, &ns)),
-        StartCapn::Process(args) => Running::Process(CapnProcess::start(&ns, &args)),
+        StartCapn::InProcess => Running::InProcess(Capn::start_with_etcd_hosts(&client, &ns, &hosts)),
+        StartCapn::Process(mut args) => {
+            args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
+            Running::Process(CapnProcess::start(&ns, &args))
+        }
     };
     let applied = Instant::now();
     match docs {
@@ -465,7 +470,7 @@ fn three_member_docs() -> Vec<serde_json::Value> {
 
 /// A client of one etcd member's v3 JSON gateway, with the apiserver's etcd client
 /// certificate, verifying the member's certificate for its DNS name.
-pub(crate) async fn etcd_member(booted: &Booted, member: &str) -> Client {
+async fn etcd_member(booted: &Booted, member: &str) -> Client {
     let ns = &booted.ns;
     let host = format!("{member}.demo-etcd.{ns}.svc");
     let address = booted.runner.resolve(&host);
@@ -512,7 +517,7 @@ current-context: etcd
 }
 
 /// POSTs to an etcd v3 gateway endpoint and returns the JSON answer.
-pub(crate) async fn etcd_call(client: &Client, path: &str, body: serde_json::Value) -> Result<serde_json::Value, String> {
+async fn etcd_call(client: &Client, path: &str, body: serde_json::Value) -> Result<serde_json::Value, String> {
     let request = http::Request::post(path)
         .header("Content-Type", "application/json")
         .body(serde_json::to_vec(&body).unwrap())

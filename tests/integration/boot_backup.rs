@@ -1,9 +1,9 @@
 //! Backup and restore of a booted tenant (issue 10, parts 3 and 4), with real etcd
 //! processes through the runner and a real S3 server (s3s-fs):
 //! 1. a tenant with about 1,000 ConfigMaps, written through its admin kubeconfig;
-//! 2. a snapshot from etcd's maintenance API (`Snapshot`, through etcd's own v3 JSON gateway
-//!    with the apiserver's etcd client certificate), streamed by capn's store into a
-//!    multipart upload, verified (size and SHA-256 read back) and recorded;
+//! 2. an on-demand backup (`spec.backup` and the `backup-now` annotation): capn takes the
+//!    snapshot through etcd's maintenance API with its own client certificate, streams it
+//!    into a multipart upload, verifies it (size and SHA-256 read back) and records it;
 //! 3. the control plane deleted, and a new one created with the original CA Secrets
 //!    (user-supplied, as capn supports) and a NestedEtcd that restores from `latest`: capn
 //!    checks the snapshot, the runner runs the restore init containers (capn's
@@ -14,18 +14,15 @@
 
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
-use bytes::Bytes;
-use capn::api::{NestedControlPlane, NestedEtcd};
-use capn::backup::naming::snapshot_key;
-use capn::backup::store::{Destination, Store};
-use futures::{AsyncBufReadExt, StreamExt, TryStreamExt};
+use capn::api::{BACKUP_NOW_ANNOTATION, NestedControlPlane, NestedEtcd};
+use futures::{StreamExt, TryStreamExt};
+use sha2::Digest as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::boot::{STEP, StartCapn, boot_with, etcd_member, say};
+use crate::boot::{STEP, StartCapn, boot_with, say};
 use crate::harness::{apply_doc, secret};
 use crate::support::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 
@@ -33,43 +30,6 @@ use crate::support::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 const CONFIG_MAPS: usize = 1000;
 /// The CA Secrets a restored control plane needs to keep old kubeconfigs working.
 const CA_SECRETS: [&str; 4] = ["demo-ca", "demo-etcd", "demo-proxy", "demo-sa"];
-
-/// etcd's `Maintenance.Snapshot` through its JSON gateway: newline-delimited
-/// `{"result": {"header": {"revision": ..}, "blob": <base64>, ..}}` messages, as a stream of
-/// bytes, and the revision of the first message.
-async fn snapshot_stream(
-    client: &kube::Client,
-) -> (
-    i64,
-    impl futures::Stream<Item = Result<Bytes, std::io::Error>> + use<>,
-) {
-    let request = http::Request::post("/v3/maintenance/snapshot")
-        .header("Content-Type", "application/json")
-        .body(b"{}".to_vec())
-        .unwrap();
-    let reader = client.request_stream(request).await.expect("etcd answers the snapshot request");
-    let mut lines = reader.lines().map_err(|e| std::io::Error::other(e.to_string())).map(|line| {
-        let line = line?;
-        let message: serde_json::Value =
-            serde_json::from_str(&line).map_err(|e| std::io::Error::other(format!("{e}: {line:.200}")))?;
-        if let Some(error) = message.get("error") {
-            return Err(std::io::Error::other(format!("etcd: {error}")));
-        }
-        let result = &message["result"];
-        let revision = result["header"]["revision"]
-            .as_str()
-            .and_then(|r| r.parse::<i64>().ok())
-            .unwrap_or_default();
-        let blob = base64::engine::general_purpose::STANDARD
-            .decode(result["blob"].as_str().unwrap_or_default())
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        Ok((revision, Bytes::from(blob)))
-    });
-    let first = lines.next().await.expect("etcd sends at least one message").expect("a snapshot message");
-    let revision = first.0;
-    let rest = futures::stream::once(async move { Ok(first.1) }).chain(lines.map_ok(|(_, blob)| blob));
-    (revision, rest)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_object() {
@@ -104,33 +64,53 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
     let listener = s3::s3().serve_on(booted.runner.host_address()).expect("s3s-fs on the pod network");
     let bucket = s3::s3().bucket();
     let prefix = format!("{ns}/demo-etcd");
-    let store = Store::connect(Destination {
-        endpoint: listener.endpoint().to_string(),
-        bucket: bucket.clone(),
-        region: "us-east-1".into(),
-        prefix: prefix.clone(),
-        access_key_id: ACCESS_KEY_ID.into(),
-        secret_access_key: SECRET_ACCESS_KEY.into(),
-        session_token: None,
-    })
-    .unwrap();
-    let etcd = etcd_member(&booted, "demo-etcd-0").await;
-    let status = crate::boot::etcd_call(&etcd, "/v3/maintenance/status", json!({})).await.unwrap();
-    let etcd_version = status["version"].as_str().unwrap().to_string();
+    apply_doc(
+        &client,
+        &ns,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials"},
+               "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY}}),
+    )
+    .await;
+    let etcds: Api<NestedEtcd> = Api::namespaced(client.clone(), &ns);
     let started = Instant::now();
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let key = snapshot_key(&prefix, now);
-    let (revision, stream) = snapshot_stream(&etcd).await;
-    let record = store
-        .upload_snapshot(&key, stream, revision, &etcd_version, &now.to_string())
+    etcds
+        .patch(
+            "demo-etcd",
+            &PatchParams::apply("kubectl"),
+            &Patch::Apply(json!({
+                "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+                "metadata": {"name": "demo-etcd", "annotations": {BACKUP_NOW_ANNOTATION: "before-restore"}},
+                "spec": {"backup": {"retention": 3, "destination": {
+                    "endpoint": listener.endpoint(), "bucket": bucket, "prefix": prefix,
+                    "credentialsSecret": {"name": "s3-credentials"}}}}
+            })),
+        )
         .await
-        .expect("the snapshot is uploaded and verified");
+        .unwrap();
+    let snapshot = booted
+        .runner
+        .wait_for("capn took, uploaded and verified the requested snapshot", STEP * 2, || async {
+            let status = etcds.get("demo-etcd").await.ok()?.status?;
+            let verified = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "BackupSucceeded" && c.status == "True");
+            let backup = status.backup?;
+            (verified && backup.last_request.as_deref() == Some("before-restore")).then_some(backup.last_snapshot?)
+        })
+        .await;
     say(&format!(
-        "backup-restore: snapshot of etcd {etcd_version} at revision {revision}: {} bytes ({:.1} MiB), streamed, uploaded and verified in {:.1?}",
-        record.size,
-        record.size as f64 / (1024.0 * 1024.0),
+        "backup-restore: snapshot at etcd revision {}: {} bytes ({:.1} MiB), taken, uploaded and verified {:.1?} after the request",
+        snapshot.revision,
+        snapshot.size_bytes,
+        snapshot.size_bytes as f64 / (1024.0 * 1024.0),
         started.elapsed()
     ));
+    // The stored object is the one the status names, byte for byte.
+    let stored = std::fs::read(s3::s3().object_file(&bucket, &snapshot.key)).expect("the snapshot is in the bucket");
+    assert_eq!(stored.len() as i64, snapshot.size_bytes);
+    let digest: String = sha2::Sha256::digest(&stored).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(digest, snapshot.sha256);
 
     // 3. Keep the CAs, delete the control plane, wait until nothing of it runs.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
@@ -170,13 +150,6 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
         };
         secrets.create(&PostParams::default(), &secret).await.unwrap();
     }
-    apply_doc(
-        &client,
-        &ns,
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials"},
-               "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY}}),
-    )
-    .await;
     let started = Instant::now();
     apply_doc(
         &client,
@@ -205,10 +178,9 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
         "backup-restore: new control plane from the snapshot (check, fetch, etcdutl restore, commit, boot) ready in {:.1?}",
         started.elapsed()
     ));
-    let etcds: Api<NestedEtcd> = Api::namespaced(client.clone(), &ns);
     let restored = etcds.get("demo-etcd").await.unwrap().status.unwrap().restore.unwrap();
-    assert_eq!(restored.snapshot.as_ref().unwrap().key, key);
-    assert_eq!(restored.snapshot.as_ref().unwrap().sha256, record.sha256);
+    assert_eq!(restored.snapshot.as_ref().unwrap().key, snapshot.key);
+    assert_eq!(restored.snapshot.as_ref().unwrap().sha256, snapshot.sha256);
 
     // 5. The kubeconfig saved before the backup works, and every ConfigMap is back.
     let tenant = booted.nested(&kubeconfig).await;

@@ -6,6 +6,7 @@ mod boot_certificates;
 mod backup;
 mod backup_store;
 mod boot_backup;
+mod boot_members;
 mod capi;
 mod certificates;
 mod cli;

@@ -12,7 +12,8 @@
 //!   runs, emptyDir, and the StatefulSet's volume claims, with the owner and modes the kubelet
 //!   gives them (`fsGroup` included);
 //! - for every container, a process started exactly from the container's `command` + `args`
-//!   (`$(VAR)` expanded from `env` like the kubelet, downward-API `fieldRef`s included), in a
+//!   (`$(VAR)` expanded from `env` like the kubelet, downward-API `fieldRef`s and
+//!   `configMapKeyRef`s included, the environment built anew at every start), in a
 //!   private mount namespace whose root is the container's own directory with every
 //!   `volumeMount` at its `mountPath`, as `runAsUser`/`runAsGroup` with the fsGroup, with
 //!   `no_new_privs` and a read-only root when the security context asks for them;
@@ -73,19 +74,29 @@
 //!    their non-root user), Service environment variables, `minReadySeconds`. Refused loudly:
 //!    sidecar init containers (`restartPolicy: Always`), exec/gRPC probes, host namespaces,
 //!    privileged containers, other volume kinds, `envFrom`, `valueFrom` other than
-//!    `fieldRef` and `secretKeyRef`.
-//! 7. **Init containers** run as the kubelet runs them: in order, each in its own mount
+//!    `fieldRef`, `configMapKeyRef` and `secretKeyRef`.
+//! 7. **`configMapKeyRef` and `secretKeyRef` from the watch caches.** As the kubelet, the
+//!    runner builds a container's environment when it starts the container (and again at
+//!    each restart), so a ConfigMap or Secret changed meanwhile reaches the next start and
+//!    never a running process; a missing object or key that is not `optional` keeps the
+//!    container from starting (the kubelet's `CreateContainerConfigError`) and is retried
+//!    every second. The value is read from the runner's watch of the namespace's ConfigMaps
+//!    and Secrets, which may lag the API by a moment, as the kubelet's watch-based managers do.
+//! 8. **Hosts file for the host.** [`Runner::hosts_file`] lists every name the pods resolve,
+//!    for capn's `--etcd-hosts-file` (capn dials tenant etcd members by name).
+//! 9. **Init containers** run as the kubelet runs them: in order, each in its own mount
 //!    namespace like a container, each to completion (exit 0) before the next and before
 //!    the containers start; one that fails is restarted with the crash back-off (the pod's
-//!    `restartPolicy: Always`). A pod that is deleted and made again runs them again. A
-//!    `secretKeyRef` variable is read from the runner's Secret watch when the container is
-//!    created; a missing Secret or key holds the pod (the kubelet's
-//!    CreateContainerConfigError) unless the reference is `optional`. While they run, the
-//!    pod is not ready and [`Runner::pods`] reports the init container that runs.
+//!    `restartPolicy: Always`). A pod that is deleted and made again runs them again. While
+//!    they run, the pod is not ready and [`Runner::pods`] reports the init container that
+//!    runs.
 //!
 //! A client outside the pods cannot resolve the in-cluster names; [`Runner::client_config`]
 //! dials the address the name resolves to while still verifying the certificate for the
 //! name (kube's `tls_server_name`). That is the one place a kubeconfig is not used verbatim.
+//! capn dials the tenants' etcd members by name the same way: [`Runner::hosts_file`] is a
+//! hosts file of every name the pods resolve, which capn reads through its
+//! `--etcd-hosts-file` seam (in a super cluster, cluster DNS answers instead).
 //!
 //! The runner needs root (namespaces, mounts, veth pairs) and iproute2's `ip`. Every process it
 //! starts gets `PR_SET_PDEATHSIG(SIGKILL)`, and namespaces are held only by descriptors, so no
@@ -188,6 +199,8 @@ struct State {
     versions: BTreeMap<PathBuf, Result<String, String>>,
     libraries: BTreeMap<PathBuf, Vec<PathBuf>>,
     records: dns::Records,
+    /// What [`Runner::hosts_file`] holds.
+    outside_hosts: String,
     warned: BTreeSet<String>,
 }
 
@@ -477,6 +490,13 @@ impl Runner {
             .get(name)
             .map(|ips| ips.iter().copied().collect())
             .unwrap_or_default()
+    }
+
+    /// A hosts file (`/etc/hosts` format) holding every name the pods resolve, kept current
+    /// like theirs: what capn gets as `--etcd-hosts-file` (or `Settings::etcd_hosts_file`) to
+    /// dial the tenant's etcd members by name from the host. Removed with the runner.
+    pub fn hosts_file(&self) -> PathBuf {
+        self.shared.dir.join("hosts")
     }
 
     /// A client configuration from a kubeconfig, used verbatim except for one thing: the
@@ -1223,6 +1243,10 @@ fn refresh_dns(shared: &Shared) {
         }
     }
     state.records = names.clone();
+    let outside = dns::outside_hosts_file(&names);
+    if state.outside_hosts != outside && write_dns_file(&shared.dir, "hosts", &outside).is_ok() {
+        state.outside_hosts = outside;
+    }
     drop(state);
     for (record, pod) in pods {
         let text = dns::hosts_file(&record, &shared.namespace, DNS_DOMAIN, &names);
@@ -1320,38 +1344,16 @@ async fn run_pod(
         }
     };
     let libraries = lock(&shared.state).libraries.clone();
-    // Environment from Secrets is read when the containers are created, retried like
-    // volumes (the kubelet's CreateContainerConfigError).
-    let planned = loop {
-        if *control.borrow() == Control::Delete {
-            finish_pod(&shared, &pod, Some(ip), Some(namespaces));
-            return;
-        }
-        let context = pod::PodContext {
-            identity: &identity,
-            volumes: &volumes,
-            dns_dir: &dns_dir,
-            pod_dir: &pod.dir,
-            assets: &shared.assets,
-            libraries: &libraries,
-            sources: shared.sources(),
-        };
-        match pod::plan_init_containers(&spec, &context)
-            .and_then(|init| Ok((init, pod::plan_containers(&spec, &context)?)))
-        {
-            Err(why) if why.contains("(yet)") => {
-                if why != said {
-                    shared.event(format!("{name}: waiting for its environment: {why}"));
-                    said = why.clone();
-                }
-                *lock(&pod.waiting) = Some(why);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            other => break other,
-        }
+    let context = pod::PodContext {
+        identity: &identity,
+        volumes: &volumes,
+        dns_dir: &dns_dir,
+        pod_dir: &pod.dir,
+        assets: &shared.assets,
+        libraries: &libraries,
     };
-    let (init_plans, plans) = match planned {
-        Ok((init, plans)) => (init, Ok(plans)),
+    let (init_plans, plans) = match pod::plan_init_containers(&spec, &context) {
+        Ok(init) => (init, pod::plan_containers(&spec, &context)),
         Err(e) => (Vec::new(), Err(e)),
     };
     let plans = match plans {
@@ -1486,7 +1488,19 @@ async fn run_container(
                 }
             }
         }
-        let launch = plan.launch.clone();
+        // The environment as the kubelet builds it at this start (configMapKeyRef included).
+        let launch = match plan.launch_now(&shared.sources()) {
+            Ok(launch) => launch,
+            Err(why) => {
+                *lock(&pod.waiting) = Some(why);
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = control.changed() => {}
+                }
+                continue;
+            }
+        };
+        *lock(&pod.waiting) = None;
         let stopping = shared.stopping.clone();
         let submitted = lock(&shared.spawner).as_ref().map(|s| {
             s.submit(move || {

@@ -119,6 +119,19 @@ pub(super) fn hosts_file(pod: &PodRecord, namespace: &str, domain: &str, records
     text
 }
 
+/// The hosts file for clients outside the pod network (capn's `--etcd-hosts-file`): every
+/// record, without a pod's own lines.
+pub(super) fn outside_hosts_file(records: &Records) -> String {
+    let mut text =
+        String::from("# The pod network's names, written by the capn test runner for clients on the host.\n");
+    for (name, ips) in records {
+        for ip in ips {
+            text.push_str(&format!("{ip}\t{name}\n"));
+        }
+    }
+    text
+}
+
 /// A pod's `/etc/resolv.conf`: the search path of a ClusterFirst pod, without a nameserver
 /// (nothing answers DNS here; a name missing from the hosts file fails at once).
 pub(super) fn resolv_conf(namespace: &str, domain: &str) -> String {

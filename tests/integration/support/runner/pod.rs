@@ -49,6 +49,55 @@ pub(super) struct ContainerPlan {
     pub startup: Option<ProbeSpec>,
     pub readiness: Option<ProbeSpec>,
     pub liveness: Option<ProbeSpec>,
+    /// What the environment and arguments are built from at each start.
+    pub env: EnvSpec,
+}
+
+/// A container's `env` and unexpanded arguments: the kubelet builds the environment (and
+/// expands `$(VAR)` in the arguments) anew every time it creates the container, so a
+/// `configMapKeyRef` reads the ConfigMap as it is at that start, not at the pod's.
+#[derive(Clone, Debug)]
+pub(super) struct EnvSpec {
+    container: Container,
+    identity: PodIdentity,
+    /// `PATH`, `HOSTNAME`, `HOME`: what the image and the runtime set before `env`.
+    base: Vec<(String, String)>,
+}
+
+impl ContainerPlan {
+    /// The launch with the environment and arguments as the kubelet would build them now.
+    ///
+    /// # Errors
+    /// A `configMapKeyRef` (not `optional`) whose ConfigMap or key does not exist: the kubelet
+    /// reports `CreateContainerConfigError` and tries again.
+    pub fn launch_now(&self, sources: &Sources<'_>) -> Result<Launch, NotYet> {
+        let env = environment(&self.env.container, &self.env.identity, Some(sources))?;
+        let mut launch = self.launch.clone();
+        let vars: BTreeMap<String, String> = env.iter().cloned().collect();
+        launch.args = unexpanded_args(&self.env.container)
+            .iter()
+            .map(|a| expand(a, &vars))
+            .collect();
+        let mut full_env = self.env.base.clone();
+        for (k, v) in env {
+            full_env.retain(|(n, _)| *n != k);
+            full_env.push((k, v));
+        }
+        launch.env = full_env;
+        Ok(launch)
+    }
+}
+
+/// `command[1..]` then `args`, as rendered.
+fn unexpanded_args(container: &Container) -> Vec<String> {
+    container
+        .command
+        .iter()
+        .flatten()
+        .skip(1)
+        .chain(container.args.iter().flatten())
+        .cloned()
+        .collect()
 }
 
 /// The binary each container runs and the version its image tag promises, checked once per
@@ -109,10 +158,11 @@ pub(super) fn check_template(
         for var in container.env.iter().flatten() {
             if let Some(from) = &var.value_from
                 && from.field_ref.is_none()
+                && from.config_map_key_ref.is_none()
                 && from.secret_key_ref.is_none()
             {
                 return refuse(format!(
-                    "container {name}: env {} uses a valueFrom the runner does not support (only fieldRef and secretKeyRef)",
+                    "container {name}: env {} uses a valueFrom the runner does not support (only fieldRef, configMapKeyRef and secretKeyRef)",
                     var.name
                 ));
             }
@@ -187,7 +237,14 @@ fn binary_for(
 /// that name in the assets directory.
 pub(super) fn local_binary(base: &str, assets: &Path) -> PathBuf {
     if base == "capn" {
-        PathBuf::from(env!("CARGO_BIN_EXE_capn"))
+        // Integration tests know the binary; the demo (an example) finds it beside its own
+        // directory (`target/<profile>/examples/demo` → `target/<profile>/capn`).
+        option_env!("CARGO_BIN_EXE_capn").map(PathBuf::from).unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|exe| Some(exe.parent()?.parent()?.join("capn")))
+                .unwrap_or_else(|| PathBuf::from("capn"))
+        })
     } else {
         assets.join(base)
     }
@@ -328,12 +385,13 @@ pub(super) fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// The container's environment, in order, as the kubelet builds it from `env`.
+/// The container's environment, in order, as the kubelet builds it from `env`. Without
+/// `sources` (planning, before any start) a `configMapKeyRef` reads as empty.
 fn environment(
     container: &Container,
     pod: &PodIdentity,
     sources: Option<&Sources<'_>>,
-) -> Result<Vec<(String, String)>, NotYet> {
+) -> Result<Vec<(String, String)>, String> {
     let mut vars: Vec<(String, String)> = Vec::new();
     let mut map: BTreeMap<String, String> = BTreeMap::new();
     for EnvVar {
@@ -350,18 +408,39 @@ fn environment(
                 let Some(key_ref) = from.secret_key_ref.as_ref() else {
                     continue;
                 };
-                let data = sources.and_then(|s| s.data(&Source::Secret(key_ref.name.clone())));
+                let Some(sources) = sources else {
+                    // Planning, before any start: read when the container starts.
+                    continue;
+                };
+                let data = sources.data(&Source::Secret(key_ref.name.clone()));
                 match data.as_ref().and_then(|d| d.get(&key_ref.key)) {
                     Some(bytes) => String::from_utf8_lossy(bytes).into_owned(),
                     None if key_ref.optional == Some(true) => continue,
                     None => {
                         return Err(format!(
-                            "container {}: env {name}: secret {} has no key {} (yet)",
+                            "CreateContainerConfigError: container {}: env {name}: Secret {} has no key {:?} (yet)",
                             container.name, key_ref.name, key_ref.key
                         ));
                     }
                 }
             }
+            (_, Some(from)) if from.config_map_key_ref.is_some() => match (sources, &from.config_map_key_ref) {
+                (Some(sources), Some(selector)) => {
+                    let data = sources.data(&Source::ConfigMap(selector.name.clone()));
+                    match data.and_then(|d| d.get(&selector.key).cloned()) {
+                        Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+                        // An optional reference to a missing ConfigMap or key leaves the variable out.
+                        None if selector.optional == Some(true) => continue,
+                        None => {
+                            return Err(format!(
+                                "CreateContainerConfigError: container {}: env {name}: ConfigMap {} has no key {:?} (yet)",
+                                container.name, selector.name, selector.key
+                            ));
+                        }
+                    }
+                }
+                _ => String::new(),
+            },
             (_, Some(from)) => {
                 let path = from
                     .field_ref
@@ -709,8 +788,6 @@ pub(super) struct PodContext<'a> {
     pub pod_dir: &'a Path,
     pub assets: &'a Path,
     pub libraries: &'a BTreeMap<PathBuf, Vec<PathBuf>>,
-    /// Where `secretKeyRef` environment variables are read from.
-    pub sources: Sources<'a>,
 }
 
 /// Plans every container of the pod and lays out their root directories.
@@ -749,19 +826,15 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     } else {
         PathBuf::from("/usr/local/bin").join(&base)
     };
-    let env = environment(container, ctx.identity, Some(&ctx.sources))?;
+    let env = environment(container, ctx.identity, None)?;
     let vars: BTreeMap<String, String> = env.iter().cloned().collect();
-    let args: Vec<String> = command
-        .iter()
-        .skip(1)
-        .chain(container.args.iter().flatten())
-        .map(|a| expand(a, &vars))
-        .collect();
-    let mut full_env = vec![
+    let args: Vec<String> = unexpanded_args(container).iter().map(|a| expand(a, &vars)).collect();
+    let base = vec![
         ("PATH".to_owned(), IMAGE_PATH.to_owned()),
         ("HOSTNAME".to_owned(), ctx.identity.name.clone()),
         ("HOME".to_owned(), "/".to_owned()),
     ];
+    let mut full_env = base.clone();
     for (k, v) in env {
         full_env.retain(|(n, _)| *n != k);
         full_env.push((k, v));
@@ -849,6 +922,11 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     Ok(ContainerPlan {
         name: name.clone(),
         init: false,
+        env: EnvSpec {
+            container: container.clone(),
+            identity: ctx.identity.clone(),
+            base,
+        },
         startup: probe(&container.startup_probe)?,
         readiness: probe(&container.readiness_probe)?,
         liveness: probe(&container.liveness_probe)?,
