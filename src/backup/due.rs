@@ -45,7 +45,10 @@ pub fn due(
     created: Timestamp,
     now: Timestamp,
 ) -> Result<Due, ScheduleError> {
-    let schedule = schedule.filter(|s| !s.trim().is_empty()).map(Schedule::parse).transpose()?;
+    let schedule = schedule
+        .filter(|s| !s.trim().is_empty())
+        .map(Schedule::parse)
+        .transpose()?;
     if let Some(request) = request.map(str::trim).filter(|r| !r.is_empty())
         && Some(request) != last_request
     {
@@ -79,7 +82,10 @@ mod tests {
             due(None, Some("1"), None, None, t(CREATED), now).unwrap(),
             Due::Now(Trigger::OnDemand("1".into()))
         );
-        assert_eq!(due(None, Some("1"), Some("1"), None, t(CREATED), now).unwrap(), Due::Never);
+        assert_eq!(
+            due(None, Some("1"), Some("1"), None, t(CREATED), now).unwrap(),
+            Due::Never
+        );
         assert_eq!(
             due(None, Some("2"), Some("1"), None, t(CREATED), now).unwrap(),
             Due::Now(Trigger::OnDemand("2".into()))
@@ -117,7 +123,15 @@ mod tests {
         // still due, and the controller retries it (with its back-off).
         let last = Some(t("2026-11-30T03:00:02Z"));
         assert_eq!(
-            due(Some("0 3 * * *"), None, None, last, t(CREATED), t("2026-12-01T03:05:00Z")).unwrap(),
+            due(
+                Some("0 3 * * *"),
+                None,
+                None,
+                last,
+                t(CREATED),
+                t("2026-12-01T03:05:00Z")
+            )
+            .unwrap(),
             Due::Now(Trigger::Scheduled(t("2026-12-01T03:00:00Z")))
         );
     }
@@ -125,7 +139,10 @@ mod tests {
     #[test]
     fn no_schedule_and_no_request_is_never_and_a_bad_schedule_is_an_error() {
         assert_eq!(due(None, None, None, None, t(CREATED), t(CREATED)).unwrap(), Due::Never);
-        assert_eq!(due(Some(" "), None, None, None, t(CREATED), t(CREATED)).unwrap(), Due::Never);
+        assert_eq!(
+            due(Some(" "), None, None, None, t(CREATED), t(CREATED)).unwrap(),
+            Due::Never
+        );
         assert!(due(Some("every day"), None, None, None, t(CREATED), t(CREATED)).is_err());
     }
 }

@@ -83,10 +83,7 @@ mod tests {
     fn keeps_the_newest_complete_snapshots_and_deletes_older_ones_with_their_sidecars() {
         let keys = complete(&[1, 2, 3, 4, 5]);
         let delete = keys_to_delete(&keys, &key(5), 3);
-        assert_eq!(
-            delete,
-            vec![key(1), sidecar_key(&key(1)), key(2), sidecar_key(&key(2))]
-        );
+        assert_eq!(delete, vec![key(1), sidecar_key(&key(1)), key(2), sidecar_key(&key(2))]);
     }
 
     #[test]

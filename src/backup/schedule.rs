@@ -108,7 +108,15 @@ mod tests {
 
     #[test]
     fn seconds_years_and_garbage_are_refused_with_the_value_and_the_syntax() {
-        for bad in ["*/5 * * * * *", "0 0 3 * * * 2027", "0 3 * *", "", "61 * * * *", "0 25 * * *", "every day"] {
+        for bad in [
+            "*/5 * * * * *",
+            "0 0 3 * * * 2027",
+            "0 3 * *",
+            "",
+            "61 * * * *",
+            "0 25 * * *",
+            "every day",
+        ] {
             let e = Schedule::parse(bad).expect_err(bad);
             let text = e.to_string();
             assert!(text.contains(&format!("{bad:?}")), "{text}");

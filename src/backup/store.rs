@@ -75,7 +75,9 @@ pub enum StoreError {
         key: String,
         found: String,
     },
-    #[error("snapshot {key} does not match its record: {what} (expected {expected}, found {found}); refusing to use it")]
+    #[error(
+        "snapshot {key} does not match its record: {what} (expected {expected}, found {found}); refusing to use it"
+    )]
     Corrupt {
         key: String,
         what: &'static str,
@@ -251,7 +253,11 @@ impl Store {
         E: std::fmt::Display,
     {
         let path = Path::from(key);
-        let upload = self.inner.put_multipart(&path).await.map_err(|e| self.client_error(e))?;
+        let upload = self
+            .inner
+            .put_multipart(&path)
+            .await
+            .map_err(|e| self.client_error(e))?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
         let mut hasher = Sha256::new();
         let mut size: u64 = 0;
@@ -358,7 +364,11 @@ impl Store {
     /// [`StoreError::SnapshotMissing`], [`StoreError::Corrupt`] (nothing is left at
     /// `target`), [`StoreError::Io`], [`StoreError::Client`].
     pub async fn fetch_snapshot(&self, key: &str, target: &FsPath) -> Result<SnapshotRecord, StoreError> {
-        let key = if key == LATEST { self.latest().await? } else { key.to_string() };
+        let key = if key == LATEST {
+            self.latest().await?
+        } else {
+            key.to_string()
+        };
         let record = self.record(&key).await?;
         if let Ok(existing) = file_digest(target).await
             && existing == (record.size, record.sha256.clone())
@@ -449,7 +459,13 @@ fn describe_found(keys: &[String]) -> String {
         0 => "no snapshot".to_string(),
         n => format!(
             "{n} snapshot(s), newest {}",
-            snapshots.iter().rev().take(3).map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            snapshots
+                .iter()
+                .rev()
+                .take(3)
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }

@@ -97,9 +97,10 @@ pub async fn run(command: RestoreCommand) -> anyhow::Result<()> {
 
 async fn fetch(args: FetchArgs) -> anyhow::Result<()> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let access_key_id = env(ACCESS_KEY_ID).with_context(|| format!("{ACCESS_KEY_ID} is not set: the credentials Secret must have this key"))?;
-    let secret_access_key =
-        env(SECRET_ACCESS_KEY).with_context(|| format!("{SECRET_ACCESS_KEY} is not set: the credentials Secret must have this key"))?;
+    let access_key_id = env(ACCESS_KEY_ID)
+        .with_context(|| format!("{ACCESS_KEY_ID} is not set: the credentials Secret must have this key"))?;
+    let secret_access_key = env(SECRET_ACCESS_KEY)
+        .with_context(|| format!("{SECRET_ACCESS_KEY} is not set: the credentials Secret must have this key"))?;
     if args.data_dir.join("member").exists() {
         println!(
             "{} holds a member already: nothing to restore; fetching the snapshot again only for the etcdutl step",
@@ -121,9 +122,10 @@ async fn fetch(args: FetchArgs) -> anyhow::Result<()> {
         session_token: env(SESSION_TOKEN),
     })?;
     let target = snapshot_file(&args.work_dir);
-    let record = store.fetch_snapshot(&args.snapshot, &target).await.map_err(|e| {
-        anyhow::anyhow!("{}: {e}", e.reason())
-    })?;
+    let record = store
+        .fetch_snapshot(&args.snapshot, &target)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}: {e}", e.reason()))?;
     println!(
         "fetched {} ({} bytes, sha256 {}, etcd revision {}, etcd {}) to {}",
         record.key,
@@ -144,7 +146,10 @@ async fn fetch(args: FetchArgs) -> anyhow::Result<()> {
 pub fn commit(data_dir: &Path, work_dir: &Path) -> anyhow::Result<()> {
     let member = data_dir.join("member");
     if member.exists() {
-        println!("{} holds a member already; removing the work directory", data_dir.display());
+        println!(
+            "{} holds a member already; removing the work directory",
+            data_dir.display()
+        );
     } else {
         let staged = staging_dir(work_dir).join("member");
         anyhow::ensure!(
@@ -195,7 +200,10 @@ mod tests {
         let (data, work) = (dir.path().join("data"), dir.path().join("restore"));
         staged(&work, "restored");
         commit(&data, &work).unwrap();
-        assert_eq!(std::fs::read_to_string(data.join("member/snap/db")).unwrap(), "restored");
+        assert_eq!(
+            std::fs::read_to_string(data.join("member/snap/db")).unwrap(),
+            "restored"
+        );
         assert!(!work.exists());
     }
 

@@ -128,7 +128,11 @@ pub async fn plan_restore(
     };
     let wanted = restore.snapshot.as_deref().filter(|s| !s.is_empty()).unwrap_or(LATEST);
     let checked = async {
-        let key = if wanted == LATEST { store.latest().await? } else { wanted.to_string() };
+        let key = if wanted == LATEST {
+            store.latest().await?
+        } else {
+            wanted.to_string()
+        };
         let record = store.record(&key).await?;
         Ok::<_, StoreError>((key, record))
     }
@@ -350,7 +354,9 @@ impl Backups {
         tokio::spawn(async move {
             let _slot = slots.acquire_owned().await;
             let finished = job.await;
-            jobs.lock().unwrap_or_else(|p| p.into_inner()).insert(key, Job::Done(finished));
+            jobs.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, Job::Done(finished));
         });
     }
 }
@@ -399,7 +405,10 @@ pub async fn backup_step(
     let mut status = etcd.status.as_ref().and_then(|s| s.backup.clone()).unwrap_or_default();
     let mut report = BackupReport::default();
     let refuse = |reason: &str, message: String| ConditionUpdate::new(BACKUP_SUCCEEDED, false, reason, message);
-    if !channel.component(ComponentKind::Etcd).is_some_and(|c| c.capabilities.backups) {
+    if !channel
+        .component(ComponentKind::Etcd)
+        .is_some_and(|c| c.capabilities.backups)
+    {
         report.condition = Some(refuse(
             "BackupsNotSupported",
             format!(
@@ -450,10 +459,7 @@ pub async fn backup_step(
         .last_snapshot
         .as_ref()
         .and_then(|s| s.time.parse::<Timestamp>().ok());
-    let created = etcd
-        .creation_timestamp()
-        .map(|t| t.0)
-        .unwrap_or(now);
+    let created = etcd.creation_timestamp().map(|t| t.0).unwrap_or(now);
     let decision = match due(
         backup.schedule.as_deref(),
         request,
@@ -491,7 +497,14 @@ pub async fn backup_step(
             return Ok(report);
         }
     };
-    let store = match connect(ctx, ns, &backup.destination, Some(&crate::backup::naming::default_prefix(ns, &etcd.name_any()))).await? {
+    let store = match connect(
+        ctx,
+        ns,
+        &backup.destination,
+        Some(&crate::backup::naming::default_prefix(ns, &etcd.name_any())),
+    )
+    .await?
+    {
         Ok(store) => store,
         Err(RestorePlan::Refused { reason, message }) => {
             report.condition = Some(refuse(reason, message));
@@ -536,7 +549,12 @@ pub use crate::status::BACKUP_SUCCEEDED;
 
 /// Takes one snapshot through etcd's maintenance API and streams it to the store; then
 /// applies the retention. Runs outside the reconcile.
-async fn snapshot_job(client: etcd_client::Client, store: Store, retention: usize, trigger: crate::backup::due::Trigger) -> Finished {
+async fn snapshot_job(
+    client: etcd_client::Client,
+    store: Store,
+    retention: usize,
+    trigger: crate::backup::due::Trigger,
+) -> Finished {
     use futures::StreamExt;
     let taken = Timestamp::now();
     let key = crate::backup::naming::snapshot_key(&store.destination().prefix, taken);
@@ -574,13 +592,20 @@ async fn snapshot_job(client: etcd_client::Client, store: Store, retention: usiz
     };
     let result = match tokio::time::timeout(JOB_TIMEOUT, work).await {
         Ok(result) => result,
-        Err(_) => Err(("SnapshotTimedOut", format!("the snapshot took longer than {JOB_TIMEOUT:?}"))),
+        Err(_) => Err((
+            "SnapshotTimedOut",
+            format!("the snapshot took longer than {JOB_TIMEOUT:?}"),
+        )),
     };
     let retention = match &result {
         Ok(record) => match store.list_keys().await {
             Ok(keys) => {
                 let delete = crate::backup::retention::keys_to_delete(&keys, &record.key, retention);
-                store.delete_keys(&delete).await.map(|()| delete.len()).map_err(|e| e.to_string())
+                store
+                    .delete_keys(&delete)
+                    .await
+                    .map(|()| delete.len())
+                    .map_err(|e| e.to_string())
             }
             Err(e) => Err(e.to_string()),
         },

@@ -820,11 +820,21 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
         let plain = plan(&registry(), &kube_1_37, &request(&spec, None), &Upstream::default()).unwrap();
         assert!(find(&plain, "StatefulSet")["spec"]["template"]["spec"]["initContainers"].is_null());
 
-        let planned = plan(&registry(), &kube_1_37, &request(&spec, Some(&restore)), &Upstream::default()).unwrap();
+        let planned = plan(
+            &registry(),
+            &kube_1_37,
+            &request(&spec, Some(&restore)),
+            &Upstream::default(),
+        )
+        .unwrap();
         let sts = find(&planned, "StatefulSet");
         let init = sts["spec"]["template"]["spec"]["initContainers"].as_array().unwrap();
         let names: Vec<&str> = init.iter().map(|c| c["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["restore-fetch", "restore-snapshot", "restore-commit"], "{version}");
+        assert_eq!(
+            names,
+            ["restore-fetch", "restore-snapshot", "restore-commit"],
+            "{version}"
+        );
         let arg_list = |c: &Value| -> Vec<String> {
             c["command"]
                 .as_array()
@@ -837,14 +847,21 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
         let fetch = arg_list(&init[0]);
         assert_eq!(init[0]["image"], "ghcr.io/capn/capn:v0.1.0");
         assert!(fetch.contains(&format!("--snapshot={}", restore.snapshot)), "{fetch:?}");
-        assert!(fetch.contains(&"--data-dir=/var/lib/etcd/data".to_string()), "{fetch:?}");
+        assert!(
+            fetch.contains(&"--data-dir=/var/lib/etcd/data".to_string()),
+            "{fetch:?}"
+        );
         assert_eq!(init[0]["env"][0]["valueFrom"]["secretKeyRef"]["name"], "s3-credentials");
         let etcdutl = arg_list(&init[1]);
         assert_eq!(init[1]["image"], format!("registry.k8s.io/etcd:{version}-0"));
         assert_eq!(etcdutl[..3], ["etcdutl", "snapshot", "restore"]);
         // The same initial cluster and token the etcd container starts with.
         let etcd_args = args(sts);
-        for flag_name in ["--initial-cluster=", "--initial-cluster-token=", "--initial-advertise-peer-urls="] {
+        for flag_name in [
+            "--initial-cluster=",
+            "--initial-cluster-token=",
+            "--initial-advertise-peer-urls=",
+        ] {
             let main = etcd_args.iter().find(|a| a.starts_with(flag_name)).unwrap();
             assert!(etcdutl.contains(main), "{flag_name}: {etcdutl:?} vs {main}");
         }

@@ -80,7 +80,7 @@ const VERSION: &str = "^(v?[0-9]+(\\.[0-9]+){0,2}(-[0-9]+)?)?$";
 const CHANNEL_NAME: &str = "^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$";
 const FLAG_NAME: &str = "^[A-Za-z0-9][-A-Za-z0-9_.]*$";
 const IMAGE_REPOSITORY: &str = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$";
-const CRON: &str = "^(@(hourly|daily|weekly|monthly|yearly|annually)|[^ ]+( +[^ ]+){4})$";
+const CRON: &str = "^(@(hourly|daily|weekly|monthly|yearly|annually)|\\S+( +\\S+){4})$";
 const S3_ENDPOINT: &str = "^https?://([a-z0-9]([-a-z0-9.]*[a-z0-9])?|[0-9.]+|\\[[0-9a-fA-F:]+\\])(:[0-9]{1,5})?/?$";
 const BUCKET: &str = "^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$";
 /// Kubernetes' quantity grammar (`<signedNumber><suffix>`, `resource.Quantity`).
@@ -167,8 +167,7 @@ const FLAG_MESSAGE: &str = "keys must be flag names without the leading -- (lett
 const CLUSTER_NAME_MESSAGE: &str = "must be a lower-case RFC 1035 label of at most 33 characters: the Services <name>-etcd and <name>-apiserver are RFC 1035 labels (at most 63), and the StatefulSet <name>-controller-manager may have at most 52 characters because its pods' controller-revision-hash label adds 11 to it";
 const OBJECT_NAME_MESSAGE: &str = "must be an object name (lower-case RFC 1123 subdomain, at most 253 characters)";
 const CRON_MESSAGE: &str = "must be a cron expression of five fields (minute hour day-of-month month day-of-week, like 0 3 * * *) or one of @hourly, @daily, @weekly, @monthly, @yearly, @annually";
-const S3_ENDPOINT_MESSAGE: &str =
-    "must be the URL of an S3 API, http:// or https:// with a host and an optional port and nothing after, like https://s3.eu-west-1.amazonaws.com or http://minio.backup:9000";
+const S3_ENDPOINT_MESSAGE: &str = "must be the URL of an S3 API, http:// or https:// with a host and an optional port and nothing after, like https://s3.eu-west-1.amazonaws.com or http://minio.backup:9000";
 const BUCKET_MESSAGE: &str = "must be an S3 bucket name: 3 to 63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit";
 const IMAGE_REPOSITORY_MESSAGE: &str =
     "must be a registry host with an optional port and path, like registry.k8s.io or localhost:5000/mirror";

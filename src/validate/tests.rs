@@ -299,7 +299,13 @@ fn backup_destinations_are_s3_urls_and_bucket_names() {
     ] {
         ok(Syntax::S3Endpoint, json!(good));
     }
-    for wrong in ["s3.amazonaws.com", "ftp://x", "https://host/bucket", "https://host:9000?x=1", "https://"] {
+    for wrong in [
+        "s3.amazonaws.com",
+        "ftp://x",
+        "https://host/bucket",
+        "https://host:9000?x=1",
+        "https://",
+    ] {
         bad(Syntax::S3Endpoint, json!(wrong));
     }
     for good in ["capn-backups", "a.b.c", "abc"] {

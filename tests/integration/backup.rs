@@ -107,10 +107,20 @@ async fn a_missing_snapshot_is_refused_and_no_member_is_created() {
     let bucket = s3::s3().bucket();
     restoring_control_plane(&f, "gone", &bucket, "nothing/here", json!({})).await;
     let message = refused(&f, "gone-etcd", "SnapshotMissing").await;
-    assert!(message.contains("no snapshot") && message.contains("nothing was started"), "{message}");
+    assert!(
+        message.contains("no snapshot") && message.contains("nothing was started"),
+        "{message}"
+    );
     // A named key that is not there says what is.
     let key = upload(&bucket, "some", "2026-12-01T03:00:00Z", "3.6.8").await;
-    restoring_control_plane(&f, "named", &bucket, "some", json!({"snapshot": "some/etcd-snapshot-20250101T000000Z.db"})).await;
+    restoring_control_plane(
+        &f,
+        "named",
+        &bucket,
+        "some",
+        json!({"snapshot": "some/etcd-snapshot-20250101T000000Z.db"}),
+    )
+    .await;
     let message = refused(&f, "named-etcd", "SnapshotMissing").await;
     assert!(message.contains(&key), "{message}");
     for c in ["gone", "named"] {
@@ -154,7 +164,10 @@ async fn a_corrupt_or_incompatible_snapshot_is_refused_and_no_member_is_created(
     let message = refused(&f, "nocreds-etcd", "BackupCredentialsMissing").await;
     assert!(message.contains("AWS_ACCESS_KEY_ID"), "{message}");
     for c in ["bad", "future", "newer", "nocreds"] {
-        assert!(statefulset(&f.client, &f.ns, &format!("{c}-etcd")).await.is_none(), "{c}");
+        assert!(
+            statefulset(&f.client, &f.ns, &format!("{c}-etcd")).await.is_none(),
+            "{c}"
+        );
     }
     f.stop().await;
 }
@@ -168,7 +181,10 @@ async fn a_channel_without_backups_refuses_a_restore() {
     upload(&bucket, "p", "2026-12-01T03:00:00Z", "3.6.8").await;
     restoring_control_plane(&f, "op", &bucket, "p", json!({"channel": "etcd-operator"})).await;
     let message = refused(&f, "op-etcd", "BackupsNotSupported").await;
-    assert!(message.contains("etcd-operator") && message.contains("capabilities.backups"), "{message}");
+    assert!(
+        message.contains("etcd-operator") && message.contains("capabilities.backups"),
+        "{message}"
+    );
     f.stop().await;
 }
 
@@ -194,8 +210,21 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
         statefulset(&f.client, &f.ns, "r-etcd").await
     })
     .await;
-    assert_eq!(init_names(&sts), ["restore-fetch", "restore-snapshot", "restore-commit"]);
-    let fetch_args = sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0]
+    assert_eq!(
+        init_names(&sts),
+        ["restore-fetch", "restore-snapshot", "restore-commit"]
+    );
+    let fetch_args = sts
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .init_containers
+        .as_ref()
+        .unwrap()[0]
         .args
         .clone()
         .unwrap();
@@ -207,10 +236,14 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
     assert!(!restore.completed);
     // Every member ready once: the restore is complete and the init containers go.
     mark_statefulset_ready(&f.client, &f.ns, "r-etcd").await.unwrap();
-    wait_until("the restore is recorded as completed", Duration::from_secs(60), || async {
-        let status = api.get("r-etcd").await.ok()?.status?;
-        status.restore.filter(|r| r.completed).map(|_| ())
-    })
+    wait_until(
+        "the restore is recorded as completed",
+        Duration::from_secs(60),
+        || async {
+            let status = api.get("r-etcd").await.ok()?.status?;
+            status.restore.filter(|r| r.completed).map(|_| ())
+        },
+    )
     .await;
     wait_until("the restore init containers are no longer rendered", STEP, || async {
         let sts = statefulset(&f.client, &f.ns, "r-etcd").await?;
@@ -239,16 +272,28 @@ async fn admission_refuses_bad_backup_fields_with_the_rules_message() {
     };
     let mut good = destination.clone();
     good["prefix"] = json!("tenant-a");
-    api.patch("e", &dry_run, &Patch::Apply(with(json!({"schedule": "0 3 * * *", "retention": 3, "destination": good}))))
-        .await
-        .expect("a good backup spec is admitted");
+    api.patch(
+        "e",
+        &dry_run,
+        &Patch::Apply(with(
+            json!({"schedule": "0 3 * * *", "retention": 3, "destination": good}),
+        )),
+    )
+    .await
+    .expect("a good backup spec is admitted");
     let mut bad_endpoint = destination.clone();
     bad_endpoint["endpoint"] = json!("s3.amazonaws.com");
     let mut bad_bucket = destination.clone();
     bad_bucket["bucket"] = json!("Backups");
     for (backup, message) in [
-        (json!({"schedule": "*/5 * * * * *", "destination": destination}), "five fields"),
-        (json!({"retention": 0, "destination": destination}), "between 1 and 1000"),
+        (
+            json!({"schedule": "*/5 * * * * *", "destination": destination}),
+            "five fields",
+        ),
+        (
+            json!({"retention": 0, "destination": destination}),
+            "between 1 and 1000",
+        ),
         (json!({"destination": bad_endpoint}), "URL of an S3 API"),
         (json!({"destination": bad_bucket}), "S3 bucket name"),
     ] {

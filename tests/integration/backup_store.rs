@@ -44,7 +44,8 @@ fn payload(len: usize, seed: u64) -> Vec<u8> {
 
 /// The payload as a stream of 64 KiB chunks, as etcd's snapshot RPC delivers it.
 fn chunks(data: &[u8]) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + use<> {
-    let parts: Vec<Result<Bytes, std::io::Error>> = data.chunks(64 * 1024).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+    let parts: Vec<Result<Bytes, std::io::Error>> =
+        data.chunks(64 * 1024).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
     stream::iter(parts)
 }
 
@@ -59,7 +60,14 @@ fn at(s: &str) -> Timestamp {
 /// Runs `capn etcd-restore fetch` as the init container would; returns (success, stdout+stderr).
 fn fetch_with_binary(bucket: &str, prefix: &str, snapshot: &str, work: &std::path::Path) -> (bool, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_capn"))
-        .args(["etcd-restore", "fetch", "--endpoint", s3::s3().endpoint(), "--bucket", bucket])
+        .args([
+            "etcd-restore",
+            "fetch",
+            "--endpoint",
+            s3::s3().endpoint(),
+            "--bucket",
+            bucket,
+        ])
         .args(["--prefix", prefix, "--snapshot", snapshot])
         .arg("--data-dir")
         .arg(work.join("data"))
@@ -202,7 +210,12 @@ async fn a_failed_upload_leaves_no_backup_and_retention_deletes_only_older_snaps
     store.delete_keys(&delete).await.unwrap();
     let mut left = store.list_keys().await.unwrap();
     left.sort();
-    let mut expected = vec![keys[3].clone(), sidecar_key(&keys[3]), verified.clone(), sidecar_key(&verified)];
+    let mut expected = vec![
+        keys[3].clone(),
+        sidecar_key(&keys[3]),
+        verified.clone(),
+        sidecar_key(&verified),
+    ];
     expected.sort();
     assert_eq!(left, expected);
 }

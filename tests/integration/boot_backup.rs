@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use capn::api::{BACKUP_NOW_ANNOTATION, NestedControlPlane, NestedEtcd};
 use futures::{StreamExt, TryStreamExt};
-use sha2::Digest as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use sha2::Digest as _;
 
 use crate::boot::{STEP, StartCapn, boot_with, say};
 use crate::harness::{apply_doc, secret};
@@ -57,11 +57,16 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
         .try_collect::<Vec<()>>()
         .await
         .expect("every ConfigMap is created");
-    say(&format!("backup-restore: {CONFIG_MAPS} ConfigMaps written in {:.1?}", started.elapsed()));
+    say(&format!(
+        "backup-restore: {CONFIG_MAPS} ConfigMaps written in {:.1?}",
+        started.elapsed()
+    ));
 
     // 2. Snapshot → S3, verified. The S3 server also listens on the runner's host address,
     // which the restore init containers reach.
-    let listener = s3::s3().serve_on(booted.runner.host_address()).expect("s3s-fs on the pod network");
+    let listener = s3::s3()
+        .serve_on(booted.runner.host_address())
+        .expect("s3s-fs on the pod network");
     let bucket = s3::s3().bucket();
     let prefix = format!("{ns}/demo-etcd");
     apply_doc(
@@ -89,15 +94,19 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
         .unwrap();
     let snapshot = booted
         .runner
-        .wait_for("capn took, uploaded and verified the requested snapshot", STEP * 2, || async {
-            let status = etcds.get("demo-etcd").await.ok()?.status?;
-            let verified = status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "BackupSucceeded" && c.status == "True");
-            let backup = status.backup?;
-            (verified && backup.last_request.as_deref() == Some("before-restore")).then_some(backup.last_snapshot?)
-        })
+        .wait_for(
+            "capn took, uploaded and verified the requested snapshot",
+            STEP * 2,
+            || async {
+                let status = etcds.get("demo-etcd").await.ok()?.status?;
+                let verified = status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "BackupSucceeded" && c.status == "True");
+                let backup = status.backup?;
+                (verified && backup.last_request.as_deref() == Some("before-restore")).then_some(backup.last_snapshot?)
+            },
+        )
         .await;
     say(&format!(
         "backup-restore: snapshot at etcd revision {}: {} bytes ({:.1} MiB), taken, uploaded and verified {:.1?} after the request",
@@ -109,14 +118,19 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
     // The stored object is the one the status names, byte for byte.
     let stored = std::fs::read(s3::s3().object_file(&bucket, &snapshot.key)).expect("the snapshot is in the bucket");
     assert_eq!(stored.len() as i64, snapshot.size_bytes);
-    let digest: String = sha2::Sha256::digest(&stored).iter().map(|b| format!("{b:02x}")).collect();
+    let digest: String = sha2::Sha256::digest(&stored)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     assert_eq!(digest, snapshot.sha256);
 
     // 3. Keep the CAs, delete the control plane, wait until nothing of it runs.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let mut kept = Vec::new();
     for name in CA_SECRETS {
-        let s = secret(&client, &ns, name).await.unwrap_or_else(|| panic!("{name} exists"));
+        let s = secret(&client, &ns, name)
+            .await
+            .unwrap_or_else(|| panic!("{name} exists"));
         kept.push((name, s.type_.clone(), s.data.clone().unwrap_or_default()));
     }
     Api::<NestedControlPlane>::namespaced(client.clone(), &ns)
@@ -170,9 +184,11 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
     let ncps: Api<NestedControlPlane> = Api::namespaced(client.clone(), &ns);
     booted
         .runner
-        .wait_for("the restored control plane is ready", Duration::from_secs(420), || async {
-            ncps.get_opt("demo").await.ok()??.status.filter(|s| s.ready).map(|_| ())
-        })
+        .wait_for(
+            "the restored control plane is ready",
+            Duration::from_secs(420),
+            || async { ncps.get_opt("demo").await.ok()??.status.filter(|s| s.ready).map(|_| ()) },
+        )
         .await;
     say(&format!(
         "backup-restore: new control plane from the snapshot (check, fetch, etcdutl restore, commit, boot) ready in {:.1?}",
@@ -200,13 +216,24 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
     names.sort();
     let expected: Vec<String> = (0..CONFIG_MAPS).map(|i| format!("cm-{i:04}")).collect();
     assert_eq!(names, expected);
-    let one = listed.items.iter().find(|c| c.metadata.name.as_deref() == Some("cm-0420")).unwrap();
+    let one = listed
+        .items
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("cm-0420"))
+        .unwrap();
     assert_eq!(one.data.as_ref().unwrap()["index"], "420");
     // The restore completes: the init containers go once every member was ready.
     booted
         .runner
         .wait_for("the restore is recorded as completed", STEP, || async {
-            etcds.get("demo-etcd").await.ok()?.status?.restore.filter(|r| r.completed).map(|_| ())
+            etcds
+                .get("demo-etcd")
+                .await
+                .ok()?
+                .status?
+                .restore
+                .filter(|r| r.completed)
+                .map(|_| ())
         })
         .await;
     drop(listener);

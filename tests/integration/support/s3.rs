@@ -53,11 +53,6 @@ impl S3 {
         &self.endpoint
     }
 
-    /// The directory s3s-fs stores its buckets in.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// Creates a new, empty bucket (`capn-test-<n>-<pid>`) and returns its name. s3s-fs keeps a
     /// bucket as a directory under its root, which is what its CreateBucket makes too.
     ///
@@ -69,8 +64,7 @@ impl S3 {
             BUCKETS.fetch_add(1, Ordering::SeqCst),
             std::process::id()
         );
-        std::fs::create_dir_all(self.root.join(&name))
-            .unwrap_or_else(|e| panic!("cannot create bucket {name}: {e}"));
+        std::fs::create_dir_all(self.root.join(&name)).unwrap_or_else(|e| panic!("cannot create bucket {name}: {e}"));
         name
     }
 
@@ -206,7 +200,10 @@ fn start_on_this_thread(binary: &Path) -> Result<(S3, Process), String> {
             libc::atexit(stop_at_exit);
         }
     }
-    eprintln!("capn test S3 server: s3s-fs on http://{address}, log {}", process.log.display());
+    eprintln!(
+        "capn test S3 server: s3s-fs on http://{address}, log {}",
+        process.log.display()
+    );
     Ok((
         S3 {
             endpoint: format!("http://{address}"),
@@ -236,7 +233,11 @@ fn server_binary() -> Result<PathBuf, String> {
     }
     let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
     if !path.is_file() {
-        return Err(format!("{} printed {}, which is no file", script.display(), path.display()));
+        return Err(format!(
+            "{} printed {}, which is no file",
+            script.display(),
+            path.display()
+        ));
     }
     Ok(path)
 }

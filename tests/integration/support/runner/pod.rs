@@ -113,7 +113,10 @@ pub(super) fn check_template(
         // The API server refuses probes on init containers; a sidecar (restartPolicy
         // Always) would need the kubelet's sidecar lifecycle, which the runner lacks.
         if init.startup_probe.is_some() || init.readiness_probe.is_some() || init.liveness_probe.is_some() {
-            return refuse(format!("init container {}: probes are not allowed on init containers", init.name));
+            return refuse(format!(
+                "init container {}: probes are not allowed on init containers",
+                init.name
+            ));
         }
         if init.restart_policy.as_deref() == Some("Always") {
             return refuse(format!(
@@ -253,7 +256,11 @@ pub(super) fn local_binary(base: &str, assets: &Path) -> PathBuf {
 /// How a binary prints its version: `etcdutl version` (it has no `--version` flag), else
 /// `--version`.
 fn version_args(base: &str) -> &'static [&'static str] {
-    if base == "etcdutl" { &["version"] } else { &["--version"] }
+    if base == "etcdutl" {
+        &["version"]
+    } else {
+        &["--version"]
+    }
 }
 
 /// The release an image tag names: `registry.k8s.io/etcd:3.6.8-0` → `3.6.8`,
