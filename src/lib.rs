@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod apply;
+pub mod backup;
 pub mod channel;
 pub mod cli;
 pub mod component;

@@ -245,7 +245,9 @@ fn deployment(p: Provider, ns: &str) -> Value {
                             "--metrics-bind-address=0.0.0.0:8080",
                             "--health-probe-bind-address=0.0.0.0:8081",
                         ],
-                        "env": [env_from_field("POD_NAME", "metadata.name"), env_from_field("POD_NAMESPACE", "metadata.namespace")],
+                        // The etcd restore init containers run capn's own image: the same one.
+                        "env": [env_from_field("POD_NAME", "metadata.name"), env_from_field("POD_NAMESPACE", "metadata.namespace"),
+                                json!({"name": "CAPN_IMAGE", "value": "${CAPN_IMAGE:=ghcr.io/capn/capn:v0.1.0}"})],
                         "ports": [
                             {"name": "metrics", "containerPort": 8080, "protocol": "TCP"},
                             {"name": "healthz", "containerPort": 8081, "protocol": "TCP"},

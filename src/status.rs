@@ -15,6 +15,9 @@ pub const SYNCED: &str = "Synced";
 pub const PAUSED: &str = "Paused";
 /// Condition type: the CAs and service-account key exist.
 pub const CERTIFICATES_AVAILABLE: &str = "CertificatesAvailable";
+/// Condition type (NestedEtcd with `spec.backup`): the last snapshot was uploaded and
+/// verified (False: the reason it was not).
+pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
 /// Condition types of the control plane mirroring each component.
 pub const ETCD_READY: &str = "EtcdReady";
 pub const APISERVER_READY: &str = "APIServerReady";

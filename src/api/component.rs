@@ -132,6 +132,12 @@ pub struct NestedEtcdSpec {
     /// Storage of the members' data directories.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<EtcdStorage>,
+    /// Scheduled and on-demand snapshots to S3-compatible object storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<super::EtcdBackup>,
+    /// Start from a snapshot instead of empty (only when the etcd is first created).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<super::EtcdRestore>,
     /// What capn does about a member that lost its data (README "etcd membership").
     /// Default: it is replaced automatically.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -268,6 +274,13 @@ pub struct ComponentStatus {
     /// The certificate material the pods were last applied with (docs/design.md §9).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<AppliedCertificates>,
+    /// etcd only: the last verified snapshot, the next scheduled one, the last on-demand
+    /// request served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<super::BackupStatus>,
+    /// etcd only: the snapshot the members were restored from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<super::RestoreStatus>,
     /// etcd only: the members as etcd lists them, and the leader (issue 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdClusterStatus>,

@@ -6,11 +6,13 @@
 //! `infrastructure.cluster.x-k8s.io/v1beta1`: [`NestedCluster`].
 //! This module holds types only; behaviour lives in the controllers.
 
+mod backup;
 mod cluster;
 mod component;
 mod control_plane;
 mod templates;
 
+pub use backup::*;
 pub use cluster::*;
 pub use component::*;
 pub use control_plane::*;

@@ -1,6 +1,7 @@
 //! The `capn` command line: `run`, `render`, `crds`, `channels list`, `version`.
 
 mod render;
+pub mod restore;
 mod run;
 
 use std::path::PathBuf;
@@ -53,6 +54,12 @@ pub enum Command {
     },
     /// Print capn's version.
     Version,
+    /// The steps of an etcd member's restore that run in capn's image (init containers
+    /// rendered while a NestedEtcd's `spec.restore` is pending).
+    EtcdRestore {
+        #[command(subcommand)]
+        command: restore::RestoreCommand,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +128,9 @@ pub struct RunArgs {
     /// Labels of capn's own pods, `key=value[,key=value]`, for the same NetworkPolicy peer.
     #[arg(long, value_delimiter = ',', default_value = crate::plan::policy::DEFAULT_CAPN_POD_LABELS, value_name = "LABELS")]
     pub self_labels: Vec<String>,
+    /// capn's own image: the etcd restore init containers run `capn etcd-restore` from it.
+    #[arg(long, env = "CAPN_IMAGE", default_value = crate::controllers::DEFAULT_CAPN_IMAGE, value_name = "IMAGE")]
+    pub capn_image: String,
     /// A file in `/etc/hosts` format mapping tenant etcd member names
     /// (`<c>-etcd-<i>.<c>-etcd.<ns>.svc`) to addresses, for running capn outside the pod
     /// network (tests, development). Read again when it changes; TLS still verifies the name.
@@ -277,6 +287,7 @@ pub async fn main() -> anyhow::Result<()> {
                 certificate_validity: args.certificate_validity,
                 upgrade_step_timeout: args.upgrade_step_timeout,
                 capn_pods,
+                capn_image: args.capn_image,
                 etcd_hosts_file: args.etcd_hosts_file,
             };
             let client = kube::Client::try_default()
@@ -385,6 +396,7 @@ pub async fn main() -> anyhow::Result<()> {
             println!("capn {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
+        Command::EtcdRestore { command } => restore::run(command).await,
     }
 }
 

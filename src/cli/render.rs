@@ -95,6 +95,7 @@ fn plan_component<K: ComponentResource>(
         resource_name: &name,
         spec: component.component(),
         etcd_storage: component.etcd_storage(),
+        etcd_restore: None,
         owner: owner_of(component),
         running,
     };

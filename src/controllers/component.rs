@@ -105,6 +105,35 @@ pub trait ComponentResource:
         _now: &Now,
     ) -> impl Future<Output = Result<Membership, ReconcileError>> + Send {
         std::future::ready(Ok(Membership::default()))
+    /// What must be settled before the members are planned (etcd: a pending restore, see
+    /// [`super::backup`]), decided against the resolved channel and release. Default:
+    /// nothing.
+    fn prepare(
+        _ctx: &Context,
+        _object: &Self,
+        _ns: &str,
+        _channel: &crate::channel::Channel,
+        _version: &semver::Version,
+    ) -> impl Future<Output = Result<super::backup::RestorePlan, ReconcileError>> + Send {
+        async { Ok(super::backup::RestorePlan::None) }
+    }
+
+    /// What follows a successful apply (etcd: backups, see [`super::backup::backup_step`]),
+    /// with the round's certificate store, whether the component is ready and the etcd
+    /// client URLs. Default: nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn after_apply(
+        _ctx: &Context,
+        _object: &Self,
+        _ns: &str,
+        _certificates: &CertificateStore<'_>,
+        _cluster: &str,
+        _channel: &crate::channel::Channel,
+        _ready: bool,
+        _endpoints: &[String],
+        _now: k8s_openapi::jiff::Timestamp,
+    ) -> impl Future<Output = Result<super::backup::BackupReport, ReconcileError>> + Send {
+        async { Ok(super::backup::BackupReport::default()) }
     }
 
     /// The Service this component publishes in its status (the apiserver's), from the
@@ -211,7 +240,16 @@ enum Outcome {
         message: String,
     },
     Invalid(PlanError),
+    /// Refused before planning (a restore that cannot start); nothing is applied.
+    Refused {
+        reason: &'static str,
+        message: String,
+    },
     Applied {
+        /// The restore status to report (etcd), when a restore is pending or completed.
+        restore: Option<crate::api::RestoreStatus>,
+        /// Backups (etcd): status, condition, when to look again.
+        backup: super::backup::BackupReport,
         plan: Plan,
         ready: bool,
         desired: i32,
@@ -356,7 +394,19 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             }
             (Action::await_change(), Ok(()))
         }
+        Ok(Outcome::Refused { reason, message }) => {
+            set(ConditionUpdate::new(SYNCED, false, reason, message.clone()));
+            if !running {
+                set(ConditionUpdate::new(READY, false, reason, message));
+                status.ready = false;
+                status.phase = Some(phase::FAILED.into());
+            }
+            // What was missing (a snapshot, a Secret) may appear without a spec change.
+            (Action::requeue(Duration::from_secs(60)), Ok(()))
+        }
         Ok(Outcome::Applied {
+            restore,
+            backup,
             plan,
             ready,
             desired,
@@ -413,6 +463,15 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             }
             status.service = service;
             status.certificates = Some(certificates);
+            if restore.is_some() {
+                status.restore = restore;
+            }
+            if backup.status.is_some() {
+                status.backup = backup.status;
+            }
+            if let Some(condition) = backup.condition {
+                set(condition);
+            }
             // Owned StatefulSets and Services wake us on change; a provider's own kinds are
             // not watched, so look again soon while one is not ready. Otherwise come back when
             // the next certificate is due.
@@ -422,6 +481,8 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
                 recheck_after(&object.name_any(), next_renewal, now.time)
             };
             let again = membership.requeue.map_or(again, |m| m.min(again));
+            // The next scheduled snapshot, or a running one's result.
+            let again = backup.requeue.map_or(again, |b| again.min(b));
             (Action::requeue(again), Ok(()))
         }
         Err(e) => {
@@ -517,6 +578,18 @@ async fn drive<K: ComponentResource>(
     {
         return Ok(Outcome::Invalid(e));
     }
+    let restore_plan = match resolve(&ctx.channels, &cluster, K::KIND, object.component()) {
+        Ok(resolved) => K::prepare(ctx, object, ns, resolved.channel, &resolved.version).await?,
+        Err(e) => return Ok(Outcome::Invalid(e)),
+    };
+    let (restore_vars, restore_status) = match restore_plan {
+        super::backup::RestorePlan::None => (None, None),
+        super::backup::RestorePlan::Pending(vars, status) => (Some(vars), Some(status)),
+        super::backup::RestorePlan::Completed(status) => (None, Some(status)),
+        super::backup::RestorePlan::Refused { reason, message } => {
+            return Ok(Outcome::Refused { reason, message });
+        }
+    };
     let policy = match renewal_policy(&ncp, ctx.settings.certificate_validity) {
         Ok(policy) => policy,
         Err(message) => return Ok(Outcome::Invalid(PlanError::InvalidCertificateValidity(message))),
@@ -541,6 +614,7 @@ async fn drive<K: ComponentResource>(
         resource_name: &object.name_any(),
         spec: object.component(),
         etcd_storage: object.etcd_storage(),
+        etcd_restore: restore_vars.as_ref(),
         owner,
         running,
     };
@@ -639,7 +713,26 @@ async fn drive<K: ComponentResource>(
             .unwrap_or_default();
     }
     let service = K::service_output(&cluster, &applied);
+    let backup = match ctx.channels.get(&plan.channel) {
+        Ok(channel) => {
+            K::after_apply(
+                ctx,
+                object,
+                ns,
+                &store,
+                &cluster.name,
+                channel,
+                ready,
+                &plan.etcd_endpoints,
+                now.k8s.0,
+            )
+            .await?
+        }
+        Err(_) => super::backup::BackupReport::default(),
+    };
     Ok(Outcome::Applied {
+        restore: restore_status,
+        backup,
         plan,
         ready,
         desired,

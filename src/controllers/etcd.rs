@@ -30,6 +30,33 @@ impl ComponentResource for NestedEtcd {
         None
     }
 
+    /// A pending restore's snapshot, checked before any member is planned.
+    async fn prepare(
+        ctx: &Context,
+        object: &Self,
+        ns: &str,
+        channel: &crate::channel::Channel,
+        version: &semver::Version,
+    ) -> Result<super::backup::RestorePlan, ReconcileError> {
+        super::backup::plan_restore(ctx, object, ns, channel, version).await
+    }
+
+    /// Scheduled and on-demand snapshots ([`super::backup::backup_step`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn after_apply(
+        ctx: &Context,
+        object: &Self,
+        ns: &str,
+        certificates: &CertificateStore<'_>,
+        cluster: &str,
+        channel: &crate::channel::Channel,
+        ready: bool,
+        endpoints: &[String],
+        now: k8s_openapi::jiff::Timestamp,
+    ) -> Result<super::backup::BackupReport, ReconcileError> {
+        super::backup::backup_step(ctx, object, ns, certificates, cluster, channel, ready, endpoints, now).await
+    }
+
     /// Issues `<c>-etcd-server` (server and client usage; every member's names) before the
     /// StatefulSet is applied. Waits while the etcd CA does not exist.
     async fn ensure_certificates(

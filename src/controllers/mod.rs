@@ -11,6 +11,7 @@
 //!   called from [`control_plane`].
 
 pub mod apiserver;
+pub mod backup;
 pub mod cache;
 pub mod certificates;
 pub mod cluster;
@@ -88,6 +89,9 @@ pub struct Settings {
     /// preflight looks for certificate expiry and renewal (`capn run
     /// --upgrade-step-timeout`; docs/design.md §10).
     pub upgrade_step_timeout: std::time::Duration,
+    /// capn's own image, which the etcd restore init containers run (`capn run
+    /// --capn-image`, default [`DEFAULT_CAPN_IMAGE`]).
+    pub capn_image: String,
     /// Name → address overrides for dialing tenant etcd members (`capn run
     /// --etcd-hosts-file`, [`crate::etcd::HostsFile`]); `None` dials the names, which cluster
     /// DNS answers in a super cluster.
@@ -97,6 +101,9 @@ pub struct Settings {
 /// Default of [`Settings::upgrade_step_timeout`]: a step rolls three StatefulSets, each
 /// waiting for its pods' probes; half an hour leaves room for image pulls on a busy node.
 pub const DEFAULT_UPGRADE_STEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+/// The image capn's clusterctl components deploy by default (`${CAPN_IMAGE}`), for this
+/// release.
+pub const DEFAULT_CAPN_IMAGE: &str = concat!("ghcr.io/capn/capn:v", env!("CARGO_PKG_VERSION"));
 
 /// See [`Settings::tenant_config_hook`].
 #[derive(Clone)]
@@ -122,6 +129,7 @@ impl Default for Settings {
             certificate_validity: None,
             capn_pods: None,
             upgrade_step_timeout: DEFAULT_UPGRADE_STEP_TIMEOUT,
+            capn_image: DEFAULT_CAPN_IMAGE.to_string(),
             etcd_hosts_file: None,
         }
     }
@@ -145,6 +153,8 @@ pub struct Context {
     pub status_memo: status_memo::StatusMemo,
     /// Clients of the tenants' etcd, cached per cluster ([`crate::etcd`]).
     pub etcd: crate::etcd::EtcdClients,
+    /// Snapshot jobs running in the background ([`backup::Backups`]).
+    pub backups: backup::Backups,
 }
 
 impl Context {
@@ -172,6 +182,7 @@ impl Context {
             authorities: Default::default(),
             status_memo: Default::default(),
             etcd,
+            backups: Default::default(),
         }
     }
 

@@ -20,6 +20,7 @@
 //! | `etcd.initial_cluster`, `etcd.initial_cluster_state` | etcd only: `--initial-cluster` (`name=peer_url,...`) and `--initial-cluster-state` (`new`, or `existing` while a member joins) |
 //! | `etcd.endpoints` | the etcd client URLs (apiserver: those NestedEtcd published; etcd: its own) |
 //! | `etcd.storage` | `{ephemeral, size, storage_class_name}` |
+//! | `etcd.restore` | while a restore is pending: `{capn_image, endpoint, bucket, region, prefix, snapshot, credentials_secret}` (the snapshot's object key, resolved and verified by capn); none otherwise |
 //! | `apiserver.service`, `apiserver.port`, `apiserver.url` | apiserver Service name, port 6443, in-cluster URL |
 //! | `disruption.max_unavailable` | `maxUnavailable` of the component's PodDisruptionBudget (integer ≥ 0; [`super::policy::disruption`]) |
 //! | `spread.node_when_unsatisfiable`, `spread.zone_when_unsatisfiable` | `whenUnsatisfiable` of the spread over nodes and over zones (`ScheduleAnyway`, `DoNotSchedule`; [`super::policy::spread`]) |
@@ -102,6 +103,27 @@ pub struct EtcdVars {
     pub initial_cluster_state: String,
     pub endpoints: Vec<String>,
     pub storage: StorageVars,
+    /// Set while the members must be initialised from a snapshot before they start.
+    pub restore: Option<RestoreVars>,
+}
+
+/// A pending restore, as the templates render its init containers (README "Backups and
+/// restore"): capn's image fetches and verifies the snapshot, etcd's image runs
+/// `etcdutl snapshot restore`, capn's image moves the result into the data directory.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct RestoreVars {
+    /// capn's own image (`capn run --capn-image`), which runs `capn etcd-restore`.
+    pub capn_image: String,
+    pub endpoint: String,
+    pub bucket: String,
+    pub region: String,
+    /// Key prefix, without leading or trailing `/`.
+    pub prefix: String,
+    /// The snapshot's object key (never `latest`: capn resolved it once, so every member
+    /// restores the same snapshot).
+    pub snapshot: String,
+    /// Secret with `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
+    pub credentials_secret: String,
 }
 
 /// One etcd member as the templates and the published endpoints see it.

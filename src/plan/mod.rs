@@ -73,6 +73,8 @@ pub struct ComponentRequest<'a> {
     pub spec: &'a ComponentSpec,
     /// etcd only.
     pub etcd_storage: Option<&'a EtcdStorage>,
+    /// etcd only: a restore that is pending (checked by the controller first).
+    pub etcd_restore: Option<&'a context::RestoreVars>,
     /// Controller reference to the component resource, put on every object.
     pub owner: OwnerReference,
     /// Releases running now, which the version rules compare against.
@@ -526,6 +528,7 @@ fn build_context(
                     .unwrap_or_else(|| DEFAULT_ETCD_STORAGE.to_string()),
                 storage_class_name: storage.storage_class_name,
             },
+            restore: request.etcd_restore.cloned(),
         },
         apiserver: ApiServerVars {
             url: format!("https://{apiserver_service}.{ns}.svc:{APISERVER_PORT}"),

@@ -43,6 +43,7 @@ fn plan_of(kind: ComponentKind, spec: &ComponentSpec, upstream: &Upstream) -> Re
             resource_name: "demo",
             spec,
             etcd_storage: None,
+            etcd_restore: None,
             owner: owner(kind),
             running: Running::default(),
         },
@@ -210,6 +211,7 @@ fn ephemeral_etcd_uses_empty_dir_and_no_claims() {
             resource_name: "demo",
             spec: &spec,
             etcd_storage: Some(&storage),
+            etcd_restore: None,
             owner: owner(ComponentKind::Etcd),
             running: Running::default(),
         },
@@ -450,6 +452,7 @@ fn plan_in(cluster: &ClusterSettings, kind: ComponentKind, spec: &ComponentSpec)
             resource_name: "demo",
             spec,
             etcd_storage: None,
+            etcd_restore: None,
             owner: owner(kind),
             running: Running::default(),
         },
@@ -836,5 +839,97 @@ fn every_stable_version_renders_the_same_budgets_spread_and_policies() {
         }
         assert!(shapes.len() >= 2, "{kind}");
         assert!(shapes.windows(2).all(|w| w[0] == w[1]), "{kind}: versions differ");
+    }
+}
+
+/// A pending restore renders three init containers, in order, with the verified key and the
+/// member's own name, peer URL and the initial cluster for `etcdutl snapshot restore`; no
+/// restore renders none. Both stable etcd releases render the same.
+#[test]
+fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
+    let restore = RestoreVars {
+        capn_image: "ghcr.io/capn/capn:v0.1.0".into(),
+        endpoint: "http://minio.backup:9000".into(),
+        bucket: "backups".into(),
+        region: "us-east-1".into(),
+        prefix: "tenant-a/demo-etcd".into(),
+        snapshot: "tenant-a/demo-etcd/etcd-snapshot-20261201T030000Z.db".into(),
+        credentials_secret: "s3-credentials".into(),
+    };
+    for version in ["3.6.8", "3.7.0"] {
+        let spec = ComponentSpec {
+            version: Some(version.into()),
+            replicas: Some(3),
+            ..ComponentSpec::default()
+        };
+        fn request<'a>(spec: &'a ComponentSpec, restore: Option<&'a RestoreVars>) -> ComponentRequest<'a> {
+            ComponentRequest {
+                kind: ComponentKind::Etcd,
+                resource_name: "demo",
+                spec,
+                etcd_storage: None,
+                etcd_restore: restore,
+                owner: owner(ComponentKind::Etcd),
+                running: Running::default(),
+            }
+        }
+        let mut kube_1_37 = cluster();
+        kube_1_37.kubernetes_version = Some("1.37".into());
+        let plain = plan(&registry(), &kube_1_37, &request(&spec, None), &Upstream::default()).unwrap();
+        assert!(find(&plain, "StatefulSet")["spec"]["template"]["spec"]["initContainers"].is_null());
+
+        let planned = plan(
+            &registry(),
+            &kube_1_37,
+            &request(&spec, Some(&restore)),
+            &Upstream::default(),
+        )
+        .unwrap();
+        let sts = find(&planned, "StatefulSet");
+        let init = sts["spec"]["template"]["spec"]["initContainers"].as_array().unwrap();
+        let names: Vec<&str> = init.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            ["restore-fetch", "restore-snapshot", "restore-commit"],
+            "{version}"
+        );
+        let arg_list = |c: &Value| -> Vec<String> {
+            c["command"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .chain(c["args"].as_array().unwrap())
+                .map(|a| a.as_str().unwrap().to_string())
+                .collect()
+        };
+        let fetch = arg_list(&init[0]);
+        assert_eq!(init[0]["image"], "ghcr.io/capn/capn:v0.1.0");
+        assert!(fetch.contains(&format!("--snapshot={}", restore.snapshot)), "{fetch:?}");
+        assert!(
+            fetch.contains(&"--data-dir=/var/lib/etcd/data".to_string()),
+            "{fetch:?}"
+        );
+        assert_eq!(init[0]["env"][0]["valueFrom"]["secretKeyRef"]["name"], "s3-credentials");
+        let etcdutl = arg_list(&init[1]);
+        assert_eq!(init[1]["image"], format!("registry.k8s.io/etcd:{version}-0"));
+        assert_eq!(etcdutl[..3], ["etcdutl", "snapshot", "restore"]);
+        // The same initial cluster and token the etcd container starts with.
+        let etcd_args = args(sts);
+        for flag_name in [
+            "--initial-cluster=",
+            "--initial-cluster-token=",
+            "--initial-advertise-peer-urls=",
+        ] {
+            let main = etcd_args.iter().find(|a| a.starts_with(flag_name)).unwrap();
+            assert!(etcdutl.contains(main), "{flag_name}: {etcdutl:?} vs {main}");
+        }
+        assert!(etcdutl.contains(&"--name=$(POD_NAME)".to_string()), "{etcdutl:?}");
+        let commit = arg_list(&init[2]);
+        assert_eq!(commit[..3], ["capn", "etcd-restore", "commit"]);
+        // Every step works on the member's data volume, nothing else.
+        for container in init {
+            assert_eq!(container["volumeMounts"][0]["name"], "data");
+            assert_eq!(container["volumeMounts"][0]["mountPath"], "/var/lib/etcd");
+        }
     }
 }

@@ -50,6 +50,7 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
                 resource_name: "sample",
                 spec: &spec,
                 etcd_storage: None,
+                etcd_restore: None,
                 owner: OwnerReference::default(),
                 running: Running::default(),
             };

@@ -80,6 +80,9 @@ const VERSION: &str = "^(v?[0-9]+(\\.[0-9]+){0,2}(-[0-9]+)?)?$";
 const CHANNEL_NAME: &str = "^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$";
 const FLAG_NAME: &str = "^[A-Za-z0-9][-A-Za-z0-9_.]*$";
 const IMAGE_REPOSITORY: &str = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$";
+const CRON: &str = "^(@(hourly|daily|weekly|monthly|yearly|annually)|\\S+( +\\S+){4})$";
+const S3_ENDPOINT: &str = "^https?://([a-z0-9]([-a-z0-9.]*[a-z0-9])?|[0-9.]+|\\[[0-9a-fA-F:]+\\])(:[0-9]{1,5})?/?$";
+const BUCKET: &str = "^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$";
 /// Kubernetes' quantity grammar (`<signedNumber><suffix>`, `resource.Quantity`).
 const QUANTITY: &str = "^[+-]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$";
 
@@ -117,6 +120,15 @@ pub enum Syntax {
     ObjectName,
     /// A registry and path prefix for images.
     ImageRepository,
+    /// A backup schedule: five cron fields or an `@` alias (the full parse is croner's, in
+    /// the controller; this is the shape).
+    CronSchedule,
+    /// A retention count between 1 and the bound.
+    Retention { max: i64 },
+    /// An S3 API endpoint: `http(s)://host[:port]`.
+    S3Endpoint,
+    /// An S3 bucket name.
+    BucketName,
 }
 
 /// One CEL rule of a syntax and the message shown when it fails.
@@ -154,6 +166,9 @@ const CHANNEL_MESSAGE: &str =
 const FLAG_MESSAGE: &str = "keys must be flag names without the leading -- (letters, digits, '-', '_' and '.'; at most 128 characters), like v or feature-gates";
 const CLUSTER_NAME_MESSAGE: &str = "must be a lower-case RFC 1035 label of at most 33 characters: the Services <name>-etcd and <name>-apiserver are RFC 1035 labels (at most 63), and the StatefulSet <name>-controller-manager may have at most 52 characters because its pods' controller-revision-hash label adds 11 to it";
 const OBJECT_NAME_MESSAGE: &str = "must be an object name (lower-case RFC 1123 subdomain, at most 253 characters)";
+const CRON_MESSAGE: &str = "must be a cron expression of five fields (minute hour day-of-month month day-of-week, like 0 3 * * *) or one of @hourly, @daily, @weekly, @monthly, @yearly, @annually";
+const S3_ENDPOINT_MESSAGE: &str = "must be the URL of an S3 API, http:// or https:// with a host and an optional port and nothing after, like https://s3.eu-west-1.amazonaws.com or http://minio.backup:9000";
+const BUCKET_MESSAGE: &str = "must be an S3 bucket name: 3 to 63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit";
 const IMAGE_REPOSITORY_MESSAGE: &str =
     "must be a registry host with an optional port and path, like registry.k8s.io or localhost:5000/mirror";
 
@@ -177,6 +192,9 @@ impl Syntax {
             Self::ClusterName => "InvalidClusterName",
             Self::ObjectName => "InvalidName",
             Self::ImageRepository => "InvalidImageRepository",
+            Self::CronSchedule => "InvalidBackupSchedule",
+            Self::Retention { .. } => "InvalidBackupRetention",
+            Self::S3Endpoint | Self::BucketName => "InvalidBackupDestination",
         }
     }
 
@@ -251,6 +269,16 @@ impl Syntax {
                 format!("self.matches('{}')", cel_pattern(IMAGE_REPOSITORY)),
                 IMAGE_REPOSITORY_MESSAGE
             )],
+            Self::CronSchedule => vec![cel!(format!("self.matches('{}')", cel_pattern(CRON)), CRON_MESSAGE)],
+            Self::Retention { max } => vec![CelRule {
+                rule: format!("self >= 1 && self <= {max}"),
+                message: "must be between 1 and 1000 (complete snapshots kept)",
+            }],
+            Self::S3Endpoint => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(S3_ENDPOINT)),
+                S3_ENDPOINT_MESSAGE
+            )],
+            Self::BucketName => vec![cel!(format!("self.matches('{}')", cel_pattern(BUCKET)), BUCKET_MESSAGE)],
         }
     }
 
@@ -262,8 +290,10 @@ impl Syntax {
             Self::Version => Some(64),
             Self::ChannelName => Some(63),
             Self::ClusterName => None, // metadata.name: the API server bounds it
-            Self::ImageRepository => Some(255),
-            Self::Port | Self::FlagName | Self::Replicas { .. } => None,
+            Self::ImageRepository | Self::S3Endpoint => Some(255),
+            Self::CronSchedule => Some(128),
+            Self::BucketName => Some(63),
+            Self::Port | Self::FlagName | Self::Replicas { .. } | Self::Retention { .. } => None,
         }
     }
 
@@ -280,7 +310,7 @@ impl Syntax {
                 Some(p) if (1..=65535).contains(&p) => Ok(()),
                 _ => fail(0),
             },
-            Self::Replicas { max } => match value.as_i64() {
+            Self::Replicas { max } | Self::Retention { max } => match value.as_i64() {
                 Some(r) if (1..=max).contains(&r) => Ok(()),
                 _ => fail(0),
             },
@@ -337,6 +367,18 @@ impl Syntax {
             },
             Self::ImageRepository => match string {
                 Some(s) if s.len() <= 255 && matches(IMAGE_REPOSITORY, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::CronSchedule => match string {
+                Some(s) if s.len() <= 128 && matches(CRON, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::S3Endpoint => match string {
+                Some(s) if s.len() <= 255 && matches(S3_ENDPOINT, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::BucketName => match string {
+                Some(s) if matches(BUCKET, s) => Ok(()),
                 _ => fail(0),
             },
         }
@@ -518,6 +560,48 @@ pub const RULES: &[Rule] = &[
     Rule {
         kinds: &[Kind::NestedEtcd],
         path: "spec.storage.storageClassName",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.backup.schedule",
+        syntax: Syntax::CronSchedule,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.backup.retention",
+        syntax: Syntax::Retention {
+            max: crate::api::MAX_RETENTION,
+        },
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.backup.destination.endpoint",
+        syntax: Syntax::S3Endpoint,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.backup.destination.bucket",
+        syntax: Syntax::BucketName,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.backup.destination.credentialsSecret.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.restore.source.endpoint",
+        syntax: Syntax::S3Endpoint,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.restore.source.bucket",
+        syntax: Syntax::BucketName,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
+        path: "spec.restore.source.credentialsSecret.name",
         syntax: Syntax::ObjectName,
     },
 ];

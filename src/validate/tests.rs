@@ -278,3 +278,44 @@ fn crds_carry_every_rule_with_its_message() {
         }
     }
 }
+
+#[test]
+fn backup_schedules_are_five_cron_fields_or_an_alias() {
+    for good in ["0 3 * * *", "*/15 8-17 * * mon-fri", "@hourly", "@annually"] {
+        ok(Syntax::CronSchedule, json!(good));
+    }
+    for wrong in ["", "* * * *", "*/5 * * * * *", "@every 5m", "@reboot", "0 3 * * *\n"] {
+        bad(Syntax::CronSchedule, json!(wrong));
+    }
+}
+
+#[test]
+fn backup_destinations_are_s3_urls_and_bucket_names() {
+    for good in [
+        "https://s3.eu-west-1.amazonaws.com",
+        "http://minio.backup:9000",
+        "http://127.0.0.1:9000/",
+        "http://[fd00::1]:9000",
+    ] {
+        ok(Syntax::S3Endpoint, json!(good));
+    }
+    for wrong in [
+        "s3.amazonaws.com",
+        "ftp://x",
+        "https://host/bucket",
+        "https://host:9000?x=1",
+        "https://",
+    ] {
+        bad(Syntax::S3Endpoint, json!(wrong));
+    }
+    for good in ["capn-backups", "a.b.c", "abc"] {
+        ok(Syntax::BucketName, json!(good));
+    }
+    for wrong in ["ab", "Backups", "-backups", "backups-", "b_ckups", &"a".repeat(64)] {
+        bad(Syntax::BucketName, json!(wrong));
+    }
+    ok(Syntax::Retention { max: 1000 }, json!(1));
+    ok(Syntax::Retention { max: 1000 }, json!(1000));
+    bad(Syntax::Retention { max: 1000 }, json!(0));
+    bad(Syntax::Retention { max: 1000 }, json!(1001));
+}

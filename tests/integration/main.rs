@@ -1,7 +1,10 @@
 //! Behaviour tests against a real super cluster (docs/design.md §8). The cluster starts once per test
 //! binary; run with `KUBEBUILDER_ASSETS` set (`export KUBEBUILDER_ASSETS=$(hack/kube-assets.sh)`).
 
+mod backup;
+mod backup_store;
 mod boot;
+mod boot_backup;
 mod boot_certificates;
 mod boot_upgrade;
 mod boot_members;

@@ -285,6 +285,7 @@ fn rendered(ns: &str) -> Vec<Value> {
             resource_name: "demo",
             spec: &spec,
             etcd_storage: None,
+            etcd_restore: None,
             owner: Default::default(),
             running: Running::default(),
         };

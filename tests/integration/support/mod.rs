@@ -18,6 +18,7 @@ pub mod counting;
 mod process;
 pub mod requests;
 pub mod runner;
+pub mod s3;
 pub mod stand_in;
 mod start;
 

@@ -46,7 +46,11 @@
 //!    refused loudly with the command line that builds it (`KUBE_VERSION=v1.37.2
 //!    hack/kube-assets.sh`, `ETCD_VERSION=v3.7.0 hack/kube-assets.sh`), and so is a binary
 //!    whose `--version` differs ([`Runner::check`]); the runner never builds anything
-//!    itself. The rest of the container's root is a skeleton of the
+//!    itself. `etcdutl` (the etcd image's offline tool) says its version with `etcdutl
+//!    version`. capn's own image (`…/capn:v0.1.0`, which the etcd restore init containers
+//!    run) maps to the `capn` binary cargo built for this test binary (`CARGO_BIN_EXE_capn`),
+//!    checked against the tag with `capn --version` like the others. The rest of the
+//!    container's root is a skeleton of the
 //!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`).
 //! 2. **Shared libraries.** The locally built binaries are dynamically linked (the published
 //!    images carry static ones), so the ELF interpreter and the libraries `ldd` lists are
@@ -78,15 +82,16 @@
 //!    PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
 //!    and resource limits, seccomp profiles, capability sets (the processes simply run as
 //!    their non-root user), Service environment variables, `minReadySeconds`. Refused loudly:
-//!    initContainers, exec/gRPC probes, host namespaces, privileged containers, other volume
-//!    kinds, `envFrom`, `valueFrom` other than `fieldRef` and `configMapKeyRef`.
-//! 7. **`configMapKeyRef` from the watch cache.** As the kubelet, the runner builds a
-//!    container's environment when it starts the container (and again at each restart), so
-//!    a ConfigMap changed meanwhile reaches the next start and never a running process; a
-//!    missing ConfigMap or key that is not `optional` keeps the container from starting
-//!    (the kubelet's `CreateContainerConfigError`) and is retried every second. The value is
-//!    read from the runner's watch of the namespace's ConfigMaps, which may lag the API by
-//!    a moment, as the kubelet's watch-based ConfigMap manager does.
+//!    sidecar init containers (`restartPolicy: Always`), exec/gRPC probes, host namespaces,
+//!    privileged containers, other volume kinds, `envFrom`, `valueFrom` other than
+//!    `fieldRef`, `configMapKeyRef` and `secretKeyRef`.
+//! 7. **`configMapKeyRef` and `secretKeyRef` from the watch caches.** As the kubelet, the
+//!    runner builds a container's environment when it starts the container (and again at
+//!    each restart), so a ConfigMap or Secret changed meanwhile reaches the next start and
+//!    never a running process; a missing object or key that is not `optional` keeps the
+//!    container from starting (the kubelet's `CreateContainerConfigError`) and is retried
+//!    every second. The value is read from the runner's watch of the namespace's ConfigMaps
+//!    and Secrets, which may lag the API by a moment, as the kubelet's watch-based managers do.
 //! 8. **Hosts file for the host.** [`Runner::hosts_file`] lists every name the pods resolve,
 //!    for capn's `--etcd-hosts-file` (capn dials tenant etcd members by name).
 //! 9. **Claim objects.** For each claim directory the runner creates a PersistentVolumeClaim
@@ -97,7 +102,13 @@
 //!    created again, and the containers start on the empty claim. Pods have no objects, so
 //!    deleting a Pod (as capn does after deleting a claim) is answered NotFound and changes
 //!    nothing.
-//! 10. **Reaching the apiserver from the host.** A client outside the pods cannot resolve the
+//! 10. **Init containers** run as the kubelet runs them: in order, each in its own mount
+//!    namespace like a container, each to completion (exit 0) before the next and before
+//!    the containers start; one that fails is restarted with the crash back-off (the pod's
+//!    `restartPolicy: Always`). A pod that is deleted and made again runs them again. While
+//!    they run, the pod is not ready and [`Runner::pods`] reports the init container that
+//!    runs.
+//! 11. **Reaching the apiserver from the host.** A client outside the pods cannot resolve the
 //!    in-cluster names. [`Runner::client_config`] dials the address the name resolves to while
 //!    still verifying the certificate for the name (kube's `tls_server_name`). A program that
 //!    takes a kubeconfig file verbatim (the upstream e2e binary of `hack/conformance.sh`)
@@ -755,6 +766,11 @@ impl Runner {
         &self.shared.host_link
     }
 
+    /// This host's address on the pod network: pods reach a server listening there.
+    pub fn host_address(&self) -> Ipv4Addr {
+        self.shared.host_ip
+    }
+
     /// Everything the runner knows, for a failure message: problems, events, pods, log tails.
     pub fn report(&self) -> String {
         let mut out = String::new();
@@ -1023,7 +1039,7 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
                     eprintln!("capn runner [{}]: PROBLEM: {refusal}", shared.namespace);
                 }
             } else {
-                for container in &pod_spec.containers {
+                for container in pod_spec.init_containers.iter().flatten().chain(&pod_spec.containers) {
                     let binary = pod::located_binary(container, &shared.cache).ok().map(|(b, _, _)| b);
                     if let Some(binary) = binary
                         && !state.libraries.contains_key(&binary)
@@ -1541,17 +1557,18 @@ async fn run_pod(
         }
     };
     let libraries = lock(&shared.state).libraries.clone();
-    let plans = pod::plan_containers(
-        &spec,
-        &pod::PodContext {
-            identity: &identity,
-            volumes: &volumes,
-            dns_dir: &dns_dir,
-            pod_dir: &pod.dir,
-            cache: &shared.cache,
-            libraries: &libraries,
-        },
-    );
+    let context = pod::PodContext {
+        identity: &identity,
+        volumes: &volumes,
+        dns_dir: &dns_dir,
+        pod_dir: &pod.dir,
+        cache: &shared.cache,
+        libraries: &libraries,
+    };
+    let (init_plans, plans) = match pod::plan_init_containers(&spec, &context) {
+        Ok(init) => (init, pod::plan_containers(&spec, &context)),
+        Err(e) => (Vec::new(), Err(e)),
+    };
     let plans = match plans {
         Ok(plans) => plans,
         Err(e) => {
@@ -1562,6 +1579,31 @@ async fn run_pod(
         }
     };
     *lock(&pod.waiting) = None;
+    let grace = spec
+        .termination_grace_period_seconds
+        .map_or(DEFAULT_GRACE, |s| Duration::from_secs(s.max(0) as u64));
+    let net = namespaces.net.as_raw_fd();
+    let uts = namespaces.uts.as_ref().map(AsRawFd::as_raw_fd);
+    // Init containers, in order, each to completion (restarted with back-off while it
+    // fails, as the kubelet does under restartPolicy Always); the containers start after
+    // the last one succeeded. An init container is reported while it runs or fails.
+    for plan in init_plans {
+        lock(&pod.containers).insert(
+            plan.name.clone(),
+            ContainerReport {
+                name: plan.name.clone(),
+                log: plan.launch.log.clone(),
+                ..ContainerReport::default()
+            },
+        );
+        let init_name = plan.name.clone();
+        let completed = run_container(shared.clone(), pod.clone(), plan, (net, uts), control.clone(), grace).await;
+        if !completed {
+            finish_pod(&shared, &pod, Some(ip), Some(namespaces));
+            return;
+        }
+        lock(&pod.containers).remove(&init_name);
+    }
     {
         let mut containers = lock(&pod.containers);
         for plan in &plans {
@@ -1575,11 +1617,6 @@ async fn run_pod(
             );
         }
     }
-    let grace = spec
-        .termination_grace_period_seconds
-        .map_or(DEFAULT_GRACE, |s| Duration::from_secs(s.max(0) as u64));
-    let net = namespaces.net.as_raw_fd();
-    let uts = namespaces.uts.as_ref().map(AsRawFd::as_raw_fd);
     futures::future::join_all(
         plans
             .into_iter()
@@ -1624,13 +1661,16 @@ fn finish_pod(shared: &Shared, pod: &PodShared, ip: Option<Ipv4Addr>, namespaces
 
 /// How one run of a container ended.
 enum Ended {
+    /// An init container exited 0.
+    Completed,
     Exited(String),
     Unhealthy(String),
     Paused,
     Deleted,
 }
 
-/// A container's life: start, probe, restart with back-off, stop when told.
+/// A container's life: start, probe, restart with back-off, stop when told. Returns true
+/// when an init container completed (exit 0); a container returns false once deleted.
 async fn run_container(
     shared: Arc<Shared>,
     pod: Arc<PodShared>,
@@ -1638,7 +1678,7 @@ async fn run_container(
     (net, uts): (RawFd, Option<RawFd>),
     mut control: watch::Receiver<Control>,
     grace: Duration,
-) {
+) -> bool {
     let id = format!("{}/{}", pod.name, plan.name);
     let mut backoff = Duration::ZERO;
     loop {
@@ -1646,18 +1686,18 @@ async fn run_container(
         loop {
             match *control.borrow_and_update() {
                 Control::Run => break,
-                Control::Delete => return,
+                Control::Delete => return false,
                 Control::Pause => {}
             }
             if control.changed().await.is_err() {
-                return;
+                return false;
             }
         }
         if !backoff.is_zero() {
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {}
                 _ = control.changed() => {
-                    if *control.borrow() == Control::Delete { return; }
+                    if *control.borrow() == Control::Delete { return false; }
                 }
             }
         }
@@ -1683,7 +1723,7 @@ async fn run_container(
                 sandbox::spawn_container(&launch, net, uts)
             })
         });
-        let Some(Ok(receiver)) = submitted else { return };
+        let Some(Ok(receiver)) = submitted else { return false };
         let spawned = receiver
             .await
             .map_err(|_| "the runner's spawner thread dropped the start".to_owned());
@@ -1736,7 +1776,11 @@ async fn run_container(
         match ended {
             Ended::Deleted => {
                 shared.event(format!("{id}: stopped"));
-                return;
+                return false;
+            }
+            Ended::Completed => {
+                shared.event(format!("{id}: completed after {:.1?}", started.elapsed()));
+                return true;
             }
             Ended::Paused => {
                 shared.event(format!("{id}: killed and held stopped"));
@@ -1797,6 +1841,7 @@ async fn supervise(
     }
     loop {
         match child.try_wait() {
+            Ok(Some(status)) if plan.init && status.success() => return Ended::Completed,
             Ok(Some(status)) => return Ended::Exited(format!("exited ({status})")),
             Ok(None) => {}
             Err(e) => return Ended::Exited(format!("cannot be waited for ({e})")),

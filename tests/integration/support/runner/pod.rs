@@ -43,6 +43,8 @@ pub(super) struct PodIdentity {
 #[derive(Clone, Debug)]
 pub(super) struct ContainerPlan {
     pub name: String,
+    /// An init container: runs to completion before the next one and the containers.
+    pub init: bool,
     pub launch: Launch,
     pub startup: Option<ProbeSpec>,
     pub readiness: Option<ProbeSpec>,
@@ -107,8 +109,21 @@ pub(super) fn check_template(
     versions: &mut BTreeMap<PathBuf, Result<String, String>>,
 ) -> Result<(), String> {
     let refuse = |what: String| Err(what);
-    if spec.init_containers.as_ref().is_some_and(|c| !c.is_empty()) {
-        return refuse("initContainers are not supported by the runner".into());
+    for init in spec.init_containers.iter().flatten() {
+        // The API server refuses probes on init containers; a sidecar (restartPolicy
+        // Always) would need the kubelet's sidecar lifecycle, which the runner lacks.
+        if init.startup_probe.is_some() || init.readiness_probe.is_some() || init.liveness_probe.is_some() {
+            return refuse(format!(
+                "init container {}: probes are not allowed on init containers",
+                init.name
+            ));
+        }
+        if init.restart_policy.as_deref() == Some("Always") {
+            return refuse(format!(
+                "init container {}: sidecar containers (restartPolicy: Always) are not supported by the runner",
+                init.name
+            ));
+        }
     }
     if spec.host_network == Some(true) || spec.host_pid == Some(true) || spec.host_ipc == Some(true) {
         return refuse(
@@ -127,7 +142,7 @@ pub(super) fn check_template(
             ));
         }
     }
-    for container in &spec.containers {
+    for container in spec.init_containers.iter().flatten().chain(&spec.containers) {
         let name = &container.name;
         binary_for(container, cache, versions)?;
         for mount in container.volume_mounts.iter().flatten() {
@@ -147,9 +162,10 @@ pub(super) fn check_template(
             if let Some(from) = &var.value_from
                 && from.field_ref.is_none()
                 && from.config_map_key_ref.is_none()
+                && from.secret_key_ref.is_none()
             {
                 return refuse(format!(
-                    "container {name}: env {} uses a valueFrom the runner does not support (only fieldRef and configMapKeyRef)",
+                    "container {name}: env {} uses a valueFrom the runner does not support (only fieldRef, configMapKeyRef and secretKeyRef)",
                     var.name
                 ));
             }
@@ -197,12 +213,15 @@ pub fn release_cache() -> PathBuf {
 /// # Errors
 /// For a binary the asset script does not build.
 pub(super) fn release_binary(cache: &Path, base: &str, release: &str) -> Result<(PathBuf, String), String> {
+    if base == "capn" {
+        return Ok((capn_binary(), "cargo build --bin capn".to_owned()));
+    }
     let (dir, variable) = match base {
         "kube-apiserver" | "kube-controller-manager" => ("kubernetes", "KUBE_VERSION"),
         "etcd" | "etcdutl" => ("etcd", "ETCD_VERSION"),
         other => {
             return Err(format!(
-                "{other} is not a binary hack/kube-assets.sh builds (kube-apiserver, kube-controller-manager, etcd, etcdutl)"
+                "{other} is not a binary hack/kube-assets.sh builds (kube-apiserver, kube-controller-manager, etcd, etcdutl) nor capn"
             ));
         }
     };
@@ -249,6 +268,7 @@ fn binary_for(
     let name = &container.name;
     let image = container.image.as_deref().unwrap_or_default();
     let (binary, wanted, build) = located_binary(container, cache)?;
+    let base = command_base(container)?;
     if !binary.is_file() {
         return Err(format!(
             "MISSING RELEASE: container {name} wants image {image} (release {wanted}), and {} does not exist; \
@@ -259,7 +279,7 @@ fn binary_for(
     let have = versions
         .entry(binary.clone())
         .or_insert_with(|| {
-            let text = super::sandbox::run_host_command(&binary, &["--version"])?;
+            let text = super::sandbox::run_host_command(&binary, version_args(base))?;
             parse_version(&text)
                 .ok_or_else(|| format!("{} --version printed no version: {}", binary.display(), text.trim()))
         })
@@ -272,6 +292,29 @@ fn binary_for(
         ));
     }
     Ok(binary)
+}
+
+/// The `capn` binary that capn's own image stands for (adaptation 1): the one cargo built
+/// for this test binary.
+fn capn_binary() -> PathBuf {
+    // Integration tests know the binary; the demo (an example) finds it beside its own
+    // directory (`target/<profile>/examples/demo` → `target/<profile>/capn`).
+    option_env!("CARGO_BIN_EXE_capn").map(PathBuf::from).unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.parent()?.join("capn")))
+            .unwrap_or_else(|| PathBuf::from("capn"))
+    })
+}
+
+/// How a binary prints its version: `etcdutl version` (it has no `--version` flag), else
+/// `--version`.
+fn version_args(base: &str) -> &'static [&'static str] {
+    if base == "etcdutl" {
+        &["version"]
+    } else {
+        &["--version"]
+    }
 }
 
 /// The release an image tag names: `registry.k8s.io/etcd:3.6.8-0` → `3.6.8`,
@@ -420,6 +463,28 @@ fn environment(
     {
         let value = match (value, value_from) {
             (Some(v), _) if !v.is_empty() => expand(v, &map),
+            (_, Some(from)) if from.secret_key_ref.is_some() => {
+                // As the kubelet: a missing Secret or key keeps the container from starting
+                // (CreateContainerConfigError) unless the reference is optional.
+                let Some(key_ref) = from.secret_key_ref.as_ref() else {
+                    continue;
+                };
+                let Some(sources) = sources else {
+                    // Planning, before any start: read when the container starts.
+                    continue;
+                };
+                let data = sources.data(&Source::Secret(key_ref.name.clone()));
+                match data.as_ref().and_then(|d| d.get(&key_ref.key)) {
+                    Some(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                    None if key_ref.optional == Some(true) => continue,
+                    None => {
+                        return Err(format!(
+                            "CreateContainerConfigError: container {}: env {name}: Secret {} has no key {:?} (yet)",
+                            container.name, key_ref.name, key_ref.key
+                        ));
+                    }
+                }
+            }
             (_, Some(from)) if from.config_map_key_ref.is_some() => match (sources, &from.config_map_key_ref) {
                 (Some(sources), Some(selector)) => {
                     let data = sources.data(&Source::ConfigMap(selector.name.clone()));
@@ -796,6 +861,17 @@ pub(super) fn plan_containers(spec: &PodSpec, ctx: &PodContext<'_>) -> Result<Ve
     Ok(plans)
 }
 
+/// Plans the init containers, in order.
+pub(super) fn plan_init_containers(spec: &PodSpec, ctx: &PodContext<'_>) -> Result<Vec<ContainerPlan>, String> {
+    let mut plans = Vec::new();
+    for container in spec.init_containers.iter().flatten() {
+        let mut plan = plan_container(spec, container, ctx)?;
+        plan.init = true;
+        plans.push(plan);
+    }
+    Ok(plans)
+}
+
 fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -> Result<ContainerPlan, String> {
     let name = &container.name;
     let command = container.command.clone().unwrap_or_default();
@@ -903,6 +979,7 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     };
     Ok(ContainerPlan {
         name: name.clone(),
+        init: false,
         env: EnvSpec {
             container: container.clone(),
             identity: ctx.identity.clone(),

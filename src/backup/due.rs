@@ -1,0 +1,148 @@
+//! When a NestedEtcd's next snapshot is due (pure: the clock is an argument).
+//!
+//! - On demand: the annotation `controlplane.cluster.x-k8s.io/backup-now` holds a value
+//!   that `status.backup.lastRequest` does not: due now.
+//! - Scheduled: the first run of the schedule after the last verified snapshot (or after
+//!   the resource was created, when there is none) has passed: due now; otherwise the
+//!   controller requeues at that run, and sends nothing before it (no polling).
+//! - A capn that was down across several runs takes one snapshot, not one per missed run.
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::schedule::{Schedule, ScheduleError};
+
+/// Why a snapshot is taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// The `backup-now` annotation's value.
+    OnDemand(String),
+    /// The schedule's run at this time.
+    Scheduled(Timestamp),
+}
+
+/// The decision for one NestedEtcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// Take a snapshot now.
+    Now(Trigger),
+    /// Nothing to do before this time (the next scheduled run).
+    At(Timestamp),
+    /// No schedule and no request: nothing until the spec or the annotation changes.
+    Never,
+}
+
+/// Decides [`Due`]. `last_snapshot` is the time of the last verified snapshot, `created`
+/// the resource's creation time, `request` the annotation's value and `last_request` the
+/// one served last.
+///
+/// # Errors
+/// [`ScheduleError`] for a schedule that does not parse.
+pub fn due(
+    schedule: Option<&str>,
+    request: Option<&str>,
+    last_request: Option<&str>,
+    last_snapshot: Option<Timestamp>,
+    created: Timestamp,
+    now: Timestamp,
+) -> Result<Due, ScheduleError> {
+    let schedule = schedule
+        .filter(|s| !s.trim().is_empty())
+        .map(Schedule::parse)
+        .transpose()?;
+    if let Some(request) = request.map(str::trim).filter(|r| !r.is_empty())
+        && Some(request) != last_request
+    {
+        return Ok(Due::Now(Trigger::OnDemand(request.to_string())));
+    }
+    let Some(schedule) = schedule else {
+        return Ok(Due::Never);
+    };
+    let since = last_snapshot.unwrap_or(created);
+    Ok(match schedule.next_after(since) {
+        Some(run) if run <= now => Due::Now(Trigger::Scheduled(run)),
+        Some(run) => Due::At(run),
+        None => Due::Never,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    const CREATED: &str = "2026-12-01T01:30:00Z";
+
+    #[test]
+    fn a_new_request_is_due_at_once_and_a_served_one_is_not() {
+        let now = t("2026-12-01T02:00:00Z");
+        assert_eq!(
+            due(None, Some("1"), None, None, t(CREATED), now).unwrap(),
+            Due::Now(Trigger::OnDemand("1".into()))
+        );
+        assert_eq!(
+            due(None, Some("1"), Some("1"), None, t(CREATED), now).unwrap(),
+            Due::Never
+        );
+        assert_eq!(
+            due(None, Some("2"), Some("1"), None, t(CREATED), now).unwrap(),
+            Due::Now(Trigger::OnDemand("2".into()))
+        );
+    }
+
+    #[test]
+    fn the_schedule_waits_for_its_next_run_after_the_last_snapshot() {
+        let schedule = Some("0 3 * * *");
+        // Never backed up: the first run after creation.
+        assert_eq!(
+            due(schedule, None, None, None, t(CREATED), t("2026-12-01T02:59:00Z")).unwrap(),
+            Due::At(t("2026-12-01T03:00:00Z"))
+        );
+        assert_eq!(
+            due(schedule, None, None, None, t(CREATED), t("2026-12-01T03:00:00Z")).unwrap(),
+            Due::Now(Trigger::Scheduled(t("2026-12-01T03:00:00Z")))
+        );
+        // Backed up at 03:00:04: the next is tomorrow.
+        let last = Some(t("2026-12-01T03:00:04Z"));
+        assert_eq!(
+            due(schedule, None, None, last, t(CREATED), t("2026-12-01T03:00:10Z")).unwrap(),
+            Due::At(t("2026-12-02T03:00:00Z"))
+        );
+        // Down for three days: one snapshot, for the first missed run.
+        assert_eq!(
+            due(schedule, None, None, last, t(CREATED), t("2026-12-04T12:00:00Z")).unwrap(),
+            Due::Now(Trigger::Scheduled(t("2026-12-02T03:00:00Z")))
+        );
+    }
+
+    #[test]
+    fn a_failed_snapshot_does_not_move_the_schedule() {
+        // The last *verified* snapshot is the reference: after a failure at 03:00 the run is
+        // still due, and the controller retries it (with its back-off).
+        let last = Some(t("2026-11-30T03:00:02Z"));
+        assert_eq!(
+            due(
+                Some("0 3 * * *"),
+                None,
+                None,
+                last,
+                t(CREATED),
+                t("2026-12-01T03:05:00Z")
+            )
+            .unwrap(),
+            Due::Now(Trigger::Scheduled(t("2026-12-01T03:00:00Z")))
+        );
+    }
+
+    #[test]
+    fn no_schedule_and_no_request_is_never_and_a_bad_schedule_is_an_error() {
+        assert_eq!(due(None, None, None, None, t(CREATED), t(CREATED)).unwrap(), Due::Never);
+        assert_eq!(
+            due(Some(" "), None, None, None, t(CREATED), t(CREATED)).unwrap(),
+            Due::Never
+        );
+        assert!(due(Some("every day"), None, None, None, t(CREATED), t(CREATED)).is_err());
+    }
+}
