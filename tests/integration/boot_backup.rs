@@ -138,10 +138,15 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
         .await
         .unwrap();
     let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let ncps_before: Api<NestedControlPlane> = Api::namespaced(client.clone(), &ns);
     booted
         .runner
         .wait_for("the old control plane and its CAs are gone", STEP * 2, || async {
             let sets = statefulsets.list(&ListParams::default()).await.ok()?;
+            // The resources themselves too: an apply must not land on one still terminating.
+            if ncps_before.get_opt("demo").await.ok()?.is_some() || etcds.get_opt("demo-etcd").await.ok()?.is_some() {
+                return None;
+            }
             let mut cas_gone = true;
             for name in CA_SECRETS {
                 cas_gone &= secrets.get_opt(name).await.ok()?.is_none();
