@@ -56,8 +56,6 @@ pub enum RestorePlan {
     None,
     /// Render the restore init containers with these values; report this status.
     Pending(RestoreVars, RestoreStatus),
-    /// The restore completed this round: report this status, render no init containers.
-    Completed(RestoreStatus),
     /// Refused: nothing is applied; the condition says why.
     Refused { reason: &'static str, message: String },
 }
@@ -112,14 +110,10 @@ pub async fn plan_restore(
         snapshot: snapshot.key.clone(),
         credentials_secret,
     };
+    // Verified before: render the same snapshot until the reconcile records that every
+    // member was ready on it (`completed`).
     if let Some(snapshot) = previous.snapshot.clone() {
         let secret = restore.source.credentials_secret.name.clone();
-        if status.is_some_and(|s| s.ready) {
-            return Ok(RestorePlan::Completed(RestoreStatus {
-                snapshot: Some(snapshot),
-                completed: true,
-            }));
-        }
         return Ok(RestorePlan::Pending(vars(&snapshot, secret), previous));
     }
     let store = match connect(ctx, ns, &restore.source, None).await? {
@@ -560,10 +554,16 @@ async fn snapshot_job(
     let key = crate::backup::naming::snapshot_key(&store.destination().prefix, taken);
     let work = async {
         let mut client = client;
-        let version = client
+        // The member's revision just before the snapshot: the snapshot holds at least it.
+        let (version, revision) = client
             .status()
             .await
-            .map(|s| s.version().to_string())
+            .map(|s| {
+                (
+                    s.version().to_string(),
+                    s.header().map(|h| h.revision()).unwrap_or_default(),
+                )
+            })
             .map_err(|e| ("SnapshotStreamFailed", format!("etcd status: {e}")))?;
         let mut stream = client
             .snapshot()
@@ -574,7 +574,11 @@ async fn snapshot_job(
             .await
             .map_err(|e| ("SnapshotStreamFailed", format!("etcd snapshot: {e}")))?
             .ok_or(("SnapshotStreamFailed", "etcd sent an empty snapshot".to_string()))?;
-        let revision = first.header().map(|h| h.revision()).unwrap_or_default();
+        let revision = first
+            .header()
+            .map(|h| h.revision())
+            .filter(|r| *r > 0)
+            .unwrap_or(revision);
         let head = bytes::Bytes::copy_from_slice(first.blob());
         let rest = futures::stream::unfold(Some(stream), |stream| async move {
             let mut stream = stream?;

@@ -463,8 +463,14 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             }
             status.service = service;
             status.certificates = Some(certificates);
-            if restore.is_some() {
-                status.restore = restore;
+            if let Some(mut restore) = restore {
+                // Every member ran from the restored data once this round's apply (the
+                // template with the restore init containers) is ready: the next round
+                // renders without them.
+                if ready && restore.snapshot.is_some() {
+                    restore.completed = true;
+                }
+                status.restore = Some(restore);
             }
             if backup.status.is_some() {
                 status.backup = backup.status;
@@ -585,7 +591,6 @@ async fn drive<K: ComponentResource>(
     let (restore_vars, restore_status) = match restore_plan {
         super::backup::RestorePlan::None => (None, None),
         super::backup::RestorePlan::Pending(vars, status) => (Some(vars), Some(status)),
-        super::backup::RestorePlan::Completed(status) => (None, Some(status)),
         super::backup::RestorePlan::Refused { reason, message } => {
             return Ok(Outcome::Refused { reason, message });
         }
