@@ -300,12 +300,15 @@ fn summarize(report: &str) -> Result<Summary, String> {
             } else {
                 name
             };
+            // Only `It` nodes are specs; the suite's setup and report nodes (BeforeSuite,
+            // ReportAfterSuite, …) appear too and count only when they fail.
+            let is_spec = spec["LeafNodeType"].as_str() == Some("It");
             match spec["State"].as_str().unwrap_or_default() {
-                "passed" => summary.passed += usize::from(!leaf.is_empty()),
+                "passed" => summary.passed += usize::from(is_spec),
                 "skipped" | "pending" => {
                     // Selected but skipped at run time (e.g. a provider check) counts; specs
                     // outside the focus carry no run time and no failure, and are left out.
-                    if spec["Failure"]["Message"].as_str().is_some_and(|m| !m.is_empty()) {
+                    if is_spec && spec["Failure"]["Message"].as_str().is_some_and(|m| !m.is_empty()) {
                         summary.skipped += 1;
                     }
                 }
@@ -344,6 +347,8 @@ fn explain(name: &str, message: &str) -> Option<&'static str> {
     }
     let waits_for_a_pod = [
         "Expected Pod to be in",
+        "expected pod to be Succeeded",
+        "error waiting for deployment",
         "to be running",
         "running and ready",
         "waiting for pod",
@@ -366,6 +371,7 @@ mod tests {
                 {"State": "passed", "LeafNodeType": "It", "LeafNodeText": "should list",
                  "ContainerHierarchyTexts": ["[sig-api-machinery] Namespaces [Serial]"]},
                 {"State": "passed", "LeafNodeType": "BeforeSuite", "LeafNodeText": ""},
+                {"State": "passed", "LeafNodeType": "ReportAfterSuite", "LeafNodeText": "Kubernetes e2e JUnit report"},
                 {"State": "skipped", "LeafNodeType": "It", "LeafNodeText": "outside the focus",
                  "ContainerHierarchyTexts": ["[sig-node] Pods"]},
                 {"State": "skipped", "LeafNodeType": "It", "LeafNodeText": "on a provider",
