@@ -300,12 +300,15 @@ fn summarize(report: &str) -> Result<Summary, String> {
             } else {
                 name
             };
+            // Only `It` nodes are specs; the suite's setup and report nodes (BeforeSuite,
+            // ReportAfterSuite, …) appear too and count only when they fail.
+            let is_spec = spec["LeafNodeType"].as_str() == Some("It");
             match spec["State"].as_str().unwrap_or_default() {
-                "passed" => summary.passed += usize::from(!leaf.is_empty()),
+                "passed" => summary.passed += usize::from(is_spec),
                 "skipped" | "pending" => {
                     // Selected but skipped at run time (e.g. a provider check) counts; specs
                     // outside the focus carry no run time and no failure, and are left out.
-                    if spec["Failure"]["Message"].as_str().is_some_and(|m| !m.is_empty()) {
+                    if is_spec && spec["Failure"]["Message"].as_str().is_some_and(|m| !m.is_empty()) {
                         summary.skipped += 1;
                     }
                 }
@@ -321,27 +324,38 @@ fn summarize(report: &str) -> Result<Summary, String> {
 }
 
 /// Why a spec fails on a control plane without nodes, when that is the reason: a nested
-/// control plane has no kubelet until workers join, so a pod is never scheduled or run.
+/// control plane has no kubelet until workers join, so a pod is never scheduled or run. The
+/// messages are the e2e framework's, as seen on 1.36.3: the admission and conversion webhook
+/// specs wait for their webhook server's Deployment ("waiting for the deployment status
+/// valid … sample-webhook-deployment"), others for a pod phase ("Expected Pod to be in …
+/// Running"), and some check for nodes first ("there are currently no ready, schedulable
+/// nodes in the cluster").
 fn explain(name: &str, message: &str) -> Option<&'static str> {
-    let needs_running_pod = [
-        "waiting for pod",
-        "to be running",
-        "pod running",
-        "Pending",
-        "no nodes",
-        "nodes available",
-        "deployment",
-        "Deployment",
-        "not ready",
-        "running and ready",
-    ];
-    if needs_running_pod.iter().any(|m| message.contains(m)) {
-        return Some(
-            "needs a node: the test waits for a pod to run, and a control plane without workers has no kubelet to run it",
-        );
+    const POD: &str =
+        "needs a node: the test waits for a pod to run, and a control plane without workers has no kubelet to run it";
+    const NODES: &str = "needs a node: the test requires a schedulable node before it starts";
+    const WEBHOOK: &str =
+        "needs a node: the test's webhook server is a Deployment whose pod never runs without a kubelet";
+    if message.contains("schedulable nodes") || message.contains("no nodes") {
+        return Some(NODES);
     }
-    if name.contains("webhook") || name.contains("Webhook") {
-        return Some("needs a node: the webhook server the test deploys runs as a pod");
+    if message.contains("sample-webhook-deployment")
+        || message.contains("sample-crd-conversion-webhook-deployment")
+        || ((name.contains("Webhook") || name.contains("webhook")) && message.contains("deployment"))
+    {
+        return Some(WEBHOOK);
+    }
+    let waits_for_a_pod = [
+        "Expected Pod to be in",
+        "expected pod to be Succeeded",
+        "error waiting for deployment",
+        "to be running",
+        "running and ready",
+        "waiting for pod",
+        "deployment status",
+    ];
+    if waits_for_a_pod.iter().any(|m| message.contains(m)) {
+        return Some(POD);
     }
     None
 }
@@ -357,6 +371,7 @@ mod tests {
                 {"State": "passed", "LeafNodeType": "It", "LeafNodeText": "should list",
                  "ContainerHierarchyTexts": ["[sig-api-machinery] Namespaces [Serial]"]},
                 {"State": "passed", "LeafNodeType": "BeforeSuite", "LeafNodeText": ""},
+                {"State": "passed", "LeafNodeType": "ReportAfterSuite", "LeafNodeText": "Kubernetes e2e JUnit report"},
                 {"State": "skipped", "LeafNodeType": "It", "LeafNodeText": "outside the focus",
                  "ContainerHierarchyTexts": ["[sig-node] Pods"]},
                 {"State": "skipped", "LeafNodeType": "It", "LeafNodeText": "on a provider",
@@ -378,6 +393,24 @@ mod tests {
             "[sig-auth] ServiceAccounts should mount a projected token"
         );
         assert!(summary.failed[0].2.is_some_and(|w| w.starts_with("needs a node")));
+        assert_eq!(
+            explain(
+                "[sig-api-machinery] AdmissionWebhook should mutate configmap",
+                "waiting for the deployment status valid: error waiting for deployment \"sample-webhook-deployment\" status to match expectation"
+            ),
+            Some("needs a node: the test's webhook server is a Deployment whose pod never runs without a kubelet")
+        );
+        assert!(
+            explain("GC", "there are currently no ready, schedulable nodes in the cluster")
+                .is_some_and(|w| w.contains("schedulable node"))
+        );
+        assert!(
+            explain(
+                "ns",
+                "Timed out after 300.269s. Expected Pod to be in <v1.PodPhase>: Running"
+            )
+            .is_some_and(|w| w.contains("pod to run"))
+        );
         assert_eq!(summary.failed[1].2, None);
         let text = summary.render("1.36.3", None);
         assert!(
