@@ -105,6 +105,8 @@ pub trait ComponentResource:
         _now: &Now,
     ) -> impl Future<Output = Result<Membership, ReconcileError>> + Send {
         std::future::ready(Ok(Membership::default()))
+    }
+
     /// What must be settled before the members are planned (etcd: a pending restore, see
     /// [`super::backup`]), decided against the resolved channel and release. Default:
     /// nothing.
