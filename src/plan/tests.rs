@@ -913,16 +913,26 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
         let etcdutl = arg_list(&init[1]);
         assert_eq!(init[1]["image"], format!("registry.k8s.io/etcd:{version}-0"));
         assert_eq!(etcdutl[..3], ["etcdutl", "snapshot", "restore"]);
-        // The same initial cluster and token the etcd container starts with.
+        // The same token and peer URL the etcd container starts with, and the member list
+        // from the same membership ConfigMap key as its ETCD_INITIAL_CLUSTER.
         let etcd_args = args(sts);
-        for flag_name in [
-            "--initial-cluster=",
-            "--initial-cluster-token=",
-            "--initial-advertise-peer-urls=",
-        ] {
+        for flag_name in ["--initial-cluster-token=", "--initial-advertise-peer-urls="] {
             let main = etcd_args.iter().find(|a| a.starts_with(flag_name)).unwrap();
             assert!(etcdutl.contains(main), "{flag_name}: {etcdutl:?} vs {main}");
         }
+        assert!(
+            etcdutl.contains(&"--initial-cluster=$(ETCD_INITIAL_CLUSTER)".to_string()),
+            "{etcdutl:?}"
+        );
+        let env_ref = |container: &serde_json::Value| {
+            container["env"]
+                .as_array()
+                .and_then(|env| env.iter().find(|e| e["name"] == "ETCD_INITIAL_CLUSTER"))
+                .map(|e| e["valueFrom"]["configMapKeyRef"].clone())
+        };
+        let main_container = &sts["spec"]["template"]["spec"]["containers"][0];
+        assert!(env_ref(&init[1]).is_some());
+        assert_eq!(env_ref(&init[1]), env_ref(main_container));
         assert!(etcdutl.contains(&"--name=$(POD_NAME)".to_string()), "{etcdutl:?}");
         let commit = arg_list(&init[2]);
         assert_eq!(commit[..3], ["capn", "etcd-restore", "commit"]);
