@@ -103,20 +103,20 @@
 //!    deleting a Pod (as capn does after deleting a claim) is answered NotFound and changes
 //!    nothing.
 //! 10. **Init containers** run as the kubelet runs them: in order, each in its own mount
-//!    namespace like a container, each to completion (exit 0) before the next and before
-//!    the containers start; one that fails is restarted with the crash back-off (the pod's
-//!    `restartPolicy: Always`). A pod that is deleted and made again runs them again. While
-//!    they run, the pod is not ready and [`Runner::pods`] reports the init container that
-//!    runs.
+//!     namespace like a container, each to completion (exit 0) before the next and before
+//!     the containers start; one that fails is restarted with the crash back-off (the pod's
+//!     `restartPolicy: Always`). A pod that is deleted and made again runs them again. While
+//!     they run, the pod is not ready and [`Runner::pods`] reports the init container that
+//!     runs.
 //! 11. **Reaching the apiserver from the host.** A client outside the pods cannot resolve the
-//!    in-cluster names. [`Runner::client_config`] dials the address the name resolves to while
-//!    still verifying the certificate for the name (kube's `tls_server_name`). A program that
-//!    takes a kubeconfig file verbatim (the upstream e2e binary of `hack/conformance.sh`)
-//!    gets [`Runner::forward`], a TCP forwarder on `127.0.0.1:<free port>` that sends each
-//!    connection to the address the name resolves to at that moment, and
-//!    [`forward::host_kubeconfig`], the same kubeconfig with its server set to the forwarder and
-//!    `tls-server-name` to the in-cluster name. TLS stays end to end. These are the only
-//!    places a kubeconfig is not used exactly as capn wrote it.
+//!     in-cluster names. [`Runner::client_config`] dials the address the name resolves to while
+//!     still verifying the certificate for the name (kube's `tls_server_name`). A program that
+//!     takes a kubeconfig file verbatim (the upstream e2e binary of `hack/conformance.sh`)
+//!     gets [`Runner::forward`], a TCP forwarder on `127.0.0.1:<free port>` that sends each
+//!     connection to the address the name resolves to at that moment, and
+//!     [`forward::host_kubeconfig`], the same kubeconfig with its server set to the forwarder and
+//!     `tls-server-name` to the in-cluster name. TLS stays end to end. These are the only
+//!     places a kubeconfig is not used exactly as capn wrote it.
 //!
 //! The runner needs root (namespaces, mounts, veth pairs) and iproute2's `ip`. Every process it
 //! starts gets `PR_SET_PDEATHSIG(SIGKILL)`, and namespaces are held only by descriptors, so no

@@ -184,9 +184,7 @@ fn start_on_this_thread(binary: &Path) -> Result<(S3, Process), String> {
     let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let deadline = Instant::now() + START_TIMEOUT;
     while TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_err() {
-        if let Err(e) = process.check_running() {
-            return Err(e);
-        }
+        process.check_running()?;
         if Instant::now() > deadline {
             let message = process.failure(&format!("did not listen on {address} within {START_TIMEOUT:?}"));
             process.kill();
