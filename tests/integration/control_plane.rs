@@ -453,10 +453,14 @@ async fn a_read_error_on_the_ca_secret_does_not_mint_a_new_ca() {
     // A CA exists (the user's, or one capn made earlier). capn creates a missing CA without
     // reading first (a create never replaces anything), so the danger is a CA that exists
     // but cannot be read: it must stay exactly as it is.
-    let ca = capn::pki::CertificateAuthority::generate("existing-ca", time::OffsetDateTime::now_utc(), Default::default())
-        .unwrap();
+    let ca =
+        capn::pki::CertificateAuthority::generate("existing-ca", time::OffsetDateTime::now_utc(), Default::default())
+            .unwrap();
     Api::<Secret>::namespaced(admin.clone(), &ns)
-        .create(&Default::default(), &capn::pki::tls_secret("demo-ca", &ns, "demo", ca.pem()))
+        .create(
+            &Default::default(),
+            &capn::pki::tls_secret("demo-ca", &ns, "demo", ca.pem()),
+        )
         .await
         .unwrap();
     let capn = Capn::start(&restricted, &ns);
@@ -471,7 +475,9 @@ async fn a_read_error_on_the_ca_secret_does_not_mint_a_new_ca() {
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     capn.stop().await;
-    let held = secret(&admin, &ns, "demo-ca").await.expect("the CA Secret is still there");
+    let held = secret(&admin, &ns, "demo-ca")
+        .await
+        .expect("the CA Secret is still there");
     let cert = held.data.unwrap_or_default().get("tls.crt").map(|b| b.0.clone());
     assert_eq!(
         cert.as_deref(),

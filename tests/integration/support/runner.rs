@@ -943,14 +943,19 @@ async fn reconcile(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) {
             field_manager: Some(STATUS_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        let body = serde_json::json!({ "status": status });
+        // The uid makes the write conditional: a StatefulSet deleted and made again under
+        // the same name (while the runner's view still holds the old one) is another set,
+        // and must never get the old set's ready status (the API server refuses a patch
+        // whose uid differs from the object's).
+        let body = serde_json::json!({ "metadata": { "uid": uid }, "status": status });
         match api.patch_status(&name, &params, &Patch::Merge(&body)).await {
             Ok(_) => {
                 if let Some(set) = lock(&shared.state).sets.get_mut(&uid) {
                     set.written = Some(status);
                 }
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            // Gone, or another set under the same name now.
+            Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => {}
             Err(e) => shared.event(format!("writing the status of StatefulSet {name}: {e}")),
         }
     }
