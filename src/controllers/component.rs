@@ -511,20 +511,10 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
         format!("{ns}/{}", object.name_any()),
         status.inventory.len(),
     );
-    let name = object.name_any();
-    let uid = object.uid().unwrap_or_default();
-    let resource_version = object.resource_version().unwrap_or_default();
-    let observed = status_memo::Observed {
-        kind: K::KIND.as_str(),
-        namespace: &ns,
-        name: &name,
-        uid: &uid,
-        resource_version: &resource_version,
-        status: &old,
-    };
-    if status != old && !ctx.status_memo.already_written(observed, &status) {
+    let observed = status_memo::Observed::of(K::KIND.as_str(), &*object, &old);
+    if status != old && !ctx.status_memo.already_written(&observed, &status) {
         let written = write_status(&ctx, &*object, &ns, &status).await?;
-        ctx.status_memo.record(observed, &status, written);
+        ctx.status_memo.record(&observed, &status, written);
         events::publish_condition_changes(&ctx, &*object, &old.conditions, &status.conditions).await;
     }
     result.map(|()| action)

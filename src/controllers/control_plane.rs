@@ -116,18 +116,8 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
         set_condition(&mut status.conditions, update, generation, &now.k8s);
     }
     status.observed_generation = generation;
-    let name = ncp.name_any();
-    let uid = ncp.uid().unwrap_or_default();
-    let resource_version = ncp.resource_version().unwrap_or_default();
-    let observed = super::status_memo::Observed {
-        kind: "NestedControlPlane",
-        namespace: &ns,
-        name: &name,
-        uid: &uid,
-        resource_version: &resource_version,
-        status: &old,
-    };
-    if status != old && !ctx.status_memo.already_written(observed, &status) {
+    let observed = super::status_memo::Observed::of("NestedControlPlane", &*ncp, &old);
+    if status != old && !ctx.status_memo.already_written(&observed, &status) {
         // The public CRD sync owns its condition and counts; leave them out of this apply.
         let mut own = status.clone();
         own.conditions
@@ -140,10 +130,14 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
             "status": own,
         });
         let written = api
-            .patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+            .patch_status(
+                &observed.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
             .await?;
         ctx.status_memo
-            .record(observed, &status, written.resource_version().unwrap_or_default());
+            .record(&observed, &status, written.resource_version().unwrap_or_default());
         events::publish_condition_changes(&ctx, &*ncp, &old.conditions, &status.conditions).await;
     }
     match result {

@@ -43,21 +43,27 @@ pub const STATUS_MEMO_ENTRIES: usize = 16_384;
 #[derive(Debug)]
 pub struct Observed<'a, S> {
     pub kind: &'static str,
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub uid: &'a str,
-    pub resource_version: &'a str,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
     /// The status the object shows now.
     pub status: &'a S,
 }
 
-// By hand: derived Clone/Copy would require `S: Copy`, and only references are held.
-impl<S> Clone for Observed<'_, S> {
-    fn clone(&self) -> Self {
-        *self
+impl<'a, S> Observed<'a, S> {
+    /// `object` of `kind` as read for this reconcile, showing `status`.
+    pub fn of(kind: &'static str, object: &impl kube::ResourceExt, status: &'a S) -> Self {
+        Self {
+            kind,
+            namespace: object.namespace().unwrap_or_default(),
+            name: object.name_any(),
+            uid: object.uid().unwrap_or_default(),
+            resource_version: object.resource_version().unwrap_or_default(),
+            status,
+        }
     }
 }
-impl<S> Copy for Observed<'_, S> {}
 
 fn hash_of<S: Serialize>(status: &S) -> u64 {
     let mut hasher = DefaultHasher::new();
@@ -70,9 +76,9 @@ fn hash_of<S: Serialize>(status: &S) -> u64 {
 impl StatusMemo {
     /// Whether writing `next` for `object` would only repeat capn's last write, which the
     /// object (read from a lagging cache) does not show yet.
-    pub fn already_written<S: Serialize>(&self, object: Observed<'_, S>, next: &S) -> bool {
+    pub fn already_written<S: Serialize>(&self, object: &Observed<'_, S>, next: &S) -> bool {
         let Ok(map) = self.0.lock() else { return false };
-        let Some(last) = map.get(&(object.kind, object.namespace.to_string(), object.name.to_string())) else {
+        let Some(last) = map.get(&(object.kind, object.namespace.clone(), object.name.clone())) else {
             return false;
         };
         last.uid == object.uid
@@ -82,15 +88,15 @@ impl StatusMemo {
 
     /// Records that `written` was written over `object`'s status, the server answering with
     /// `resource_version`.
-    pub fn record<S: Serialize>(&self, object: Observed<'_, S>, written: &S, resource_version: String) {
+    pub fn record<S: Serialize>(&self, object: &Observed<'_, S>, written: &S, resource_version: String) {
         let Ok(mut map) = self.0.lock() else { return };
         if map.len() >= STATUS_MEMO_ENTRIES {
             map.clear();
         }
         map.insert(
-            (object.kind, object.namespace.to_string(), object.name.to_string()),
+            (object.kind, object.namespace.clone(), object.name.clone()),
             Written {
-                uid: object.uid.to_string(),
+                uid: object.uid.clone(),
                 based_on: hash_of(object.status),
                 written: hash_of(written),
                 resource_version,
@@ -103,13 +109,13 @@ impl StatusMemo {
 mod tests {
     use super::*;
 
-    fn observed<'a>(rv: &'a str, status: &'a Vec<&'a str>) -> Observed<'a, Vec<&'a str>> {
+    fn observed<'a>(rv: &str, status: &'a Vec<&'a str>) -> Observed<'a, Vec<&'a str>> {
         Observed {
             kind: "NestedEtcd",
-            namespace: "ns",
-            name: "c-etcd",
-            uid: "u1",
-            resource_version: rv,
+            namespace: "ns".into(),
+            name: "c-etcd".into(),
+            uid: "u1".into(),
+            resource_version: rv.into(),
             status,
         }
     }
@@ -120,14 +126,14 @@ mod tests {
         let before = vec!["Provisioning"];
         let next = vec!["Ready"];
         assert!(
-            !memo.already_written(observed("1", &before), &next),
+            !memo.already_written(&observed("1", &before), &next),
             "nothing written yet"
         );
-        memo.record(observed("1", &before), &next, "2".into());
+        memo.record(&observed("1", &before), &next, "2".into());
         // The cache still shows the old status (rv 1): the same write again is skipped.
-        assert!(memo.already_written(observed("1", &before), &next));
+        assert!(memo.already_written(&observed("1", &before), &next));
         // The cache caught up (rv 2 shows what was written): equal anyway, also skipped.
-        assert!(memo.already_written(observed("2", &next), &next));
+        assert!(memo.already_written(&observed("2", &next), &next));
     }
 
     #[test]
@@ -135,15 +141,15 @@ mod tests {
         let memo = StatusMemo::default();
         let before = vec!["Provisioning"];
         let next = vec!["Ready"];
-        memo.record(observed("1", &before), &next, "2".into());
+        memo.record(&observed("1", &before), &next, "2".into());
         // A different status to write.
-        assert!(!memo.already_written(observed("1", &before), &vec!["Failed"]));
+        assert!(!memo.already_written(&observed("1", &before), &vec!["Failed"]));
         // Someone else changed the status after capn's write (rv 3, content unknown to capn).
         let other = vec!["Edited"];
-        assert!(!memo.already_written(observed("3", &other), &next));
+        assert!(!memo.already_written(&observed("3", &other), &next));
         // A new object with the same name (another uid).
         let mut again = observed("1", &before);
-        again.uid = "u2";
-        assert!(!memo.already_written(again, &next));
+        again.uid = "u2".into();
+        assert!(!memo.already_written(&again, &next));
     }
 }
