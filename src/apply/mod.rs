@@ -69,6 +69,10 @@ pub struct Applier {
     client: Client,
     resources: Mutex<HashMap<(String, String), ApiResource>>,
     applied: Mutex<HashMap<ObjectKey, Applied>>,
+    /// Per applyset ID: the inventory as the last completed round left it (applied, then
+    /// pruned). The inventory capn reads from its parent's status can be a moment behind
+    /// capn's own status write; this closes that gap (see [`Self::known_inventory`]).
+    inventories: Mutex<HashMap<String, Vec<InventoryEntry>>>,
 }
 
 /// `(namespace, apiVersion, kind, name)` of an applied object.
@@ -132,6 +136,32 @@ impl Applier {
             client,
             resources: Mutex::default(),
             applied: Mutex::default(),
+            inventories: Mutex::default(),
+        }
+    }
+
+    /// What may exist of the applyset `applyset_id`: the inventory its parent's status
+    /// shows (`from_status`) joined with what the last round this process completed left.
+    /// The parent is read from a watch cache, which right after capn's own status write can
+    /// still show the inventory before it; a round that trusted that alone would forget
+    /// objects applied a moment ago and never prune them.
+    pub fn known_inventory(&self, applyset_id: &str, from_status: &[InventoryEntry]) -> Vec<InventoryEntry> {
+        let mut known = from_status.to_vec();
+        if let Some(last) = self.inventories.lock().ok().and_then(|m| m.get(applyset_id).cloned()) {
+            for entry in last {
+                if !known.contains(&entry) {
+                    known.push(entry);
+                }
+            }
+        }
+        known
+    }
+
+    /// Records that the applyset `applyset_id` now holds exactly `entries` (every planned
+    /// object applied, every stale one pruned).
+    pub fn record_inventory(&self, applyset_id: &str, entries: &[InventoryEntry]) {
+        if let Ok(mut m) = self.inventories.lock() {
+            m.insert(applyset_id.to_string(), entries.to_vec());
         }
     }
 
@@ -309,5 +339,37 @@ pub fn apply_rank(object: &serde_json::Value) -> u8 {
         Some("Service") => 0,
         Some("StatefulSet" | "Deployment" | "DaemonSet" | "Job") => 2,
         _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: &str, name: &str) -> InventoryEntry {
+        InventoryEntry {
+            api_version: "v1".into(),
+            kind: kind.into(),
+            name: name.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_inventory_the_cache_does_not_show_yet_is_still_known() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let applier = Applier::new(Client::try_from(config).unwrap());
+        let (service, extra) = (entry("Service", "c-etcd"), entry("ConfigMap", "c-etcd-extra"));
+        assert_eq!(applier.known_inventory("set", &[service.clone()]), vec![service.clone()]);
+        // A round applied the ConfigMap, but the parent read next still shows the status
+        // from before that round's write.
+        applier.record_inventory("set", &[service.clone(), extra.clone()]);
+        assert_eq!(
+            applier.known_inventory("set", &[service.clone()]),
+            vec![service.clone(), extra.clone()]
+        );
+        assert_eq!(applier.known_inventory("other-set", &[]), vec![]);
+        // Once the ConfigMap is pruned the set no longer holds it.
+        applier.record_inventory("set", &[service.clone()]);
+        assert_eq!(applier.known_inventory("set", &[service.clone()]), vec![service]);
     }
 }

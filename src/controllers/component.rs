@@ -630,10 +630,10 @@ async fn drive<K: ComponentResource>(
     };
     // act
     let applyset = component_applyset_id(K::KIND, &object.name_any(), ns);
-    let previous = object
-        .component_status()
-        .map(|s| s.inventory.clone())
-        .unwrap_or_default();
+    let previous = ctx.applier.known_inventory(
+        &applyset,
+        object.component_status().map(|s| s.inventory.as_slice()).unwrap_or_default(),
+    );
     let planned = plan.inventory();
     // The parent lists the union of old and new group-kinds while both may exist (KEP-3659).
     let kinds = |entries: &[InventoryEntry]| -> Vec<String> {
@@ -676,6 +676,7 @@ async fn drive<K: ComponentResource>(
     // Prune only after every apply of the round succeeded.
     let stale: Vec<InventoryEntry> = previous.into_iter().filter(|e| !planned.contains(e)).collect();
     ctx.applier.prune(ns, &stale, &applyset).await?;
+    ctx.applier.record_inventory(&applyset, &planned);
     let planned_kinds = kinds(&planned);
     update_applyset_parent(
         ctx,

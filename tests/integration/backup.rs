@@ -231,7 +231,12 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
     // `latest` was resolved once, to the newest complete snapshot.
     assert!(fetch_args.contains(&format!("--snapshot={newest}")), "{fetch_args:?}");
     let api: Api<NestedEtcd> = Api::namespaced(f.client.clone(), &f.ns);
-    let restore = api.get("r-etcd").await.unwrap().status.unwrap().restore.unwrap();
+    // The StatefulSet is applied before the status that records the restore is written.
+    let restore = wait_until("the status records the verified snapshot", STEP, || async {
+        let restore = api.get("r-etcd").await.ok()?.status?.restore?;
+        restore.snapshot.is_some().then_some(restore)
+    })
+    .await;
     assert_eq!(restore.snapshot.as_ref().unwrap().key, newest);
     assert!(!restore.completed);
     // Every member ready once: the restore is complete and the init containers go.
