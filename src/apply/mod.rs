@@ -359,7 +359,10 @@ mod tests {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let applier = Applier::new(Client::try_from(config).unwrap());
         let (service, extra) = (entry("Service", "c-etcd"), entry("ConfigMap", "c-etcd-extra"));
-        assert_eq!(applier.known_inventory("set", &[service.clone()]), vec![service.clone()]);
+        assert_eq!(
+            applier.known_inventory("set", &[service.clone()]),
+            vec![service.clone()]
+        );
         // A round applied the ConfigMap, but the parent read next still shows the status
         // from before that round's write.
         applier.record_inventory("set", &[service.clone(), extra.clone()]);

@@ -632,7 +632,10 @@ async fn drive<K: ComponentResource>(
     let applyset = component_applyset_id(K::KIND, &object.name_any(), ns);
     let previous = ctx.applier.known_inventory(
         &applyset,
-        object.component_status().map(|s| s.inventory.as_slice()).unwrap_or_default(),
+        object
+            .component_status()
+            .map(|s| s.inventory.as_slice())
+            .unwrap_or_default(),
     );
     let planned = plan.inventory();
     // The parent lists the union of old and new group-kinds while both may exist (KEP-3659).
