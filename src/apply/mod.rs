@@ -359,20 +359,16 @@ mod tests {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let applier = Applier::new(Client::try_from(config).unwrap());
         let (service, extra) = (entry("Service", "c-etcd"), entry("ConfigMap", "c-etcd-extra"));
-        assert_eq!(
-            applier.known_inventory("set", &[service.clone()]),
-            vec![service.clone()]
-        );
+        let only_service = [service.clone()];
+        assert_eq!(applier.known_inventory("set", &only_service), only_service);
         // A round applied the ConfigMap, but the parent read next still shows the status
         // from before that round's write.
-        applier.record_inventory("set", &[service.clone(), extra.clone()]);
-        assert_eq!(
-            applier.known_inventory("set", &[service.clone()]),
-            vec![service.clone(), extra.clone()]
-        );
+        let both = [service, extra];
+        applier.record_inventory("set", &both);
+        assert_eq!(applier.known_inventory("set", &only_service), both);
         assert_eq!(applier.known_inventory("other-set", &[]), vec![]);
         // Once the ConfigMap is pruned the set no longer holds it.
-        applier.record_inventory("set", &[service.clone()]);
-        assert_eq!(applier.known_inventory("set", &[service.clone()]), vec![service]);
+        applier.record_inventory("set", &only_service);
+        assert_eq!(applier.known_inventory("set", &only_service), only_service);
     }
 }
