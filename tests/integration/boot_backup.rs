@@ -31,12 +31,6 @@ const CONFIG_MAPS: usize = 1000;
 /// The CA Secrets a restored control plane needs to keep old kubeconfigs working.
 const CA_SECRETS: [&str; 4] = ["demo-ca", "demo-etcd", "demo-proxy", "demo-sa"];
 
-// Ignored until fixed: in the two runs so far, the backup half passed, but the restored etcd
-// pod's template was replaced while `restore-fetch` ran (the runner logged "template
-// changed, replacing the pod"), and the new pod started etcd on an empty data directory
-// without the restore init containers, so the tenant came back empty. Run it with
-// `--ignored` while looking for what changes the template in the first rounds.
-#[ignore = "the restored etcd's template is replaced mid-restore; see the comment above"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_object() {
     let booted = boot_with("backup-restore", None, StartCapn::InProcess).await;

@@ -51,7 +51,9 @@
 //!    run) maps to the `capn` binary cargo built for this test binary (`CARGO_BIN_EXE_capn`),
 //!    checked against the tag with `capn --version` like the others. The rest of the
 //!    container's root is a skeleton of the
-//!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`).
+//!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`, and the
+//!    host's CA bundle as `/etc/ssl/certs/ca-certificates.crt`, where distroless keeps
+//!    Debian's).
 //! 2. **Shared libraries.** The locally built binaries are dynamically linked (the published
 //!    images carry static ones), so the ELF interpreter and the libraries `ldd` lists are
 //!    bind-mounted read-only at their host paths.
@@ -1839,7 +1841,9 @@ async fn supervise(
     let mut liveness = plan.liveness.clone().map(|p| Prober::new(p, start));
     let mut started = startup.is_none();
     let mut ready = false;
-    if started && readiness.is_none() {
+    // A container without a readiness probe is ready once started; an init container never
+    // is (the kubelet's pod is not Ready while one runs, so it must not count the pod in).
+    if started && readiness.is_none() && !plan.init {
         ready = true;
         update(pod, &plan.name, |c| c.ready = true);
         shared.wake.notify_one();

@@ -1010,6 +1010,9 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     })
 }
 
+/// Where Debian (and so the distroless images) keeps the CA bundle, relative to the root.
+const CA_BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
+
 /// The container's "image": a skeleton of a distroless root, and an empty file or directory
 /// for every mount to land on.
 fn build_rootfs(rootfs: &Path, mounts: &[Mount]) -> Result<(), String> {
@@ -1034,6 +1037,14 @@ fn build_rootfs(rootfs: &Path, mounts: &[Mount]) -> Result<(), String> {
         let path = rootfs.join(path);
         fs::write(&path, text).map_err(|e| io(&path, e))?;
     }
+    // Distroless images carry Debian's CA bundle (TLS clients such as capn's object storage
+    // client load it even for an http endpoint); the host's stands in for it.
+    let bundle = rootfs.join(CA_BUNDLE);
+    if let Some(dir) = bundle.parent() {
+        fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    }
+    let host_bundle = Path::new("/").join(CA_BUNDLE);
+    fs::copy(&host_bundle, &bundle).map_err(|e| io(&host_bundle, e))?;
     for name in ["hosts", "resolv.conf", "hostname"] {
         let link = rootfs.join("etc").join(name);
         symlink(format!("{DNS_DIR}/{name}"), &link).map_err(|e| io(&link, e))?;
