@@ -353,6 +353,9 @@ fn explain(name: &str, message: &str) -> Option<&'static str> {
         "running and ready",
         "waiting for pod",
         "deployment status",
+        // The kubelet reports a volume it cannot mount in the pod's status; without one
+        // the status stays empty (1.37's ClusterTrustBundle projection specs).
+        "because of a missing volume",
     ];
     if waits_for_a_pod.iter().any(|m| message.contains(m)) {
         return Some(POD);
@@ -363,6 +366,13 @@ fn explain(name: &str, message: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_status_only_a_kubelet_writes_needs_a_node() {
+        let message = "expected the pod to not be ready because of a missing volume, but its status is different: nil";
+        assert!(explain("should prevent a pod from starting", message).is_some_and(|w| w.starts_with("needs a node")));
+        assert_eq!(explain("lists", "unexpected 403"), None);
+    }
 
     #[test]
     fn a_ginkgo_report_is_counted_and_failures_explained() {
