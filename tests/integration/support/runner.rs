@@ -51,9 +51,9 @@
 //!    run) maps to the `capn` binary cargo built for this test binary (`CARGO_BIN_EXE_capn`),
 //!    checked against the tag with `capn --version` like the others. The rest of the
 //!    container's root is a skeleton of the
-//!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`, and the
-//!    host's CA bundle as `/etc/ssl/certs/ca-certificates.crt`, where distroless keeps
-//!    Debian's).
+//!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`), with the
+//!    host's CA bundle bind-mounted read-only at `/etc/ssl/certs/ca-certificates.crt`,
+//!    where distroless keeps Debian's.
 //! 2. **Shared libraries.** The locally built binaries are dynamically linked (the published
 //!    images carry static ones), so the ELF interpreter and the libraries `ldd` lists are
 //!    bind-mounted read-only at their host paths.

@@ -22,6 +22,8 @@ use super::sandbox::{Launch, Mount, MountSource, host_path};
 /// `hostname` (`/etc/hosts` and friends are symbolic links into it, so that the runner can
 /// replace them atomically).
 pub(super) const DNS_DIR: &str = "/run/capn-runner";
+/// Where Debian, and so the distroless images, keep the CA bundle.
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The image's PATH (distroless, which the Kubernetes and etcd images are built on).
 const IMAGE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Device nodes a container runtime provides.
@@ -935,6 +937,16 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
             read_only: true,
         },
     });
+    // Distroless images carry Debian's CA bundle (TLS clients such as capn's object storage
+    // client load it even for an http endpoint); the host's stands in for it, read-only
+    // like the rest of the image.
+    mounts.push(Mount {
+        target: CA_BUNDLE.into(),
+        source: MountSource::Bind {
+            source: CA_BUNDLE.into(),
+            read_only: true,
+        },
+    });
     mounts.push(Mount {
         target: DNS_DIR.into(),
         source: MountSource::Bind {
@@ -1010,9 +1022,6 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     })
 }
 
-/// Where Debian (and so the distroless images) keeps the CA bundle, relative to the root.
-const CA_BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
-
 /// The container's "image": a skeleton of a distroless root, and an empty file or directory
 /// for every mount to land on.
 fn build_rootfs(rootfs: &Path, mounts: &[Mount]) -> Result<(), String> {
@@ -1037,14 +1046,6 @@ fn build_rootfs(rootfs: &Path, mounts: &[Mount]) -> Result<(), String> {
         let path = rootfs.join(path);
         fs::write(&path, text).map_err(|e| io(&path, e))?;
     }
-    // Distroless images carry Debian's CA bundle (TLS clients such as capn's object storage
-    // client load it even for an http endpoint); the host's stands in for it.
-    let bundle = rootfs.join(CA_BUNDLE);
-    if let Some(dir) = bundle.parent() {
-        fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    }
-    let host_bundle = Path::new("/").join(CA_BUNDLE);
-    fs::copy(&host_bundle, &bundle).map_err(|e| io(&host_bundle, e))?;
     for name in ["hosts", "resolv.conf", "hostname"] {
         let link = rootfs.join("etc").join(name);
         symlink(format!("{DNS_DIR}/{name}"), &link).map_err(|e| io(&link, e))?;
