@@ -145,12 +145,21 @@ impl Applier {
     /// The parent is read from a watch cache, which right after capn's own status write can
     /// still show the inventory before it; a round that trusted that alone would forget
     /// objects applied a moment ago and never prune them.
+    ///
+    /// Once the status shows what was recorded, the cache has caught up (it never goes
+    /// back) and the record is dropped, so the memo holds only writes in flight, not an
+    /// entry per applyset ever seen.
     pub fn known_inventory(&self, applyset_id: &str, from_status: &[InventoryEntry]) -> Vec<InventoryEntry> {
         let mut known = from_status.to_vec();
-        if let Some(last) = self.inventories.lock().ok().and_then(|m| m.get(applyset_id).cloned()) {
+        let Ok(mut memo) = self.inventories.lock() else {
+            return known;
+        };
+        if memo.get(applyset_id).is_some_and(|last| last.as_slice() == from_status) {
+            memo.remove(applyset_id);
+        } else if let Some(last) = memo.get(applyset_id) {
             for entry in last {
-                if !known.contains(&entry) {
-                    known.push(entry);
+                if !known.contains(entry) {
+                    known.push(entry.clone());
                 }
             }
         }
@@ -367,6 +376,9 @@ mod tests {
         applier.record_inventory("set", &both);
         assert_eq!(applier.known_inventory("set", &only_service), both);
         assert_eq!(applier.known_inventory("other-set", &[]), vec![]);
+        // The cache caught up: the record is dropped, the status alone is known.
+        assert_eq!(applier.known_inventory("set", &both), both);
+        assert!(applier.inventories.lock().unwrap().is_empty());
         // Once the ConfigMap is pruned the set no longer holds it.
         applier.record_inventory("set", &only_service);
         assert_eq!(applier.known_inventory("set", &only_service), only_service);
