@@ -240,6 +240,9 @@ pub fn successor_of<P: ComponentResource, K: ComponentResource>(
 #[allow(clippy::large_enum_variant)]
 enum Outcome {
     Paused,
+    /// Owned by a control plane whose spec does not name this component yet (it is about
+    /// to: the control plane created it); no status is written.
+    Unreferenced,
     Waiting {
         reason: &'static str,
         message: String,
@@ -378,7 +381,7 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
     let running = old.version.is_some();
     let mut set = |update: ConditionUpdate| set_condition(&mut status.conditions, update, generation, &now.k8s);
     let (action, result) = match outcome {
-        Ok(Outcome::Paused) => return Ok(Action::await_change()),
+        Ok(Outcome::Paused | Outcome::Unreferenced) => return Ok(Action::await_change()),
         Ok(Outcome::Waiting { reason, message }) => {
             if running {
                 set(ConditionUpdate::new(ROLLING_OUT, true, reason, message));
@@ -555,6 +558,13 @@ async fn drive<K: ComponentResource>(
             message: "no NestedControlPlane owns this resource yet; reference it from one".into(),
         });
     };
+    // A component the control plane has just created, before its reference reaches the
+    // control plane's spec: the reference patch wakes it again at once, and a status
+    // written now ("waiting for a NestedEtcd the control plane does not name yet") would
+    // be stale before anyone read it.
+    if K::reference(&ncp).is_none() && object.component_status().is_none() {
+        return Ok(Outcome::Unreferenced);
+    }
     let capi_cluster = owning_cluster(ctx, &ncp).await?;
     if is_paused(&ncp, capi_cluster.as_ref()) {
         return Ok(Outcome::Paused);
@@ -643,14 +653,8 @@ async fn drive<K: ComponentResource>(
         entries.iter().map(|e| group_kind(&e.api_version, &e.kind)).collect()
     };
     let union: Vec<String> = kinds(&previous).into_iter().chain(kinds(&planned)).collect();
-    update_applyset_parent(
-        ctx,
-        object,
-        ns,
-        &applyset,
-        &contains_group_kinds(union.iter().map(String::as_str)),
-    )
-    .await?;
+    let union = contains_group_kinds(union.iter().map(String::as_str));
+    update_applyset_parent(ctx, object, ns, &applyset, &union).await?;
     let mut plan = plan;
     plan.objects.sort_by_key(apply_rank);
     let services = plan.objects.iter().take_while(|o| apply_rank(o) == 0).count();
@@ -680,15 +684,13 @@ async fn drive<K: ComponentResource>(
     let stale: Vec<InventoryEntry> = previous.into_iter().filter(|e| !planned.contains(e)).collect();
     ctx.applier.prune(ns, &stale, &applyset).await?;
     ctx.applier.record_inventory(&applyset, &planned);
+    // The parent shrinks to the planned kinds once the stale ones are pruned; when nothing
+    // was stale it already says so (the update above), and `object` is too old to tell.
     let planned_kinds = kinds(&planned);
-    update_applyset_parent(
-        ctx,
-        object,
-        ns,
-        &applyset,
-        &contains_group_kinds(planned_kinds.iter().map(String::as_str)),
-    )
-    .await?;
+    let planned_kinds = contains_group_kinds(planned_kinds.iter().map(String::as_str));
+    if planned_kinds != union {
+        update_applyset_parent(ctx, object, ns, &applyset, &planned_kinds).await?;
+    }
     // report
     let declared = ctx.channels.get(&plan.channel).ok().and_then(|c| c.component(K::KIND));
     let deciding: Vec<_> = match declared.and_then(|d| d.readiness.as_ref()) {

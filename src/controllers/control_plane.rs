@@ -83,7 +83,7 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
     }
     let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
     let now = Now::take();
-    let generation = ncp.meta().generation;
+    let mut generation = ncp.meta().generation;
     let old = ncp.status.clone().unwrap_or_default();
     let mut status = old.clone();
     status.external_managed_control_plane = true;
@@ -100,11 +100,14 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
         ConditionUpdate::new(PAUSED, false, "NotPaused", "")
     };
     set_condition(&mut status.conditions, pause, generation, &now.k8s);
+    // The generation of capn's own spec patch this pass (the component references, the
+    // endpoint), when there was one.
+    let mut patched_generation = None;
     let result = if paused {
         Ok(Action::await_change())
     } else {
         let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
-        drive(&ncp, &ctx, &ns, &cluster, &mut status, &now).await
+        drive(&ncp, &ctx, &ns, &cluster, &mut status, &now, &mut patched_generation).await
     };
     if let Err(e) = &result {
         let update = match e {
@@ -114,6 +117,18 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
             _ => ConditionUpdate::new(AVAILABLE, status.ready, e.reason(), e.to_string()),
         };
         set_condition(&mut status.conditions, update, generation, &now.k8s);
+    }
+    // This pass observed the spec capn itself just wrote (the patch's only change): saying
+    // so now saves the status write that would otherwise only move observedGeneration on.
+    if let Some(patched) = patched_generation {
+        for condition in status
+            .conditions
+            .iter_mut()
+            .filter(|c| c.observed_generation == generation)
+        {
+            condition.observed_generation = Some(patched);
+        }
+        generation = Some(patched);
     }
     status.observed_generation = generation;
     let observed = super::status_memo::Observed::of("NestedControlPlane", &*ncp, &old);
@@ -154,6 +169,7 @@ async fn drive(
     cluster: &ClusterSettings,
     status: &mut NestedControlPlaneStatus,
     now: &Now,
+    patched_generation: &mut Option<i64>,
 ) -> Result<Action, ReconcileError> {
     let generation = ncp.meta().generation;
     let Some(owner) = controller_reference(ncp) else {
@@ -242,12 +258,15 @@ async fn drive(
     }
     if !refs.is_empty() {
         let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), ns);
-        api.patch(
-            &ncp.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": refs})),
-        )
-        .await?;
+        let patched = api
+            .patch(
+                &ncp.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": refs})),
+            )
+            .await?;
+        // Exactly one more than what this pass read: nobody else changed the spec meanwhile.
+        *patched_generation = patched.meta().generation.filter(|g| Some(*g - 1) == generation);
     }
 
     // 4. The admin kubeconfig `<c>-kubeconfig` (CAPI secret layout).

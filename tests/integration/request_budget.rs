@@ -17,9 +17,12 @@ use crate::support::{cluster, stand_in, test_namespace, wait_until};
 /// controllers until capn is quiet after Ready, including capn's start-up (discovery and one
 /// LIST and WATCH per cached kind, about 22). Measured (2026-12-01, 2 cores): 319 to 358
 /// before reads came from the watch caches, 77 after, 69 since new CAs are created without
-/// a read first and a status is not written again over a lagging cache (the rest: creating
+/// a read first and a status is not written again over a lagging cache, 64 to 66
+/// (2026-12-02) since the ApplySet parent is labelled once per round, a component the control
+/// plane has just created writes no status until the control plane names it, and the
+/// control plane's status observes the generation of its own spec patch (the rest: creating
 /// 11 Secrets and 11 workload objects, status writes).
-const BUDGET: u64 = 75;
+const BUDGET: u64 = 70;
 /// Event writes of the same provisioning: issue "Efficiency"'s budget. Measured: 32 or 33
 /// before, 4 to 6 now (Ready of each component, Available of the control plane).
 const EVENT_BUDGET: u64 = 10;
