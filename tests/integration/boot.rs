@@ -96,10 +96,18 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
                 .map(|_| ())
         })
         .await;
+    let ready = Instant::now();
     say(&format!(
         "{test}: apply → NestedControlPlane ready in {:.1?}",
-        applied.elapsed()
+        ready - applied
     ));
+    let breakdown = runner.boot_breakdown(
+        tokio::time::Instant::from_std(applied),
+        tokio::time::Instant::from_std(ready),
+    );
+    for line in breakdown.lines() {
+        say(&format!("{test}: {line}"));
+    }
     Booted {
         client,
         ns,

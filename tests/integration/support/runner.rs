@@ -131,6 +131,7 @@ pub mod forward;
 mod pod;
 mod probe;
 mod sandbox;
+pub mod timeline;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -209,6 +210,9 @@ struct Shared {
     volumes_wake: Notify,
     /// How many times [`refresh_volumes`] ran, for reports.
     volume_passes: AtomicU64,
+    /// Each pod's start, step by step ([`Runner::milestones`]); apart from `state`, because
+    /// pods are created under its lock.
+    milestones: Mutex<Vec<timeline::Milestone>>,
     stopping: Arc<AtomicBool>,
     quiet: bool,
 }
@@ -261,6 +265,8 @@ struct PodHandle {
 /// What a pod's task reports.
 struct PodShared {
     name: String,
+    /// Its StatefulSet's name.
+    set: String,
     dir: PathBuf,
     ip: Mutex<Option<Ipv4Addr>>,
     net_inode: AtomicU64,
@@ -430,6 +436,7 @@ impl Runner {
             wake: Notify::new(),
             volumes_wake: Notify::new(),
             volume_passes: AtomicU64::new(0),
+            milestones: Mutex::default(),
             stopping: Arc::new(AtomicBool::new(false)),
             quiet: std::env::var_os("CAPN_RUNNER_QUIET").is_some_and(|v| v != "0"),
         });
@@ -611,6 +618,18 @@ impl Runner {
                     .and_then(|ips| ips.iter().next().copied())
             }),
         )
+    }
+
+    /// Every pod start step so far, in order ([`timeline::breakdown`] reads them).
+    pub fn milestones(&self) -> Vec<timeline::Milestone> {
+        lock(&self.shared.milestones).clone()
+    }
+
+    /// Where the time from `applied` to `ready` went: each StatefulSet's first pod, from
+    /// creation through process start and readiness to its ready status, and the shares of
+    /// the components, the runner and capn ([`timeline::breakdown`]).
+    pub fn boot_breakdown(&self, applied: Instant, ready: Instant) -> String {
+        timeline::breakdown(applied, ready, &timeline::first_starts(&self.milestones()))
     }
 
     /// Every pod the runner has, by name.
@@ -899,6 +918,15 @@ impl Shared {
         }
     }
 
+    fn milestone(&self, set: &str, pod: &str, stage: timeline::Stage) {
+        lock(&self.milestones).push(timeline::Milestone {
+            at: Instant::now(),
+            set: set.to_owned(),
+            pod: pod.to_owned(),
+            stage,
+        });
+    }
+
     fn event(&self, message: String) {
         let line = format!("{} {message}", humantime(std::time::SystemTime::now()));
         if !self.quiet {
@@ -952,6 +980,9 @@ async fn reconcile(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) {
         let body = serde_json::json!({ "metadata": { "uid": uid }, "status": status });
         match api.patch_status(&name, &params, &Patch::Merge(&body)).await {
             Ok(_) => {
+                if status["readyReplicas"].as_i64().is_some_and(|r| r > 0) {
+                    shared.milestone(&name, &format!("{name}-0"), timeline::Stage::StatusWritten);
+                }
                 if let Some(set) = lock(&shared.state).sets.get_mut(&uid) {
                     set.written = Some(status);
                 }
@@ -1224,8 +1255,11 @@ fn start_pod(
         .flat_map(|c| c.ports.iter().flatten())
         .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
         .collect();
+    let set_name = sts.name_any();
+    shared.milestone(&set_name, name, timeline::Stage::PodCreated);
     let pod_shared = Arc::new(PodShared {
         name: name.to_owned(),
+        set: set_name,
         dir: shared.dir.join("pods").join(name),
         ip: Mutex::new(None),
         net_inode: AtomicU64::new(0),
@@ -1770,6 +1804,9 @@ async fn run_container(
             plan.launch.argv0,
             plan.launch.args.join(" ")
         ));
+        if !plan.init {
+            shared.milestone(&pod.set, &pod.name, timeline::Stage::ProcessStarted);
+        }
         let started = Instant::now();
         let ended = supervise(&shared, &pod, &plan, &mut child, &mut control, grace).await;
         lock(&shared.state).live.remove(&pid);
@@ -1825,6 +1862,13 @@ fn update(pod: &PodShared, container: &str, f: impl FnOnce(&mut ContainerReport)
     }
 }
 
+/// Records the pod's Ready milestone once its last container is ready.
+fn note_ready(shared: &Shared, pod: &PodShared) {
+    if pod_ready(pod) {
+        shared.milestone(&pod.set, &pod.name, timeline::Stage::Ready);
+    }
+}
+
 /// Watches one run of a container: exit, probes, and what it is told.
 async fn supervise(
     shared: &Shared,
@@ -1846,6 +1890,7 @@ async fn supervise(
     if started && readiness.is_none() && !plan.init {
         ready = true;
         update(pod, &plan.name, |c| c.ready = true);
+        note_ready(shared, pod);
         shared.wake.notify_one();
     }
     loop {
@@ -1869,6 +1914,7 @@ async fn supervise(
                         if readiness.is_none() {
                             ready = true;
                             update(pod, &plan.name, |c| c.ready = true);
+                            note_ready(shared, pod);
                             shared.wake.notify_one();
                         }
                     }
@@ -1912,6 +1958,9 @@ async fn supervise(
                         start.elapsed(),
                         error.map(|e| format!(": {e}")).unwrap_or_default()
                     ));
+                    if ready {
+                        note_ready(shared, pod);
+                    }
                     shared.wake.notify_one();
                 }
             }
