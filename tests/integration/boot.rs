@@ -32,6 +32,27 @@ pub(crate) fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "boot: {line}");
 }
 
+/// capn's hook for the clients it makes of a tenant: a server name only the pods resolve
+/// (`demo-apiserver.<ns>.svc`) is dialled at the address the runner gives it, and the
+/// certificate is still verified for that name.
+pub(crate) fn tenant_hook(runner: &Runner) -> capn::controllers::TenantConfigHook {
+    let resolve = runner.resolver();
+    capn::controllers::TenantConfigHook(std::sync::Arc::new(
+        move |_ncp: &NestedControlPlane, config: &mut kube::Config| {
+            let url = config.cluster_url.clone();
+            if let Some(host) = url.host()
+                && host.parse::<std::net::IpAddr>().is_err()
+                && let Some(ip) = resolve(host).first()
+            {
+                config.tls_server_name.get_or_insert_with(|| host.to_string());
+                if let Ok(dialled) = format!("https://{ip}:{}", url.port_u16().unwrap_or(443)).parse() {
+                    config.cluster_url = dialled;
+                }
+            }
+        },
+    ))
+}
+
 /// A booted control plane `demo` in its own namespace.
 pub(crate) struct Booted {
     pub client: Client,
@@ -69,7 +90,17 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     // capn dials the tenant's etcd members by name through the runner's hosts file.
     let hosts = runner.hosts_file();
     let capn = match start {
-        StartCapn::InProcess => Running::InProcess(Capn::start_with_etcd_hosts(&client, &ns, &hosts)),
+        StartCapn::InProcess => {
+            // It dials the tenant apiserver too (the upgrade preflight reads its metrics).
+            let mut settings = capn::controllers::Settings {
+                namespace: Some(ns.clone()),
+                etcd_hosts_file: Some(hosts.clone()),
+                tenant_config_hook: Some(tenant_hook(&runner)),
+                ..capn::controllers::Settings::default()
+            };
+            settings.enabled.public_crds = false;
+            Running::InProcess(Capn::start_with_settings(&client, settings, &[]))
+        }
         StartCapn::Process(mut args) => {
             args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
             Running::Process(CapnProcess::start(&ns, &args))

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use capn::api::{NestedControlPlane, UpgradeStatus};
-use capn::controllers::{Settings, TenantConfigHook};
+use capn::controllers::Settings;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -51,19 +51,7 @@ impl Tenant {
                 .await
                 .unwrap_or_else(|e| panic!("the runner did not start: {e}")),
         );
-        let resolver = runner.clone();
-        let hook = TenantConfigHook(Arc::new(move |_ncp: &NestedControlPlane, config: &mut kube::Config| {
-            let url = config.cluster_url.clone();
-            if let Some(host) = url.host()
-                && host.parse::<std::net::IpAddr>().is_err()
-                && let Some(ip) = resolver.resolve(host).first()
-            {
-                config.tls_server_name.get_or_insert_with(|| host.to_string());
-                config.cluster_url = format!("https://{ip}:{}", url.port_u16().unwrap_or(443))
-                    .parse()
-                    .unwrap();
-            }
-        }));
+        let hook = crate::boot::tenant_hook(&runner);
         let mut settings = Settings {
             namespace: Some(ns.clone()),
             tenant_config_hook: Some(hook),

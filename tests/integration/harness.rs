@@ -41,18 +41,6 @@ impl Capn {
         Self::start_with_settings(client, settings, dirs)
     }
 
-    /// Like [`Capn::start`], dialing the tenants' etcd members at the addresses the hosts file
-    /// `hosts` gives their names (the runner's [`crate::support::runner::Runner::hosts_file`]).
-    pub fn start_with_etcd_hosts(client: &Client, namespace: &str, hosts: &std::path::Path) -> Self {
-        let mut settings = Settings {
-            namespace: Some(namespace.to_string()),
-            etcd_hosts_file: Some(hosts.to_path_buf()),
-            ..Settings::default()
-        };
-        settings.enabled.public_crds = false;
-        Self::start_with_settings(client, settings, &[])
-    }
-
     /// Starts the controllers with `settings` and extra channel directories.
     pub fn start_with_settings(client: &Client, settings: Settings, dirs: &[&str]) -> Self {
         let dirs: Vec<std::path::PathBuf> = dirs

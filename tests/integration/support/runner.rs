@@ -552,12 +552,19 @@ impl Runner {
 
     /// The addresses a pod would get for `name` (a Service or pod DNS name).
     pub fn resolve(&self, name: &str) -> Vec<Ipv4Addr> {
-        let name = name.trim_end_matches('.');
-        lock(&self.shared.state)
-            .records
-            .get(name)
-            .map(|ips| ips.iter().copied().collect())
-            .unwrap_or_default()
+        self.resolver()(name)
+    }
+
+    /// [`Self::resolve`] as a function that outlives this handle (for capn's tenant hook).
+    pub fn resolver(&self) -> impl Fn(&str) -> Vec<Ipv4Addr> + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move |name| {
+            lock(&shared.state)
+                .records
+                .get(name.trim_end_matches('.'))
+                .map(|ips| ips.iter().copied().collect())
+                .unwrap_or_default()
+        }
     }
 
     /// A hosts file (`/etc/hosts` format) holding every name the pods resolve, kept current
@@ -1972,7 +1979,10 @@ async fn supervise(
                 return Ended::Unhealthy(format!("liveness probe failed ({why}); killed"));
             }
         }
-        let next = [&startup, &readiness, &liveness]
+        // A startup probe that passed never runs again: its last `next` lies in the past,
+        // and counting it would turn this sleep into a busy loop.
+        let pending_startup = if started { None } else { startup.as_ref() };
+        let next = [pending_startup, readiness.as_ref(), liveness.as_ref()]
             .into_iter()
             .flatten()
             .map(Prober::next)
