@@ -1979,14 +1979,11 @@ async fn supervise(
                 return Ended::Unhealthy(format!("liveness probe failed ({why}); killed"));
             }
         }
-        // A startup probe that passed never runs again: its last `next` lies in the past,
-        // and counting it would turn this sleep into a busy loop.
-        let pending_startup = if started { None } else { startup.as_ref() };
-        let next = [pending_startup, readiness.as_ref(), liveness.as_ref()]
-            .into_iter()
-            .flatten()
-            .map(Prober::next)
-            .fold(Instant::now() + EXIT_POLL, Instant::min);
+        let next = probe::next_wake(
+            started,
+            [startup.as_ref(), readiness.as_ref(), liveness.as_ref()],
+            Instant::now() + EXIT_POLL,
+        );
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
             changed = control.changed() => {

@@ -54,6 +54,23 @@ pub(super) enum Verdict {
     Unchanged,
 }
 
+/// When a container's supervise loop wakes next: the earliest deadline of its
+/// `[startup, readiness, liveness]` probers, at the latest `latest` (to poll for an exit).
+/// A startup probe that passed (`started`) never runs again: its last deadline lies in the
+/// past, and counting it would turn the loop's sleep into a busy loop.
+pub(super) fn next_wake(
+    started: bool,
+    [startup, readiness, liveness]: [Option<&Prober>; 3],
+    latest: Instant,
+) -> Instant {
+    let startup = if started { None } else { startup };
+    [startup, readiness, liveness]
+        .into_iter()
+        .flatten()
+        .map(Prober::next)
+        .fold(latest, Instant::min)
+}
+
 impl Prober {
     /// A prober for a container started at `started`.
     pub fn new(spec: ProbeSpec, started: Instant) -> Self {
@@ -164,4 +181,45 @@ fn probe_client(url: &str, headers: &[(String, String)], timeout: Duration) -> R
         config.headers.push((name, value));
     }
     kube::Client::try_from(config).map_err(|e| format!("cannot build a probe client: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prober(started: Instant, initial_delay: Duration) -> Prober {
+        Prober::new(
+            ProbeSpec {
+                action: Action::Tcp {
+                    host: "127.0.0.1".to_owned(),
+                    port: 1,
+                },
+                initial_delay,
+                period: Duration::from_secs(1),
+                timeout: Duration::from_secs(1),
+                success_threshold: 1,
+                failure_threshold: 3,
+            },
+            started,
+        )
+    }
+
+    #[test]
+    fn a_passed_startup_probe_no_longer_sets_the_wake_up() {
+        let now = Instant::now();
+        let latest = now + Duration::from_millis(200);
+        // Its deadline is long past: it last ran when it passed.
+        let startup = prober(now - Duration::from_secs(60), Duration::ZERO);
+        let readiness = prober(now, Duration::from_millis(100));
+        assert_eq!(
+            next_wake(true, [Some(&startup), Some(&readiness), None], latest),
+            now + Duration::from_millis(100)
+        );
+        assert_eq!(next_wake(true, [Some(&startup), None, None], latest), latest);
+        // Before it passed, its deadline is what the loop waits for.
+        assert_eq!(
+            next_wake(false, [Some(&startup), Some(&readiness), None], latest),
+            now - Duration::from_secs(60)
+        );
+    }
 }

@@ -22,7 +22,7 @@ pub struct Milestone {
 }
 
 /// The steps, in the order they happen for one pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
     /// The runner created the pod (the StatefulSet controller's and the scheduler's part).
     PodCreated,
