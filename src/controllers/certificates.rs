@@ -85,17 +85,27 @@ impl VerifiedSecrets {
     }
 }
 
-/// Parsed CAs by namespace, Secret name and resourceVersion, so that issuing does not read
-/// and parse a CA again while it is unchanged. At most [`LOADED_AUTHORITIES`] are kept (a
-/// few KiB each): a full map starts again empty.
-#[derive(Default)]
-pub struct LoadedAuthorities(Mutex<HashMap<(String, String, String), Arc<CertificateAuthority>>>);
+/// The CAs' key pairs (PEM) by namespace, Secret name and resourceVersion, so that issuing
+/// does not read a CA again while it is unchanged. A thousand control planes created at
+/// once need all their CAs kept until their components have issued their leaves, so the
+/// PEM is kept (about 1.2 KiB, not the parsed form's several) for at most
+/// [`KEPT_AUTHORITIES`] CAs, least recently used first out; a CA no longer kept is read
+/// again when next needed.
+pub struct KeptAuthorities(Mutex<lru::LruCache<(String, String, String), KeyPairPem>>);
 
-/// How many parsed CAs [`LoadedAuthorities`] keeps.
-pub const LOADED_AUTHORITIES: usize = 256;
+/// How many CAs [`KeptAuthorities`] keeps: three per control plane for a thousand control
+/// planes, with room for rotations (at most about 5 MiB).
+pub const KEPT_AUTHORITIES: usize = 4096;
 
-impl LoadedAuthorities {
-    fn get(&self, ns: &str, name: &str, version: &str) -> Option<Arc<CertificateAuthority>> {
+impl Default for KeptAuthorities {
+    fn default() -> Self {
+        let capacity = std::num::NonZeroUsize::new(KEPT_AUTHORITIES).unwrap_or(std::num::NonZeroUsize::MIN);
+        Self(Mutex::new(lru::LruCache::new(capacity)))
+    }
+}
+
+impl KeptAuthorities {
+    fn get(&self, ns: &str, name: &str, version: &str) -> Option<KeyPairPem> {
         self.0
             .lock()
             .ok()?
@@ -103,12 +113,9 @@ impl LoadedAuthorities {
             .cloned()
     }
 
-    fn put(&self, ns: &str, name: &str, version: &str, ca: Arc<CertificateAuthority>) {
+    fn put(&self, ns: &str, name: &str, version: &str, pem: KeyPairPem) {
         if let Ok(mut map) = self.0.lock() {
-            if map.len() >= LOADED_AUTHORITIES {
-                map.clear();
-            }
-            map.insert((ns.to_string(), name.to_string(), version.to_string()), ca);
+            map.put((ns.to_string(), name.to_string(), version.to_string()), pem);
         }
     }
 }
@@ -335,22 +342,28 @@ impl<'a> CertificateStore<'a> {
         if let Some(loaded) = self.loaded.lock().ok().and_then(|m| m.get(&ca.name).cloned()) {
             return Ok(loaded);
         }
-        let parsed = &self.ctx.authorities;
-        let loaded = match parsed.get(self.namespace, &ca.name, &ca.resource_version) {
-            Some(loaded) => loaded,
+        let kept = &self.ctx.authorities;
+        let parse = |pair: &KeyPairPem| {
+            CertificateAuthority::from_pem(&pair.cert_pem, &pair.key_pem).map_err(Self::pki_error(&ca.name))
+        };
+        let loaded = match kept.get(self.namespace, &ca.name, &ca.resource_version) {
+            Some(pair) => parse(&pair)?,
             None => {
                 let Some(secret) = self.fetch(&ca.name).await? else {
                     return Err(ReconcileError::CertificateAuthorityMissing(ca.name.clone()));
                 };
                 let pair = key_pair_from_secret(&secret).map_err(Self::pki_error(&ca.name))?;
-                let loaded = Arc::new(
-                    CertificateAuthority::from_pem(&pair.cert_pem, &pair.key_pem).map_err(Self::pki_error(&ca.name))?,
+                let loaded = parse(&pair)?;
+                kept.put(
+                    self.namespace,
+                    &ca.name,
+                    &secret.resource_version().unwrap_or_default(),
+                    pair,
                 );
-                let version = secret.resource_version().unwrap_or_default();
-                parsed.put(self.namespace, &ca.name, &version, loaded.clone());
                 loaded
             }
         };
+        let loaded = Arc::new(loaded);
         if let Ok(mut m) = self.loaded.lock() {
             m.insert(ca.name.clone(), loaded.clone());
         }
@@ -406,11 +419,11 @@ impl<'a> CertificateStore<'a> {
             .ok_or_else(|| ReconcileError::CertificateAuthorityMissing(name.to_string()))?;
         let resource_version = created.resource_version().unwrap_or_default();
         if key_pair_from_secret(&created).is_ok_and(|held| held.cert_pem == ca.cert_pem()) {
-            // Ours won: keep it parsed, so that issuing does not read it back.
+            // Ours won: keep it, so that issuing does not read it back.
             tracing::info!(secret = name, cluster = self.cluster, "created certificate authority");
             self.ctx
                 .authorities
-                .put(self.namespace, name, &resource_version, Arc::new(ca));
+                .put(self.namespace, name, &resource_version, ca.pem().clone());
         }
         Ok(CaRef {
             name: name.to_string(),

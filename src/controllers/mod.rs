@@ -147,8 +147,8 @@ pub struct Context {
     pub caches: Arc<cache::Caches>,
     /// What capn verified about certificate Secrets, per process.
     pub verified: certificates::VerifiedSecrets,
-    /// CAs read and parsed, per process.
-    pub authorities: certificates::LoadedAuthorities,
+    /// The CAs capn created or read, per process (their key pairs, bounded).
+    pub authorities: certificates::KeptAuthorities,
     /// The last status written per object, so a lagging cache causes no repeated write.
     pub status_memo: status_memo::StatusMemo,
     /// Clients of the tenants' etcd, cached per cluster ([`crate::etcd`]).
