@@ -92,6 +92,9 @@ pub async fn reconcile_members(
     // Every member ready, the members as last listed and nothing asked: etcd is not called
     // (a lost member's pod is not ready, which wakes this reconcile through the StatefulSet).
     if !change_pending && all_ready && synced && previous_status.is_some() {
+        // Nor kept connected: a cluster's clients cost about 100 KiB (tonic channels, TLS
+        // state), and a settled etcd needs none until something changes (issue 11).
+        ctx.etcd.forget(&cluster.namespace, &cluster.name);
         return Ok(Membership {
             render: Some(unchanged_render(c, ns, statefulset_replicas, &previous)),
             status: None,
@@ -138,9 +141,15 @@ pub async fn reconcile_members(
         .collect();
     let listed = match etcd.member_list(&candidates).await {
         Ok(listed) => listed,
-        // Never reached and nothing asked (a new etcd still starting): render as created.
-        Err(_) if previous_status.is_none() && !change_pending => return Ok(Membership::default()),
+        // No member answered: keep no clients for it either (the next call dials anew, as
+        // tonic would have); an unreachable etcd then costs no memory while it is away.
+        Err(_) if previous_status.is_none() && !change_pending => {
+            // Never reached and nothing asked (a new etcd still starting): render as created.
+            ctx.etcd.forget(ns, c);
+            return Ok(Membership::default());
+        }
         Err(e) => {
+            ctx.etcd.forget(ns, c);
             let mut outcome = unchanged(
                 c,
                 ns,

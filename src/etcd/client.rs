@@ -9,7 +9,8 @@
 //! the name.
 //!
 //! Connections are made lazily (tonic connects on the first call and reconnects by itself)
-//! and kept per cluster and member, so a reconcile costs no new TLS handshake. At most
+//! and kept per cluster and member while its membership is in flux, so a reconcile costs no
+//! new TLS handshake; a settled cluster's clients are forgotten. At most
 //! [`MAX_CACHED_CLUSTERS`] clusters are kept; the least recently used goes first. A member is
 //! dialed anew when its address in the hosts file changes or capn's identity is renewed.
 
@@ -190,7 +191,8 @@ impl EtcdClients {
         })
     }
 
-    /// Forgets a cluster's clients (its control plane was deleted).
+    /// Forgets a cluster's clients, closing their connections once no running call holds
+    /// them (a backup's snapshot keeps its own); the next [`Self::cluster`] dials anew.
     pub fn forget(&self, namespace: &str, cluster: &str) {
         self.lock().remove(&ClusterKey {
             namespace: namespace.to_string(),
