@@ -3,7 +3,8 @@
 //!
 //! - NestedControlPlane and the three component kinds: shared reflectors
 //!   (kube-runtime's `store_shared`), each controller subscribing to the kinds it needs;
-//! - Secrets, **metadata only** (`PartialObjectMeta<Secret>`): their resourceVersions say
+//! - Secrets, **metadata only** (`PartialObjectMeta<Secret>`), trimmed further to the fields
+//!   capn reads (name, resourceVersion, owners, its certificate annotations): their resourceVersions say
 //!   when a certificate must be read again, and every change or deletion of a control
 //!   plane's Secret wakes that control plane's controllers within a moment, not at the next
 //!   resync (a deleted CA is noticed at once).
@@ -16,8 +17,8 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Lookup, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,6 +27,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
+use super::cached_statefulset::CachedStatefulSet;
+use super::certificates::{NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTATION};
 use super::read::cluster_name;
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::apply::Live;
@@ -47,9 +50,9 @@ pub struct Caches {
     pub controller_managers: Store<NestedControllerManager>,
     /// Metadata of every Secret in the watched namespaces.
     pub secrets: Store<PartialObjectMeta<Secret>>,
-    /// The StatefulSets capn applied (label `app.kubernetes.io/managed-by=capn`), without
-    /// their pod templates: readiness needs the counts, not the template.
-    pub statefulsets: Store<StatefulSet>,
+    /// The StatefulSets capn applied (label `app.kubernetes.io/managed-by=capn`), as much
+    /// as readiness and membership read ([`CachedStatefulSet`]).
+    pub statefulsets: Store<CachedStatefulSet>,
     /// The Services capn applied.
     pub services: Store<Service>,
     secret_events: broadcast::Sender<Arc<PartialObjectMeta<Secret>>>,
@@ -62,7 +65,7 @@ pub struct Subscriptions {
     pub etcds: ReflectHandle<NestedEtcd>,
     pub apiservers: ReflectHandle<NestedAPIServer>,
     pub controller_managers: ReflectHandle<NestedControllerManager>,
-    pub statefulsets: ReflectHandle<StatefulSet>,
+    pub statefulsets: ReflectHandle<CachedStatefulSet>,
     pub services: ReflectHandle<Service>,
 }
 
@@ -83,12 +86,25 @@ fn strip<K: Resource>(object: &mut K) {
     object.annotations_mut().remove(LAST_APPLIED);
 }
 
-fn strip_statefulset(sts: &mut StatefulSet) {
-    strip(sts);
-    if let Some(spec) = sts.spec.as_mut() {
-        spec.template = Default::default();
-        spec.volume_claim_templates = None;
-    }
+/// Trims a Secret's metadata to what capn reads: its name and namespace, resourceVersion
+/// (is what was verified still current), owner references (whose control plane it wakes)
+/// and capn's two certificate annotations (when it expires, when it is renewed). A
+/// namespace's other Secrets, say a Helm release's, then cost a few hundred bytes each.
+fn strip_secret(secret: &mut PartialObjectMeta<Secret>) {
+    let meta = &mut secret.metadata;
+    let kept = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        resource_version: meta.resource_version.take(),
+        owner_references: meta.owner_references.take(),
+        annotations: meta.annotations.take().map(|mut annotations| {
+            annotations.retain(|k, _| [NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTATION].contains(&k.as_str()));
+            annotations
+        }),
+        ..ObjectMeta::default()
+    };
+    *meta = kept;
+    secret.types = None;
 }
 
 /// Label of everything capn applies.
@@ -179,7 +195,7 @@ impl Caches {
         let (apiservers, apiserver_handle, apiserver_task) = shared(api(client, namespace), primary.clone(), strip);
         let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary, strip);
         let managed = watcher::Config::default().labels(MANAGED);
-        let (statefulsets, sts_handle, sts_task) = shared(api(client, namespace), managed.clone(), strip_statefulset);
+        let (statefulsets, sts_handle, sts_task) = shared(api(client, namespace), managed.clone(), strip);
         let (services, svc_handle, svc_task) = shared(api(client, namespace), managed, strip);
 
         let (secret_reader, secret_writer) = reflector::store();
@@ -192,7 +208,7 @@ impl Caches {
         let secret_task = tokio::spawn(
             watcher(secrets_api, watcher::Config::default())
                 .default_backoff()
-                .modify(strip)
+                .modify(strip_secret)
                 .reflect(secret_writer)
                 .touched_objects()
                 .for_each(move |event| {
@@ -267,7 +283,7 @@ impl Caches {
             ("apps/v1", "StatefulSet") => json(
                 self.statefulsets
                     .get(&ObjectRef::new(&name).within(&ns))
-                    .and_then(|o| serde_json::to_value(&*o).ok()),
+                    .and_then(|o| o.to_json()),
             ),
             ("v1", "Service") => json(
                 self.services
@@ -338,5 +354,60 @@ impl Caches {
                 .collect();
             futures::stream::iter(refs)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secrets_metadata_keeps_only_what_reconciles_read() {
+        let mut secret: PartialObjectMeta<Secret> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadata",
+            "metadata": {
+                "name": "demo-apiserver",
+                "namespace": "tenant-a",
+                "uid": "u-1",
+                "resourceVersion": "42",
+                "creationTimestamp": "2026-12-02T10:00:00Z",
+                "labels": {"app.kubernetes.io/managed-by": "capn"},
+                "annotations": {
+                    NOT_AFTER_ANNOTATION: "2027-12-02T10:00:00Z",
+                    RENEW_AFTER_ANNOTATION: "2027-10-02T10:00:00Z",
+                    "meta.helm.sh/release-name": "other",
+                },
+                "ownerReferences": [{
+                    "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+                    "kind": "NestedControlPlane",
+                    "name": "demo",
+                    "uid": "u-ncp",
+                }],
+                "managedFields": [{"manager": "capn", "operation": "Apply"}],
+            },
+        }))
+        .unwrap();
+        strip_secret(&mut secret);
+        let kept = serde_json::to_value(&secret.metadata).unwrap();
+        assert_eq!(
+            kept,
+            serde_json::json!({
+                "name": "demo-apiserver",
+                "namespace": "tenant-a",
+                "resourceVersion": "42",
+                "annotations": {
+                    NOT_AFTER_ANNOTATION: "2027-12-02T10:00:00Z",
+                    RENEW_AFTER_ANNOTATION: "2027-10-02T10:00:00Z",
+                },
+                "ownerReferences": [{
+                    "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+                    "kind": "NestedControlPlane",
+                    "name": "demo",
+                    "uid": "u-ncp",
+                }],
+            })
+        );
+        assert!(secret.types.is_none());
     }
 }

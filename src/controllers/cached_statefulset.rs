@@ -1,0 +1,98 @@
+//! What capn's cache keeps of a StatefulSet (issue 11, memory): its metadata, `spec.replicas`
+//! and its status, the fields readiness and membership read. The rest of the spec, above all
+//! the pod template, is neither parsed nor kept: a `k8s_openapi` StatefulSet is 2.5 KiB before
+//! any of its strings, this one a fifth of that, and a thousand control planes cache three
+//! each.
+
+use std::borrow::Cow;
+
+use k8s_openapi::api::apps::v1::StatefulSetStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+/// A StatefulSet as the watch cache holds it (`apps/v1`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct CachedStatefulSet {
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<CachedStatefulSetSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<StatefulSetStatus>,
+}
+
+/// The one spec field capn reads.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct CachedStatefulSetSpec {
+    /// Desired pods; the API server defaults it to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+}
+
+impl kube::Resource for CachedStatefulSet {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "StatefulSet".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "apps".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "statefulsets".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl CachedStatefulSet {
+    /// The object as JSON with its `apiVersion` and `kind`, the shape the API server returns
+    /// (what [`crate::apply::readiness`] reads).
+    pub fn to_json(&self) -> Option<serde_json::Value> {
+        let mut value = serde_json::to_value(self).ok()?;
+        let object = value.as_object_mut()?;
+        object.insert("apiVersion".into(), "apps/v1".into());
+        object.insert("kind".into(), "StatefulSet".into());
+        Some(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::readiness;
+
+    #[test]
+    fn a_statefulset_keeps_what_readiness_reads_and_drops_its_template() {
+        let full = serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "demo-etcd", "namespace": "t", "generation": 2, "resourceVersion": "9"},
+            "spec": {
+                "replicas": 3,
+                "serviceName": "demo-etcd",
+                "template": {"spec": {"containers": [{"name": "etcd", "image": "registry.k8s.io/etcd:3.6.8-0"}]}},
+            },
+            "status": {
+                "observedGeneration": 2,
+                "replicas": 3,
+                "readyReplicas": 3,
+                "updatedReplicas": 3,
+                "currentReplicas": 3,
+            },
+        });
+        let cached: CachedStatefulSet = serde_json::from_value(full.clone()).unwrap();
+        let json = cached.to_json().unwrap();
+        assert!(json.pointer("/spec/template").is_none());
+        assert_eq!(json.pointer("/spec/replicas"), Some(&serde_json::json!(3)));
+        assert_eq!(readiness(&json), readiness(&full));
+        assert!(readiness(&json).ready);
+    }
+}
