@@ -35,6 +35,10 @@ use crate::status::{
     READY, ROLLING_OUT, SYNCED, is_true, set_condition,
 };
 
+/// Reason of a component condition (`EtcdReady`, ...) while that component is on its way:
+/// not ready, and nothing failing.
+const NOT_READY: &str = "NotReady";
+
 /// The NestedControlPlane controller, ready to be spawned: woken by its own changes, its
 /// components' and its Secrets' (a deleted CA is noticed within a moment).
 pub fn run(ctx: Arc<Context>, subscriptions: &Subscriptions) -> impl Future<Output = ()> + Send + 'static {
@@ -351,17 +355,24 @@ async fn drive(
             (Some(c), _) if c.ready => {
                 ConditionUpdate::new(type_, true, "Ready", format!("{kind} {} is ready", c.name))
             }
-            (Some(c), Some(rc)) => ConditionUpdate::new(
+            // A failure is repeated here, reason and message: it needs someone.
+            (Some(c), Some(rc)) if events::failing(rc) => ConditionUpdate::new(
                 type_,
                 false,
                 rc.reason.clone(),
                 format!("{kind} {}: {}", c.name, rc.message),
             ),
-            (Some(c), None) => ConditionUpdate::new(
+            // Progress (waiting, provisioning, a membership step) is the component's own to
+            // tell: mirrored step by step it cost the control plane a status write per step
+            // of each component (issue 11).
+            (Some(c), _) => ConditionUpdate::new(
                 type_,
                 false,
-                "Pending",
-                format!("{kind} {} has not reported yet", c.name),
+                NOT_READY,
+                format!(
+                    "{kind} {} is not ready yet; its Ready condition tells its progress",
+                    c.name
+                ),
             ),
             (None, _) => ConditionUpdate::new(
                 type_,

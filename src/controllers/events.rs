@@ -28,13 +28,15 @@ where
 const NOTABLE: &[&str] = &[crate::status::READY, crate::status::AVAILABLE];
 
 /// Whether a condition reports a failure (as opposed to waiting or progress).
-fn failing(c: &Condition) -> bool {
+pub(crate) fn failing(c: &Condition) -> bool {
     c.status != "True"
         && !c.reason.starts_with("Waiting")
         && !matches!(
             c.reason.as_str(),
             "Provisioning"
                 | "Pending"
+                // The control plane's word for a component still on its way (control_plane.rs).
+                | "NotReady"
                 | "ComponentsNotReady"
                 | "NotPaused"
                 | "NotRollingOut"
