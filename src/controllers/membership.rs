@@ -94,7 +94,7 @@ pub async fn reconcile_members(
     if !change_pending && all_ready && synced && previous_status.is_some() {
         // Nor kept connected: a cluster's clients cost about 100 KiB (tonic channels, TLS
         // state), and a settled etcd needs none until something changes (issue 11).
-        ctx.etcd.forget(&cluster.namespace, &cluster.name);
+        ctx.etcd.forget(ns, c);
         return Ok(Membership {
             render: Some(unchanged_render(c, ns, statefulset_replicas, &previous)),
             status: None,
