@@ -350,37 +350,7 @@ async fn drive(
             controller_manager.as_ref().and_then(|c| c.status.as_ref()),
         ),
     ] {
-        let ready_condition = resource.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
-        let update = match (component, ready_condition) {
-            (Some(c), _) if c.ready => {
-                ConditionUpdate::new(type_, true, "Ready", format!("{kind} {} is ready", c.name))
-            }
-            // A failure is repeated here, reason and message: it needs someone.
-            (Some(c), Some(rc)) if events::failing(rc) => ConditionUpdate::new(
-                type_,
-                false,
-                rc.reason.clone(),
-                format!("{kind} {}: {}", c.name, rc.message),
-            ),
-            // Progress (waiting, provisioning, a membership step) is the component's own to
-            // tell: mirrored step by step it cost the control plane a status write per step
-            // of each component (issue 11).
-            (Some(c), _) => ConditionUpdate::new(
-                type_,
-                false,
-                NOT_READY,
-                format!(
-                    "{kind} {} is not ready yet; its Ready condition tells its progress",
-                    c.name
-                ),
-            ),
-            (None, _) => ConditionUpdate::new(
-                type_,
-                false,
-                "ComponentMissing",
-                format!("the {kind} named in spec does not exist"),
-            ),
-        };
+        let update = component_condition(type_, kind, component.as_ref(), resource);
         set_condition(&mut status.conditions, update, generation, &now.k8s);
     }
     let all_ready = [&components.etcd, &components.apiserver, &components.controller_manager]
@@ -469,6 +439,45 @@ async fn drive(
     // Look again when the admin kubeconfig is due (the components watch their own).
     let again = recheck_after(&ncp.name_any(), store.next_renewal(), now.time);
     Ok(Action::requeue(upgrade_again.map_or(again, |u| u.min(again))))
+}
+
+/// The control plane's condition `type_` (`EtcdReady`, ...) for its component of kind `kind`:
+/// True once it is ready; a failing component's Ready reason and message word for word (it
+/// needs someone); `NotReady` with a message that stays put while it is on its way (its own
+/// Ready condition tells the progress: mirrored step by step, each step of each component
+/// cost the control plane a status write, issue 11); `ComponentMissing` when it does not
+/// exist.
+fn component_condition(
+    type_: &'static str,
+    kind: &str,
+    component: Option<&ComponentSummary>,
+    status: Option<&crate::api::ComponentStatus>,
+) -> ConditionUpdate {
+    let ready_condition = status.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    match (component, ready_condition) {
+        (Some(c), _) if c.ready => ConditionUpdate::new(type_, true, "Ready", format!("{kind} {} is ready", c.name)),
+        (Some(c), Some(rc)) if events::failing(rc) => ConditionUpdate::new(
+            type_,
+            false,
+            rc.reason.clone(),
+            format!("{kind} {}: {}", c.name, rc.message),
+        ),
+        (Some(c), _) => ConditionUpdate::new(
+            type_,
+            false,
+            NOT_READY,
+            format!(
+                "{kind} {} is not ready yet; its Ready condition tells its progress",
+                c.name
+            ),
+        ),
+        (None, _) => ConditionUpdate::new(
+            type_,
+            false,
+            "ComponentMissing",
+            format!("the {kind} named in spec does not exist"),
+        ),
+    }
 }
 
 fn kube_time(t: time::OffsetDateTime) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
@@ -583,4 +592,62 @@ async fn ensure_component<K: ComponentResource>(
         return Ok(Some(adopted));
     }
     Ok(Some(component))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ComponentStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    fn with_ready(reason: &str, message: &str) -> ComponentStatus {
+        ComponentStatus {
+            conditions: vec![Condition {
+                type_: READY.into(),
+                status: "False".into(),
+                reason: reason.into(),
+                message: message.into(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_component_on_its_way_is_not_ready_in_the_same_words_at_every_step_and_a_failure_is_repeated() {
+        let summary = ComponentSummary {
+            name: "demo-apiserver".into(),
+            ..Default::default()
+        };
+        let mirror = |status: Option<&ComponentStatus>| {
+            component_condition(APISERVER_READY, "NestedAPIServer", Some(&summary), status)
+        };
+        let steps = [
+            mirror(None),
+            mirror(Some(&with_ready("WaitingForEtcd", "NestedEtcd demo-etcd is not ready"))),
+            mirror(Some(&with_ready("Provisioning", "0/1 members ready"))),
+        ];
+        assert!(steps.iter().all(|s| !s.status && s.reason == NOT_READY));
+        assert!(steps.iter().all(|s| s.message == steps[0].message), "{steps:?}");
+        let failed = mirror(Some(&with_ready(
+            "InvalidVersion",
+            "version 1.99 is not in channel stable",
+        )));
+        assert_eq!(failed.reason, "InvalidVersion");
+        assert_eq!(
+            failed.message,
+            "NestedAPIServer demo-apiserver: version 1.99 is not in channel stable"
+        );
+        let ready = ComponentSummary {
+            ready: true,
+            ..summary.clone()
+        };
+        let ready = component_condition(APISERVER_READY, "NestedAPIServer", Some(&ready), None);
+        assert!(ready.status);
+        let missing = component_condition(APISERVER_READY, "NestedAPIServer", None, None);
+        assert_eq!(missing.reason, "ComponentMissing");
+    }
 }
