@@ -765,3 +765,39 @@ pub fn waiting_for_ca(name: &str) -> super::component::Gate {
         message: format!("secret {name} (a certificate authority) does not exist yet"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_ca_of_a_thousand_control_planes_is_kept_and_the_least_recently_used_goes_first() {
+        let kept = KeptAuthorities::default();
+        let pem = KeyPairPem {
+            cert_pem: "cert".into(),
+            key_pem: "key".into(),
+        };
+        let names = ["demo-ca", "demo-etcd", "demo-proxy"];
+        for cp in 0..1000 {
+            for name in names {
+                kept.put(&format!("ns-{cp}"), name, "1", pem.clone());
+            }
+        }
+        // The old memo started again empty at 256: each component then read its CAs back.
+        for cp in 0..1000 {
+            for name in names {
+                assert!(kept.get(&format!("ns-{cp}"), name, "1").is_some(), "ns-{cp}/{name}");
+            }
+        }
+        assert!(
+            kept.get("ns-0", "demo-ca", "2").is_none(),
+            "another version is not the same CA"
+        );
+        // Full: the CA used longest ago makes room.
+        for extra in 0..KEPT_AUTHORITIES - 3000 + 1 {
+            kept.put("other", &format!("ca-{extra}"), "1", pem.clone());
+        }
+        assert!(kept.get("ns-0", "demo-ca", "1").is_none());
+        assert!(kept.get("ns-999", "demo-proxy", "1").is_some());
+    }
+}
