@@ -4,8 +4,8 @@
 //! - NestedControlPlane and the three component kinds: shared reflectors
 //!   (kube-runtime's `store_shared`), each controller subscribing to the kinds it needs;
 //! - Secrets, **metadata only** (`PartialObjectMeta<Secret>`), trimmed further to the fields
-//!   capn reads (name, resourceVersion, owners, its certificate annotations): their resourceVersions say
-//!   when a certificate must be read again, and every change or deletion of a control
+//!   capn reads (name, resourceVersion, owners, its certificate annotations): their
+//!   resourceVersions say when a certificate must be read again, and every change or deletion of a control
 //!   plane's Secret wakes that control plane's controllers within a moment, not at the next
 //!   resync (a deleted CA is noticed at once).
 //!
