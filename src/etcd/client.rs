@@ -31,6 +31,12 @@ use crate::pki::{CertificateAuthority, PkiError};
 pub const MAX_CACHED_CLUSTERS: usize = 512;
 /// How long a TCP connect and TLS handshake to a member may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a member's TCP port may take to accept before a new client is built. etcd-client
+/// always dials through a balanced channel, which connects lazily and holds a call to a member
+/// that does not resolve or refuses until [`CALL_TIMEOUT`]; this check fails such a member at
+/// once instead (issue 11: a starting etcd held one of the controller's reconcile slots for
+/// 5 s per call).
+pub const REACH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long one unary call (member list, status, member add/promote/remove) may take. Not a
 /// per-connection timeout: tonic would send it as the gRPC deadline of streaming calls too
 /// (a snapshot may stream for minutes).
@@ -53,6 +59,10 @@ pub enum EtcdError {
         url: String,
         source: etcd_client::Error,
     },
+    /// The member's name did not resolve, or its port did not accept a TCP connection within
+    /// [`REACH_TIMEOUT`]: no client was built.
+    #[error("etcd member {url} is not reachable: {message}")]
+    Unreachable { url: String, message: String },
     /// The call did not answer within [`CALL_TIMEOUT`].
     #[error("etcd {operation} via {url}: no answer within {CALL_TIMEOUT:?}")]
     Timeout { operation: &'static str, url: String },
@@ -67,7 +77,7 @@ impl EtcdError {
         match self {
             Self::Identity(_) => "EtcdClientCertificateFailed",
             Self::BadUrl(_) => "EtcdBadMemberURL",
-            Self::Call { .. } | Self::Timeout { .. } => "EtcdCallFailed",
+            Self::Call { .. } | Self::Timeout { .. } | Self::Unreachable { .. } => "EtcdCallFailed",
             Self::NoMemberAnswered { .. } => "EtcdUnreachable",
         }
     }
@@ -231,7 +241,9 @@ impl EtcdCluster<'_> {
     /// by it to the leader, for writes and member changes).
     ///
     /// # Errors
-    /// [`EtcdError::BadUrl`]; [`EtcdError::Call`] when the client cannot be built.
+    /// [`EtcdError::BadUrl`]; [`EtcdError::Unreachable`] when a new client's member does not
+    /// accept a connection (see [`REACH_TIMEOUT`]); [`EtcdError::Call`] when the client cannot
+    /// be built.
     pub async fn client(&self, client_url: &str) -> Result<Client, EtcdError> {
         let (host, port) = host_port(client_url).ok_or_else(|| EtcdError::BadUrl(client_url.to_string()))?;
         let address = self.clients.hosts.as_ref().and_then(|h| h.lookup(host));
@@ -248,6 +260,19 @@ impl EtcdCluster<'_> {
             Some(IpAddr::V4(ip)) => format!("https://{ip}:{port}"),
             None => client_url.to_string(),
         };
+        let reached = match address {
+            Some(ip) => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect((ip, port))).await,
+            None => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await,
+        };
+        let unreachable = |message: String| EtcdError::Unreachable {
+            url: client_url.to_string(),
+            message,
+        };
+        match reached {
+            Ok(Ok(_probe)) => {}
+            Ok(Err(e)) => return Err(unreachable(e.to_string())),
+            Err(_) => return Err(unreachable(format!("no TCP connection within {REACH_TIMEOUT:?}"))),
+        }
         let tls = TlsOptions::new()
             .ca_certificate(Certificate::from_pem(self.identity.trust_pem.as_bytes()))
             .identity(Identity::from_pem(
@@ -435,5 +460,30 @@ mod tests {
             clients.cluster("ns", &format!("c{i}"), &ca, now).unwrap();
         }
         assert_eq!(clients.cached_clusters(), MAX_CACHED_CLUSTERS);
+    }
+
+    /// A member that refuses or whose name does not resolve fails as unreachable, not after
+    /// waiting out the call timeout in etcd-client's lazy channel.
+    #[tokio::test]
+    async fn a_member_that_does_not_accept_fails_as_unreachable() {
+        let now = OffsetDateTime::now_utc();
+        let ca = CertificateAuthority::generate("etcd-ca", now, crate::pki::KeyAlgorithm::EcdsaP256).unwrap();
+        let clients = EtcdClients::new(None);
+        let cluster = clients.cluster("ns", "a", &ca, now).unwrap();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let refused = format!("https://127.0.0.1:{closed}");
+        let unknown = "https://a-etcd-0.a-etcd.ns.svc.invalid:2379".to_string();
+        for url in [&refused, &unknown] {
+            match cluster.member_list(std::slice::from_ref(url)).await {
+                Err(EtcdError::NoMemberAnswered { tried, .. }) => {
+                    assert!(tried.contains("is not reachable"), "{url}: {tried}");
+                }
+                other => panic!("{url}: expected no member to answer, got {other:?}"),
+            }
+        }
     }
 }
