@@ -101,16 +101,18 @@ impl ComponentResource for NestedAPIServer {
             secret: names.apiserver.clone(),
             source,
         })?;
-        store.ensure_leaf(&names.apiserver, &ca, &serving).await?;
-        store
-            .ensure_leaf(&names.apiserver_etcd_client, &etcd_ca, &apiserver_etcd_client_leaf())
-            .await?;
-        store
-            .ensure_leaf(&names.apiserver_kubelet_client, &ca, &apiserver_kubelet_client_leaf())
-            .await?;
-        store
-            .ensure_leaf(&names.front_proxy_client, &proxy_ca, &front_proxy_client_leaf())
-            .await?;
+        // Four independent Secrets: sent at once, not one round trip after another.
+        let (etcd_client, kubelet_client, front_proxy_client) = (
+            apiserver_etcd_client_leaf(),
+            apiserver_kubelet_client_leaf(),
+            front_proxy_client_leaf(),
+        );
+        futures::try_join!(
+            store.ensure_leaf(&names.apiserver, &ca, &serving),
+            store.ensure_leaf(&names.apiserver_etcd_client, &etcd_ca, &etcd_client),
+            store.ensure_leaf(&names.apiserver_kubelet_client, &ca, &kubelet_client),
+            store.ensure_leaf(&names.front_proxy_client, &proxy_ca, &front_proxy_client),
+        )?;
         Ok(Gate::Open(Upstream::default()))
     }
 

@@ -659,9 +659,7 @@ async fn drive<K: ComponentResource>(
     plan.objects.sort_by_key(apply_rank);
     let services = plan.objects.iter().take_while(|o| apply_rank(o) == 0).count();
     let mut applied = Vec::with_capacity(plan.objects.len());
-    for object in &plan.objects[..services] {
-        applied.push(ctx.applier.apply_if_changed(object, ctx.caches.live(object)).await?);
-    }
+    applied.extend(apply_together(ctx, &plan.objects[..services]).await?);
     if let Gate::Wait { reason, message } = K::ensure_certificates(&store, &cluster, &ncp, &plan, &applied).await? {
         return Ok(Outcome::Waiting { reason, message });
     }
@@ -677,9 +675,14 @@ async fn drive<K: ComponentResource>(
         }
     };
     stamp_certificates_digest(&mut plan.objects[services..], &certificates.digest);
-    for object in &plan.objects[services..] {
-        applied.push(ctx.applier.apply_if_changed(object, ctx.caches.live(object)).await?);
-    }
+    // The rest rank by rank: what the workloads mount, then the workloads.
+    let workloads = services
+        + plan.objects[services..]
+            .iter()
+            .take_while(|o| apply_rank(o) == 1)
+            .count();
+    applied.extend(apply_together(ctx, &plan.objects[services..workloads]).await?);
+    applied.extend(apply_together(ctx, &plan.objects[workloads..]).await?);
     // Prune only after every apply of the round succeeded.
     let stale: Vec<InventoryEntry> = previous.into_iter().filter(|e| !planned.contains(e)).collect();
     ctx.applier.prune(ns, &stale, &applyset).await?;
@@ -749,6 +752,19 @@ async fn drive<K: ComponentResource>(
         provider_readiness: declared.and_then(|d| d.readiness.as_ref()).is_some(),
         membership: Box::new(membership),
     })
+}
+
+/// Applies `objects` of one rank (`apply_rank`) at once, as they do not depend on one
+/// another: one round trip for the lot instead of one each (issue 11). Returns them as the
+/// API server holds them, in their order.
+async fn apply_together(
+    ctx: &Context,
+    objects: &[serde_json::Value],
+) -> Result<Vec<serde_json::Value>, ReconcileError> {
+    let applies = objects
+        .iter()
+        .map(|object| ctx.applier.apply_if_changed(object, ctx.caches.live(object)));
+    Ok(futures::future::try_join_all(applies).await?)
 }
 
 /// Labels and annotates the component resource as the parent of its ApplySet; sends

@@ -200,12 +200,13 @@ async fn drive(
     // 1. CAs and the service-account key: created once; after that a missing one is an
     //    error for a human, never a silent re-mint (docs/design.md §6).
     let may_create = !status.initialized && !is_true(&status.conditions, CERTIFICATES_AVAILABLE);
-    let ca = store.ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create).await?;
-    let etcd_ca = store.ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create).await?;
-    let proxy_ca = store
-        .ensure_ca(&names.proxy_ca, FRONT_PROXY_CA_COMMON_NAME, may_create)
-        .await?;
-    store.ensure_service_account_key(&names.sa, may_create).await?;
+    //    Four independent Secrets: read or created at once, not one after another.
+    let (ca, etcd_ca, proxy_ca, ()) = futures::try_join!(
+        store.ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create),
+        store.ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create),
+        store.ensure_ca(&names.proxy_ca, FRONT_PROXY_CA_COMMON_NAME, may_create),
+        store.ensure_service_account_key(&names.sa, may_create),
+    )?;
     set_condition(
         &mut status.conditions,
         ConditionUpdate::new(
@@ -223,9 +224,15 @@ async fn drive(
     }
 
     // 2. The components: created with defaults or adopted.
-    let mut refs = serde_json::Map::new();
-    let etcd = ensure_component::<NestedEtcd>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
-    let mut apiserver = ensure_component::<NestedAPIServer>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
+    //    Independent of one another: created (or adopted) at once.
+    let (mut refs, mut apiserver_ref, mut controller_manager_ref) = Default::default();
+    let (etcd, mut apiserver, controller_manager) = futures::try_join!(
+        ensure_component::<NestedEtcd>(ctx, ncp, ns, &cluster.name, &mut refs),
+        ensure_component::<NestedAPIServer>(ctx, ncp, ns, &cluster.name, &mut apiserver_ref),
+        ensure_component::<NestedControllerManager>(ctx, ncp, ns, &cluster.name, &mut controller_manager_ref),
+    )?;
+    refs.extend(apiserver_ref);
+    refs.extend(controller_manager_ref);
     // The scale subresource: the control plane's replicas are the apiserver's.
     if let (Some(replicas), Some(a)) = (ncp.spec.replicas, apiserver.as_ref())
         && a.spec.component.replicas != Some(replicas)
@@ -237,8 +244,6 @@ async fn drive(
                 .await?,
         );
     }
-    let controller_manager =
-        ensure_component::<NestedControllerManager>(ctx, ncp, ns, &cluster.name, &mut refs).await?;
 
     // 3. The endpoint (CAPI contract: the control plane provider fills it).
     let mut endpoint = ncp.spec.control_plane_endpoint.clone();
