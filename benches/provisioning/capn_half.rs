@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 
 use crate::cluster::{BenchCluster, Party};
-use crate::process::{CapnProcess, Usage};
+use crate::process::{CapnProcess, Reconciles, Usage};
 use crate::workload;
 
 /// What the capn half measured.
@@ -28,6 +28,8 @@ pub struct CapnRun {
     /// capn's usage when all were ready, and after the steady window.
     pub usage_at_ready: Usage,
     pub usage_at_end: Usage,
+    /// capn's reconciles per controller when all were ready.
+    pub reconciles_at_ready: Vec<Reconciles>,
 }
 
 /// Starts capn for `namespace`, applies `count` NestedControlPlanes, waits until all are
@@ -47,7 +49,10 @@ pub async fn run(
     let user = cluster.client(Party::User)?;
     let kubeconfig = dir.join("capn.kubeconfig");
     cluster.write_kubeconfig(Party::Capn, &kubeconfig)?;
-    let mut capn = CapnProcess::start(&kubeconfig, namespace, dir).await?;
+    let hosts = dir.join("etcd-hosts");
+    std::fs::write(&hosts, workload::refusing_etcd_hosts(namespace, count))
+        .map_err(|e| format!("cannot write {}: {e}", hosts.display()))?;
+    let mut capn = CapnProcess::start(&kubeconfig, &hosts, namespace, dir).await?;
     let api: Api<NestedControlPlane> = Api::namespaced(user, namespace);
     let clock = Instant::now();
     let ready_count = Arc::new(AtomicUsize::new(0));
@@ -81,6 +86,7 @@ pub async fn run(
         }
     }
     let usage_at_ready = capn.usage()?;
+    let reconciles_at_ready = capn.reconciles().await?;
     tokio::time::sleep(steady).await;
     capn.check_running()?;
     let usage_at_end = capn.usage()?;
@@ -92,6 +98,7 @@ pub async fn run(
         steady_end,
         usage_at_ready,
         usage_at_end,
+        reconciles_at_ready,
     })
 }
 

@@ -6,6 +6,12 @@
 //! log counted them, capn's requests in a steady-state window after that, and capn's peak
 //! memory and CPU time.
 //!
+//! No tenant etcd runs (the stand-in writes StatefulSet status only), so every etcd member
+//! capn dials must fail, and fail as fast as a running member answers: capn gets an
+//! `--etcd-hosts-file` that maps each member's name to 127.0.0.2, where nothing listens and the
+//! connection is refused at once. Without it the names go to the machine's DNS, whose
+//! NXDOMAIN took up to a second under load, a wait a super cluster's DNS does not have.
+//!
 //! The floor goes first, so capn runs on the cluster that already holds the floor's objects
 //! (the harder case for capn), and capn watches only its own namespace (`--namespace`).
 

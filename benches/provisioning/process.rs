@@ -15,7 +15,20 @@ const LOG_TAIL_LINES: usize = 30;
 pub struct CapnProcess {
     child: tokio::process::Child,
     pid: u32,
+    metrics: SocketAddr,
     pub log: PathBuf,
+}
+
+/// One controller's reconciles, from capn's own `/metrics` (capn counts these itself: they
+/// are not requests, the audit log cannot see them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reconciles {
+    pub controller: String,
+    /// `capn_reconcile_total`.
+    pub count: u64,
+    /// `capn_reconcile_duration_seconds_sum`: time spent in reconciles, in seconds, summed
+    /// over the concurrent ones.
+    pub seconds: f64,
 }
 
 /// What the kernel counted for a process.
@@ -28,13 +41,14 @@ pub struct Usage {
 }
 
 impl CapnProcess {
-    /// Starts `capn run` for `namespace` with `kubeconfig`, logging to `dir/capn.log`, and
+    /// Starts `capn run` for `namespace` with `kubeconfig` and `etcd_hosts` (its
+    /// `--etcd-hosts-file`), logging to `dir/capn.log`, and
     /// waits until it answers `/readyz`. The public CRD sync stays off, as in the demo: the
     /// stand-in's control planes have no apiserver to sync to.
     ///
     /// # Errors
     /// capn does not start or exits, with the end of its log.
-    pub async fn start(kubeconfig: &Path, namespace: &str, dir: &Path) -> Result<Self, String> {
+    pub async fn start(kubeconfig: &Path, etcd_hosts: &Path, namespace: &str, dir: &Path) -> Result<Self, String> {
         let log = dir.join("capn.log");
         let stdout = std::fs::File::create(&log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
         let stderr = stdout
@@ -45,6 +59,8 @@ impl CapnProcess {
             .args(["run", "--namespace", namespace, "--controllers=*,-public-crds"])
             .arg(format!("--metrics-bind-address={metrics}"))
             .arg(format!("--health-probe-bind-address={probes}"))
+            .arg("--etcd-hosts-file")
+            .arg(etcd_hosts)
             .env("KUBECONFIG", kubeconfig)
             .stdin(std::process::Stdio::null())
             .stdout(stdout)
@@ -53,7 +69,12 @@ impl CapnProcess {
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", env!("CARGO_BIN_EXE_capn")))?;
         let pid = child.id().ok_or("capn exited at once")?;
-        let mut capn = Self { child, pid, log };
+        let mut capn = Self {
+            child,
+            pid,
+            metrics,
+            log,
+        };
         let deadline = Instant::now() + START_TIMEOUT;
         while !answers_ready(probes).await {
             capn.check_running()?;
@@ -116,6 +137,26 @@ impl CapnProcess {
         })
     }
 
+    /// The reconciles each controller ran so far, by controller name.
+    ///
+    /// # Errors
+    /// `/metrics` does not answer 200.
+    pub async fn reconciles(&self) -> Result<Vec<Reconciles>, String> {
+        let address = self.metrics;
+        let (status, body) = tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, "/metrics"))
+            .await
+            .map_err(|e| format!("scraping capn's /metrics panicked: {e}"))?
+            .map_err(|e| format!("scraping capn's /metrics: {e}"))?;
+        if status != 200 {
+            return Err(format!("capn's /metrics answered {status}"));
+        }
+        let reconciles = parse_reconciles(&body);
+        if reconciles.is_empty() {
+            return Err("capn's /metrics has no capn_reconcile_total samples".to_owned());
+        }
+        Ok(reconciles)
+    }
+
     /// Stops capn as its Deployment would (SIGTERM), killing it if it lingers.
     pub async fn stop(mut self) {
         // SAFETY: signals our own child by pid.
@@ -142,4 +183,50 @@ async fn answers_ready(address: SocketAddr) -> bool {
     tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, "/readyz"))
         .await
         .is_ok_and(|answer| answer.is_ok_and(|(status, _)| status == 200))
+}
+
+/// The per-controller reconcile counts and summed durations in an OpenMetrics text.
+fn parse_reconciles(text: &str) -> Vec<Reconciles> {
+    let mut found: Vec<Reconciles> = Vec::new();
+    for line in text.lines() {
+        let sample = [
+            ("capn_reconcile_total{", true),
+            ("capn_reconcile_duration_seconds_sum{", false),
+        ]
+        .into_iter()
+        .find_map(|(prefix, is_count)| line.strip_prefix(prefix).map(|rest| (rest, is_count)));
+        let Some((rest, is_count)) = sample else { continue };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let Some(controller) = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("controller=\"").and_then(|v| v.strip_suffix('"')))
+        else {
+            continue;
+        };
+        let value: f64 = value
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        let entry = match found.iter().position(|r| r.controller == controller) {
+            Some(i) => &mut found[i],
+            None => {
+                found.push(Reconciles {
+                    controller: controller.to_owned(),
+                    count: 0,
+                    seconds: 0.0,
+                });
+                found.last_mut().expect("just pushed")
+            }
+        };
+        if is_count {
+            entry.count = value as u64;
+        } else {
+            entry.seconds = value;
+        }
+    }
+    found.sort_by(|a, b| a.controller.cmp(&b.controller));
+    found
 }

@@ -104,6 +104,19 @@ pub fn render(results: &Results<'_>) -> String {
             results.capn.usage_at_ready.cpu_seconds, results.capn.usage_at_end.cpu_seconds
         )
     );
+    let _ = writeln!(
+        out,
+        "\ncapn's reconciles per control plane until all ready (count, mean duration):"
+    );
+    for r in &results.capn.reconciles_at_ready {
+        let _ = writeln!(
+            out,
+            "  {:<28}{:>7.1}  {:>7.1} ms",
+            r.controller,
+            per(r.count),
+            1000.0 * r.seconds / r.count.max(1) as f64
+        );
+    }
     let _ = writeln!(out, "\ntop requests per control plane (Events included):");
     let _ = writeln!(out, "  {:<42}floor", "capn");
     let (capn_top, floor_top) = (capn.top(TOP), floor.top(TOP));
