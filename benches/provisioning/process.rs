@@ -185,17 +185,18 @@ async fn answers_ready(address: SocketAddr) -> bool {
         .is_ok_and(|answer| answer.is_ok_and(|(status, _)| status == 200))
 }
 
-/// The per-controller reconcile counts and summed durations in an OpenMetrics text.
+/// The per-controller reconcile counts and summed durations in an OpenMetrics text, by
+/// controller name.
 fn parse_reconciles(text: &str) -> Vec<Reconciles> {
-    let mut found: Vec<Reconciles> = Vec::new();
+    let mut found: std::collections::BTreeMap<&str, Reconciles> = std::collections::BTreeMap::new();
     for line in text.lines() {
-        let sample = [
-            ("capn_reconcile_total{", true),
-            ("capn_reconcile_duration_seconds_sum{", false),
-        ]
-        .into_iter()
-        .find_map(|(prefix, is_count)| line.strip_prefix(prefix).map(|rest| (rest, is_count)));
-        let Some((rest, is_count)) = sample else { continue };
+        let (rest, is_count) = if let Some(rest) = line.strip_prefix("capn_reconcile_total{") {
+            (rest, true)
+        } else if let Some(rest) = line.strip_prefix("capn_reconcile_duration_seconds_sum{") {
+            (rest, false)
+        } else {
+            continue;
+        };
         let Some((labels, value)) = rest.split_once("} ") else {
             continue;
         };
@@ -210,23 +211,16 @@ fn parse_reconciles(text: &str) -> Vec<Reconciles> {
             .next()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0);
-        let entry = match found.iter().position(|r| r.controller == controller) {
-            Some(i) => &mut found[i],
-            None => {
-                found.push(Reconciles {
-                    controller: controller.to_owned(),
-                    count: 0,
-                    seconds: 0.0,
-                });
-                found.last_mut().expect("just pushed")
-            }
-        };
+        let entry = found.entry(controller).or_insert_with(|| Reconciles {
+            controller: controller.to_owned(),
+            count: 0,
+            seconds: 0.0,
+        });
         if is_count {
             entry.count = value as u64;
         } else {
             entry.seconds = value;
         }
     }
-    found.sort_by(|a, b| a.controller.cmp(&b.controller));
-    found
+    found.into_values().collect()
 }
