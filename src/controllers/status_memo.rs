@@ -65,11 +65,27 @@ impl<'a, S> Observed<'a, S> {
     }
 }
 
+/// Hash of `status` without its conditions' `lastTransitionTime`s: a reconcile over a cache
+/// that does not show capn's last write yet sees no conditions, so it sets them again with
+/// its own clock reading. The times the write carried are the true transitions; a status
+/// that differs from it only in those times is the same status.
 fn hash_of<S: Serialize>(status: &S) -> u64 {
+    fn strip_transition_times(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.remove("lastTransitionTime");
+                map.values_mut().for_each(strip_transition_times);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip_transition_times),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    strip_transition_times(&mut value);
     let mut hasher = DefaultHasher::new();
-    // serde_json writes struct fields in declaration order and maps sorted (BTreeMap), so
-    // equal statuses give equal text.
-    serde_json::to_string(status).unwrap_or_default().hash(&mut hasher);
+    // serde_json writes maps sorted (no preserve_order feature), so equal statuses give
+    // equal text.
+    value.to_string().hash(&mut hasher);
     hasher.finish()
 }
 
@@ -134,6 +150,31 @@ mod tests {
         assert!(memo.already_written(&observed("1", &before), &next));
         // The cache caught up (rv 2 shows what was written): equal anyway, also skipped.
         assert!(memo.already_written(&observed("2", &next), &next));
+    }
+
+    #[test]
+    fn a_repeat_that_only_moves_transition_times_is_skipped() {
+        let memo = StatusMemo::default();
+        let condition = |time: &str| serde_json::json!({"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": time}]});
+        let (before, written) = (serde_json::json!({}), condition("2026-12-02T22:58:59Z"));
+        memo.record(&observed_json("1", &before), &written, "2".into());
+        // Computed again a second later over the same lagging cache: the same conditions,
+        // with new transition times.
+        assert!(memo.already_written(&observed_json("1", &before), &condition("2026-12-02T22:59:00Z")));
+        // A condition that changes is still written.
+        let changed = serde_json::json!({"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-02T22:59:00Z"}]});
+        assert!(!memo.already_written(&observed_json("1", &before), &changed));
+    }
+
+    fn observed_json<'a>(rv: &str, status: &'a serde_json::Value) -> Observed<'a, serde_json::Value> {
+        Observed {
+            kind: "NestedControlPlane",
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u1".into(),
+            resource_version: rv.into(),
+            status,
+        }
     }
 
     #[test]
