@@ -17,6 +17,12 @@ pub const CONTAINS_GROUP_KINDS_ANNOTATION: &str = "applyset.kubernetes.io/contai
 /// Label on a CRD whose objects may be ApplySet parents.
 pub const IS_PARENT_TYPE_LABEL: &str = "applyset.kubernetes.io/is-parent-type";
 
+/// The `applyset.kubernetes.io/tooling` value capn writes on the parents it manages:
+/// `capn/v<version>` (KEP-3659: `<toolname>/<semver>`).
+pub fn tooling() -> String {
+    format!("capn/v{}", env!("CARGO_PKG_VERSION"))
+}
+
 /// The KEP-3659 id of the set whose parent is `name` in `namespace` of `kind` in `group`:
 /// `applyset-<base64url(sha256("<name>.<namespace>.<kind>.<group>"))>-v1`.
 pub fn applyset_id(name: &str, namespace: &str, kind: &str, group: &str) -> String {

@@ -35,7 +35,7 @@ use crate::api::{
     NestedControlPlane, NestedControllerManager, ServiceOutput,
 };
 use crate::apply::applyset::{
-    CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, contains_group_kinds, group_kind,
+    CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, contains_group_kinds, group_kind, tooling,
 };
 use crate::apply::{FIELD_MANAGER, apply_rank, readiness};
 use crate::component::ComponentKind;
@@ -43,7 +43,7 @@ use crate::plan::{
     ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, certificates_digest, check, check_input,
     check_members, component_applyset_id, plan, resolve, stamp_certificates_digest,
 };
-use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, phase, set_condition};
+use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, is_true, phase, set_condition};
 
 /// A component custom resource, and what its reconcile does differently from the others.
 pub trait ComponentResource:
@@ -437,12 +437,16 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             } else {
                 ConditionUpdate::new(READY, false, "Provisioning", members.clone())
             });
+            // Rolling out means replacing pods that served: a first provisioning is not
+            // one, even after its first apply recorded a version (saying so for a moment
+            // cost a status write, issue 11).
+            let served = is_true(&old.conditions, READY) || is_true(&old.conditions, ROLLING_OUT);
             set(if ready {
                 ConditionUpdate::new(ROLLING_OUT, false, "RolledOut", format!("running {}", plan.version))
             } else {
                 ConditionUpdate::new(
                     ROLLING_OUT,
-                    running,
+                    served,
                     "RollingOut",
                     format!("rolling out {}: {members}", plan.version),
                 )
@@ -689,8 +693,7 @@ async fn drive<K: ComponentResource>(
     ctx.applier.record_inventory(&applyset, &planned);
     // The parent shrinks to the planned kinds once the stale ones are pruned; when nothing
     // was stale it already says so (the update above), and `object` is too old to tell.
-    let planned_kinds = kinds(&planned);
-    let planned_kinds = contains_group_kinds(planned_kinds.iter().map(String::as_str));
+    let planned_kinds = plan.contains_group_kinds();
     if planned_kinds != union {
         update_applyset_parent(ctx, object, ns, &applyset, &planned_kinds).await?;
     }
@@ -776,7 +779,7 @@ async fn update_applyset_parent<K: ComponentResource>(
     id: &str,
     group_kinds: &str,
 ) -> Result<(), ReconcileError> {
-    let tooling = format!("capn/v{}", env!("CARGO_PKG_VERSION"));
+    let tooling = tooling();
     let has =
         |map: &std::collections::BTreeMap<String, String>, k: &str, v: &str| map.get(k).map(String::as_str) == Some(v);
     if has(object.labels(), ID_LABEL, id)

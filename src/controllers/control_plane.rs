@@ -25,11 +25,14 @@ use crate::api::{
     NestedEtcd,
 };
 use crate::apply::FIELD_MANAGER;
+use crate::apply::applyset::{CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, tooling};
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, SecretNames, admin_leaf, admin_user,
     apiserver_service_host, server_url,
 };
-use crate::plan::{APISERVER_PORT, ClusterSettings};
+use crate::plan::{
+    APISERVER_PORT, ClusterSettings, ComponentRequest, Running, component_applyset_id, first_contains_group_kinds,
+};
 use crate::status::{
     APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ConditionUpdate, ETCD_READY, PAUSED,
     READY, ROLLING_OUT, SYNCED, is_true, set_condition,
@@ -227,9 +230,9 @@ async fn drive(
     //    Independent of one another: created (or adopted) at once.
     let (mut refs, mut apiserver_ref, mut controller_manager_ref) = Default::default();
     let (etcd, mut apiserver, controller_manager) = futures::try_join!(
-        ensure_component::<NestedEtcd>(ctx, ncp, ns, &cluster.name, &mut refs),
-        ensure_component::<NestedAPIServer>(ctx, ncp, ns, &cluster.name, &mut apiserver_ref),
-        ensure_component::<NestedControllerManager>(ctx, ncp, ns, &cluster.name, &mut controller_manager_ref),
+        ensure_component::<NestedEtcd>(ctx, ncp, ns, cluster, &mut refs),
+        ensure_component::<NestedAPIServer>(ctx, ncp, ns, cluster, &mut apiserver_ref),
+        ensure_component::<NestedControllerManager>(ctx, ncp, ns, cluster, &mut controller_manager_ref),
     )?;
     refs.extend(apiserver_ref);
     refs.extend(controller_manager_ref);
@@ -519,6 +522,39 @@ fn leaf_schedule(ctx: &Context, ns: &str, names: &SecretNames) -> Vec<LeafSchedu
         .collect()
 }
 
+/// The group-kinds a component about to be created will apply in its first round
+/// ([`first_contains_group_kinds`]), planned with the settings its own reconcile uses. The
+/// control plane creates it as the parent of its ApplySet (KEP-3659) with them.
+fn first_contains_group_kinds_of<K: ComponentResource>(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    cluster: &ClusterSettings,
+    fresh: &K,
+) -> Option<String> {
+    let mut cluster = cluster.clone();
+    cluster.network_policy.capn = ctx.settings.capn_pods.clone();
+    cluster.kubernetes_version = crate::upgrade::components_version(ncp);
+    let name = fresh.name_any();
+    let request = ComponentRequest {
+        kind: K::KIND,
+        resource_name: &name,
+        spec: fresh.component(),
+        etcd_storage: fresh.etcd_storage(),
+        etcd_restore: None,
+        // Not created yet, so without a uid; the kinds do not depend on it.
+        owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            name: name.clone(),
+            uid: String::new(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+        running: Running::default(),
+    };
+    first_contains_group_kinds(&ctx.channels, &cluster, &request)
+}
+
 /// Finds, adopts or creates the component of kind `K`; records a new reference in `refs`.
 /// `Ok(None)` when the spec names a component that does not exist (reported, not created:
 /// the user asked for that one).
@@ -526,7 +562,7 @@ async fn ensure_component<K: ComponentResource>(
     ctx: &Context,
     ncp: &NestedControlPlane,
     ns: &str,
-    cluster: &str,
+    cluster: &ClusterSettings,
     refs: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<Option<K>, ReconcileError> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
@@ -546,10 +582,20 @@ async fn ensure_component<K: ComponentResource>(
                     let mut fresh = K::with_defaults(&format!("{}-{}", ncp.name_any(), K::KIND.as_str()));
                     fresh.meta_mut().owner_references = Some(vec![owner.clone()]);
                     let mut labels =
-                        std::collections::BTreeMap::from([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())]);
+                        std::collections::BTreeMap::from([(CLUSTER_NAME_LABEL.to_string(), cluster.name.clone())]);
                     // Components go to the same capn instance as their control plane.
                     if let Some(filter) = ncp.labels().get(WATCH_FILTER_LABEL) {
                         labels.insert(WATCH_FILTER_LABEL.to_string(), filter.clone());
+                    }
+                    if let Some(group_kinds) = first_contains_group_kinds_of(ctx, ncp, cluster, &fresh) {
+                        labels.insert(
+                            ID_LABEL.to_string(),
+                            component_applyset_id(K::KIND, &fresh.name_any(), ns),
+                        );
+                        fresh.meta_mut().annotations = Some(std::collections::BTreeMap::from([
+                            (TOOLING_ANNOTATION.to_string(), tooling()),
+                            (CONTAINS_GROUP_KINDS_ANNOTATION.to_string(), group_kinds),
+                        ]));
                     }
                     fresh.meta_mut().labels = Some(labels);
                     match api.create(&PostParams::default(), &fresh).await {

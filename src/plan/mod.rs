@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use semver::Version;
 
 use crate::api::{ComponentSpec, EtcdStorage, InventoryEntry};
-use crate::apply::applyset::{PART_OF_LABEL, applyset_id};
+use crate::apply::applyset::{PART_OF_LABEL, applyset_id, contains_group_kinds, group_kind};
 use crate::channel::{ChannelError, ChannelRegistry};
 use crate::component::ComponentKind;
 use crate::patch::{PatchError, apply_extra_args, apply_patches};
@@ -147,6 +147,20 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The KEP-3659 `contains-group-kinds` of [`Plan::objects`]: their group-kinds, sorted and
+    /// comma-separated.
+    pub fn contains_group_kinds(&self) -> String {
+        let group_kinds: Vec<String> = self
+            .objects
+            .iter()
+            .map(|o| {
+                let field = |p: &str| o.pointer(p).and_then(|v| v.as_str()).unwrap_or_default();
+                group_kind(field("/apiVersion"), field("/kind"))
+            })
+            .collect();
+        contains_group_kinds(group_kinds.iter().map(String::as_str))
+    }
+
     /// The inventory entries of [`Plan::objects`], sorted.
     pub fn inventory(&self) -> Vec<InventoryEntry> {
         let mut entries: Vec<InventoryEntry> = self.objects.iter().map(inventory_entry).collect();
@@ -227,6 +241,31 @@ pub fn component_applyset_id(kind: ComponentKind, resource_name: &str, namespace
         kind.resource_kind(),
         crate::api::CONTROL_PLANE_GROUP,
     )
+}
+
+/// The KEP-3659 `contains-group-kinds` of the first round of a component that does not exist
+/// yet: `request` planned as the component will plan it, against the upstream outputs of a
+/// new etcd (the apiserver needs etcd endpoints; which ones does not change the kinds it
+/// renders). The control plane creates its components already labelled as their ApplySet's
+/// parents with it, so that their first round needs no patch of its own (issue 11).
+///
+/// `None` when `request` cannot be planned; the component then labels itself, as it does
+/// whenever its planned kinds differ from what its parent says.
+pub fn first_contains_group_kinds(
+    channels: &ChannelRegistry,
+    cluster: &ClusterSettings,
+    request: &ComponentRequest<'_>,
+) -> Option<String> {
+    let upstream = Upstream {
+        etcd_endpoints: etcd_members(&cluster.name, &cluster.namespace, 1)
+            .into_iter()
+            .map(|m| m.client_url)
+            .collect(),
+        etcd_membership: None,
+    };
+    plan(channels, cluster, request, &upstream)
+        .ok()
+        .map(|p| p.contains_group_kinds())
 }
 
 /// The etcd members of `cluster` with `replicas` members (docs/reference.md: per-member names

@@ -943,3 +943,62 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
         }
     }
 }
+
+fn request(kind: ComponentKind, spec: &ComponentSpec) -> ComponentRequest<'_> {
+    ComponentRequest {
+        kind,
+        resource_name: "demo",
+        spec,
+        etcd_storage: None,
+        etcd_restore: None,
+        owner: owner(kind),
+        running: Running::default(),
+    }
+}
+
+#[test]
+fn a_new_components_first_group_kinds_are_those_its_first_round_applies() {
+    let spec = ComponentSpec::default();
+    let etcd = plan_of(ComponentKind::Etcd, &spec, &Upstream::default()).expect("etcd plans");
+    let etcd_outputs = Upstream {
+        etcd_endpoints: etcd.etcd_endpoints.clone(),
+        ..Upstream::default()
+    };
+    for (kind, upstream) in [
+        (ComponentKind::Etcd, Upstream::default()),
+        (ComponentKind::ApiServer, etcd_outputs),
+        (ComponentKind::ControllerManager, Upstream::default()),
+    ] {
+        let first_round = plan_of(kind, &spec, &upstream).expect("plans");
+        let predicted = first_contains_group_kinds(&registry(), &cluster(), &request(kind, &spec));
+        assert_eq!(predicted, Some(first_round.contains_group_kinds()), "{kind:?}");
+        // Sorted, comma-separated group-kinds of what it applies.
+        let kinds: Vec<String> = first_round
+            .inventory()
+            .iter()
+            .map(|e| crate::apply::applyset::group_kind(&e.api_version, &e.kind))
+            .collect();
+        for group_kind in &kinds {
+            assert!(
+                predicted.as_deref().unwrap().split(',').any(|k| k == group_kind),
+                "{kind:?}: {group_kind}"
+            );
+        }
+    }
+    assert_eq!(
+        first_contains_group_kinds(&registry(), &cluster(), &request(ComponentKind::Etcd, &spec)).as_deref(),
+        Some("ConfigMap,NetworkPolicy.networking.k8s.io,PodDisruptionBudget.policy,Service,StatefulSet.apps")
+    );
+}
+
+#[test]
+fn a_component_that_cannot_be_planned_has_no_first_group_kinds() {
+    let spec = ComponentSpec {
+        version: Some("9.9.9".into()),
+        ..ComponentSpec::default()
+    };
+    assert_eq!(
+        first_contains_group_kinds(&registry(), &cluster(), &request(ComponentKind::ApiServer, &spec)),
+        None
+    );
+}
