@@ -3,7 +3,7 @@
 //!
 //! - NestedControlPlane and the three component kinds: shared reflectors
 //!   (kube-runtime's `store_shared`), each controller subscribing to the kinds it needs;
-//! - Secrets, **metadata only** (`PartialObjectMeta<Secret>`), trimmed further to the fields
+//! - Secrets, **metadata only** (`PartialObjectMeta<Secret>`), kept as [`CachedSecret`]: the fields
 //!   capn reads (name, resourceVersion, owners, its certificate annotations): their
 //!   resourceVersions say when a certificate must be read again, and every change or deletion of a control
 //!   plane's Secret wakes that control plane's controllers within a moment, not at the next
@@ -15,10 +15,9 @@
 use std::future::ready;
 use std::sync::Arc;
 
-use futures::FutureExt;
+use futures::{FutureExt, TryStreamExt};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Secret, Service};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Lookup, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -27,8 +26,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
+use super::cached_secret::CachedSecret;
 use super::cached_statefulset::CachedStatefulSet;
-use super::certificates::{NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTATION};
 use super::read::cluster_name;
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::apply::Live;
@@ -49,13 +48,13 @@ pub struct Caches {
     pub apiservers: Store<NestedAPIServer>,
     pub controller_managers: Store<NestedControllerManager>,
     /// Metadata of every Secret in the watched namespaces.
-    pub secrets: Store<PartialObjectMeta<Secret>>,
+    pub secrets: Store<CachedSecret>,
     /// The StatefulSets capn applied (label `app.kubernetes.io/managed-by=capn`), as much
     /// as readiness and membership read ([`CachedStatefulSet`]).
     pub statefulsets: Store<CachedStatefulSet>,
     /// The Services capn applied.
     pub services: Store<Service>,
-    secret_events: broadcast::Sender<Arc<PartialObjectMeta<Secret>>>,
+    secret_events: broadcast::Sender<Arc<CachedSecret>>,
 }
 
 /// The change streams of the shared reflectors. Each must be polled or dropped: a shared
@@ -86,25 +85,16 @@ fn strip<K: Resource>(object: &mut K) {
     object.annotations_mut().remove(LAST_APPLIED);
 }
 
-/// Trims a Secret's metadata to what capn reads: its name and namespace, resourceVersion
-/// (is what was verified still current), owner references (whose control plane it wakes)
-/// and capn's two certificate annotations (when it expires, when it is renewed). A
-/// namespace's other Secrets, say a Helm release's, then cost a few hundred bytes each.
-fn strip_secret(secret: &mut PartialObjectMeta<Secret>) {
-    let meta = &mut secret.metadata;
-    let kept = ObjectMeta {
-        name: meta.name.take(),
-        namespace: meta.namespace.take(),
-        resource_version: meta.resource_version.take(),
-        owner_references: meta.owner_references.take(),
-        annotations: meta.annotations.take().map(|mut annotations| {
-            annotations.retain(|k, _| [NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTATION].contains(&k.as_str()));
-            annotations
-        }),
-        ..ObjectMeta::default()
-    };
-    *meta = kept;
-    secret.types = None;
+/// A metadata watch event as the cache keeps it ([`CachedSecret`]).
+fn cached_secret(event: watcher::Event<PartialObjectMeta<Secret>>) -> watcher::Event<CachedSecret> {
+    use watcher::Event;
+    match event {
+        Event::Apply(secret) => Event::Apply(secret.into()),
+        Event::Delete(secret) => Event::Delete(secret.into()),
+        Event::Init => Event::Init,
+        Event::InitApply(secret) => Event::InitApply(secret.into()),
+        Event::InitDone => Event::InitDone,
+    }
 }
 
 /// Label of everything capn applies.
@@ -208,7 +198,7 @@ impl Caches {
         let secret_task = tokio::spawn(
             watcher(secrets_api, watcher::Config::default())
                 .default_backoff()
-                .modify(strip_secret)
+                .map_ok(cached_secret)
                 .reflect(secret_writer)
                 .touched_objects()
                 .for_each(move |event| {
@@ -268,7 +258,7 @@ impl Caches {
     }
 
     /// The Secret's metadata as last seen, or `None` when the cache has not seen it.
-    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<PartialObjectMeta<Secret>>> {
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<CachedSecret>> {
         self.secrets.get(&ObjectRef::new(name).within(namespace))
     }
 
@@ -302,7 +292,7 @@ impl Caches {
     /// The control planes `secret` belongs to: the NestedControlPlane owning it (capn's own
     /// Secrets), else those whose cluster has a Secret of that name (docs/design.md §6), so that
     /// user-supplied Secrets without an owner count too.
-    pub fn control_planes_of_secret(&self, secret: &PartialObjectMeta<Secret>) -> Vec<Arc<NestedControlPlane>> {
+    pub fn control_planes_of_secret(&self, secret: &CachedSecret) -> Vec<Arc<NestedControlPlane>> {
         let Some(ns) = ResourceExt::namespace(secret) else {
             return Vec::new();
         };
@@ -354,60 +344,5 @@ impl Caches {
                 .collect();
             futures::stream::iter(refs)
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_secrets_metadata_keeps_only_what_reconciles_read() {
-        let mut secret: PartialObjectMeta<Secret> = serde_json::from_value(serde_json::json!({
-            "apiVersion": "meta.k8s.io/v1",
-            "kind": "PartialObjectMetadata",
-            "metadata": {
-                "name": "demo-apiserver",
-                "namespace": "tenant-a",
-                "uid": "u-1",
-                "resourceVersion": "42",
-                "creationTimestamp": "2026-12-02T10:00:00Z",
-                "labels": {"app.kubernetes.io/managed-by": "capn"},
-                "annotations": {
-                    NOT_AFTER_ANNOTATION: "2027-12-02T10:00:00Z",
-                    RENEW_AFTER_ANNOTATION: "2027-10-02T10:00:00Z",
-                    "meta.helm.sh/release-name": "other",
-                },
-                "ownerReferences": [{
-                    "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
-                    "kind": "NestedControlPlane",
-                    "name": "demo",
-                    "uid": "u-ncp",
-                }],
-                "managedFields": [{"manager": "capn", "operation": "Apply"}],
-            },
-        }))
-        .unwrap();
-        strip_secret(&mut secret);
-        let kept = serde_json::to_value(&secret.metadata).unwrap();
-        assert_eq!(
-            kept,
-            serde_json::json!({
-                "name": "demo-apiserver",
-                "namespace": "tenant-a",
-                "resourceVersion": "42",
-                "annotations": {
-                    NOT_AFTER_ANNOTATION: "2027-12-02T10:00:00Z",
-                    RENEW_AFTER_ANNOTATION: "2027-10-02T10:00:00Z",
-                },
-                "ownerReferences": [{
-                    "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
-                    "kind": "NestedControlPlane",
-                    "name": "demo",
-                    "uid": "u-ncp",
-                }],
-            })
-        );
-        assert!(secret.types.is_none());
     }
 }

@@ -15,7 +15,6 @@ use kube::{Resource, ResourceExt};
 
 use super::cache::Subscriptions;
 use super::certificates::CertificateStore;
-use super::certificates::{NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTATION};
 use super::component::{ComponentResource, Now, recheck_after};
 use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster, renewal_policy};
 use super::{Context, ReconcileError, WATCH_FILTER_LABEL, events};
@@ -511,12 +510,11 @@ fn leaf_schedule(ctx: &Context, ns: &str, names: &SecretNames) -> Vec<LeafSchedu
         .all()
         .into_iter()
         .filter_map(|name| {
-            let meta = ctx.caches.secret(ns, name)?;
-            let annotations = meta.annotations();
+            let cached = ctx.caches.secret(ns, name)?;
             Some(LeafSchedule {
                 secret: name.to_string(),
-                not_after: parse(annotations.get(NOT_AFTER_ANNOTATION))?,
-                renew_at: parse(annotations.get(RENEW_AFTER_ANNOTATION)),
+                not_after: parse(cached.not_after.as_ref())?,
+                renew_at: parse(cached.renew_after.as_ref()),
             })
         })
         .collect()

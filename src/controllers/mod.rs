@@ -13,6 +13,7 @@
 pub mod apiserver;
 pub mod backup;
 pub mod cache;
+pub mod cached_secret;
 pub mod cached_statefulset;
 pub mod certificates;
 pub mod cluster;
