@@ -30,7 +30,7 @@ use crate::pki::{
     apiserver_service_host, server_url,
 };
 use crate::plan::{
-    APISERVER_PORT, ClusterSettings, ComponentRequest, Running, component_applyset_id, first_contains_group_kinds,
+    APISERVER_PORT, ClusterSettings, ComponentRequest, Plan, Running, component_applyset_id, first_plan,
 };
 use crate::status::{
     APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ConditionUpdate, ETCD_READY, PAUSED,
@@ -247,19 +247,34 @@ async fn drive(
         );
     }
 
-    // 3. The endpoint (CAPI contract: the control plane provider fills it).
+    // 3. The endpoint (CAPI contract: the control plane provider fills it): the apiserver
+    //    Service's name and port, once the apiserver reports its Service or, for an
+    //    apiserver created in this pass, once its first plan renders that Service. Both are
+    //    known before the Service exists, and so the endpoint goes out with the references,
+    //    in one patch (issue 11).
     let mut endpoint = ncp.spec.control_plane_endpoint.clone();
+    let service_name = crate::component::ComponentKind::ApiServer.object_name(&cluster.name);
+    let service_port = apiserver.as_ref().and_then(|a| {
+        let reported = a.status.as_ref().and_then(|s| s.service.as_ref()).map(|s| s.port);
+        let created_now = refs.contains_key(NestedAPIServer::REFERENCE_FIELD) && a.status.is_none();
+        reported.or_else(|| {
+            created_now
+                .then(|| first_plan_of(ctx, ncp, cluster, a))
+                .flatten()
+                .filter(|plan| {
+                    plan.objects
+                        .iter()
+                        .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == service_name.as_str())
+                })
+                .map(|_| APISERVER_PORT)
+        })
+    });
     if endpoint.is_none()
-        && let Some(service) = apiserver
-            .as_ref()
-            .and_then(|a| a.status.as_ref())
-            .and_then(|s| s.service.as_ref())
+        && let Some(port) = service_port
     {
-        let host = apiserver_service_host(&cluster.name, ns);
-        debug_assert!(service.name.starts_with(&cluster.name));
         let e = ApiEndpoint {
-            host,
-            port: service.port,
+            host: apiserver_service_host(&cluster.name, ns),
+            port,
         };
         refs.insert(
             "controlPlaneEndpoint".into(),
@@ -520,15 +535,14 @@ fn leaf_schedule(ctx: &Context, ns: &str, names: &SecretNames) -> Vec<LeafSchedu
         .collect()
 }
 
-/// The group-kinds a component about to be created will apply in its first round
-/// ([`first_contains_group_kinds`]), planned with the settings its own reconcile uses. The
-/// control plane creates it as the parent of its ApplySet (KEP-3659) with them.
-fn first_contains_group_kinds_of<K: ComponentResource>(
+/// The first round's plan of a component about to be created, or just created
+/// ([`first_plan`]), with the settings its own reconcile uses.
+fn first_plan_of<K: ComponentResource>(
     ctx: &Context,
     ncp: &NestedControlPlane,
     cluster: &ClusterSettings,
     fresh: &K,
-) -> Option<String> {
+) -> Option<Plan> {
     let mut cluster = cluster.clone();
     cluster.network_policy.capn = ctx.settings.capn_pods.clone();
     cluster.kubernetes_version = crate::upgrade::components_version(ncp);
@@ -550,7 +564,7 @@ fn first_contains_group_kinds_of<K: ComponentResource>(
         },
         running: Running::default(),
     };
-    first_contains_group_kinds(&ctx.channels, &cluster, &request)
+    first_plan(&ctx.channels, &cluster, &request)
 }
 
 /// Finds, adopts or creates the component of kind `K`; records a new reference in `refs`.
@@ -585,7 +599,9 @@ async fn ensure_component<K: ComponentResource>(
                     if let Some(filter) = ncp.labels().get(WATCH_FILTER_LABEL) {
                         labels.insert(WATCH_FILTER_LABEL.to_string(), filter.clone());
                     }
-                    if let Some(group_kinds) = first_contains_group_kinds_of(ctx, ncp, cluster, &fresh) {
+                    if let Some(group_kinds) =
+                        first_plan_of(ctx, ncp, cluster, &fresh).map(|p| p.contains_group_kinds())
+                    {
                         labels.insert(
                             ID_LABEL.to_string(),
                             component_applyset_id(K::KIND, &fresh.name_any(), ns),

@@ -243,19 +243,22 @@ pub fn component_applyset_id(kind: ComponentKind, resource_name: &str, namespace
     )
 }
 
-/// The KEP-3659 `contains-group-kinds` of the first round of a component that does not exist
-/// yet: `request` planned as the component will plan it, against the upstream outputs of a
-/// new etcd (the apiserver needs etcd endpoints; which ones does not change the kinds it
-/// renders). The control plane creates its components already labelled as their ApplySet's
-/// parents with it, so that their first round needs no patch of its own (issue 11).
+/// The plan of the first round of a component that does not exist yet: `request` planned as
+/// the component will plan it, against the upstream outputs of a new etcd (the apiserver
+/// needs etcd endpoints; which ones changes neither the kinds nor the Services it renders).
+/// The control plane creates its components with what this tells in advance, so that their
+/// first round sends fewer requests (issue 11): each is created already labelled as the
+/// parent of its ApplySet ([`Plan::contains_group_kinds`]), and the control plane's endpoint
+/// is known when the apiserver's Service will be rendered.
 ///
 /// `None` when `request` cannot be planned; the component then labels itself, as it does
-/// whenever its planned kinds differ from what its parent says.
-pub fn first_contains_group_kinds(
+/// whenever its planned kinds differ from what its parent says, and the endpoint waits for
+/// the apiserver's Service.
+pub fn first_plan(
     channels: &ChannelRegistry,
     cluster: &ClusterSettings,
     request: &ComponentRequest<'_>,
-) -> Option<String> {
+) -> Option<Plan> {
     let upstream = Upstream {
         etcd_endpoints: etcd_members(&cluster.name, &cluster.namespace, 1)
             .into_iter()
@@ -263,9 +266,7 @@ pub fn first_contains_group_kinds(
             .collect(),
         etcd_membership: None,
     };
-    plan(channels, cluster, request, &upstream)
-        .ok()
-        .map(|p| p.contains_group_kinds())
+    plan(channels, cluster, request, &upstream).ok()
 }
 
 /// The etcd members of `cluster` with `replicas` members (docs/reference.md: per-member names

@@ -970,7 +970,7 @@ fn a_new_components_first_group_kinds_are_those_its_first_round_applies() {
         (ComponentKind::ControllerManager, Upstream::default()),
     ] {
         let first_round = plan_of(kind, &spec, &upstream).expect("plans");
-        let predicted = first_contains_group_kinds(&registry(), &cluster(), &request(kind, &spec));
+        let predicted = first_plan(&registry(), &cluster(), &request(kind, &spec)).map(|p| p.contains_group_kinds());
         assert_eq!(predicted, Some(first_round.contains_group_kinds()), "{kind:?}");
         // Sorted, comma-separated group-kinds of what it applies.
         let kinds: Vec<String> = first_round
@@ -986,19 +986,21 @@ fn a_new_components_first_group_kinds_are_those_its_first_round_applies() {
         }
     }
     assert_eq!(
-        first_contains_group_kinds(&registry(), &cluster(), &request(ComponentKind::Etcd, &spec)).as_deref(),
+        first_plan(&registry(), &cluster(), &request(ComponentKind::Etcd, &spec))
+            .map(|p| p.contains_group_kinds())
+            .as_deref(),
         Some("ConfigMap,NetworkPolicy.networking.k8s.io,PodDisruptionBudget.policy,Service,StatefulSet.apps")
     );
 }
 
 #[test]
-fn a_component_that_cannot_be_planned_has_no_first_group_kinds() {
+fn a_component_that_cannot_be_planned_has_no_first_plan() {
     let spec = ComponentSpec {
         version: Some("9.9.9".into()),
         ..ComponentSpec::default()
     };
     assert_eq!(
-        first_contains_group_kinds(&registry(), &cluster(), &request(ComponentKind::ApiServer, &spec)),
+        first_plan(&registry(), &cluster(), &request(ComponentKind::ApiServer, &spec)),
         None
     );
 }

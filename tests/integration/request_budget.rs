@@ -22,7 +22,8 @@ use crate::support::{cluster, stand_in, test_namespace, wait_until};
 /// plane has just created writes no status until the control plane names it, and the
 /// control plane's status observes the generation of its own spec patch (the rest: creating
 /// 11 Secrets and 11 workload objects, status writes), 61 to 63 (2026-12-02, later) since the
-/// control plane creates its components already labelled as their ApplySet's parents. How
+/// control plane creates its components already labelled as their ApplySet's parents, 60
+/// since it writes its endpoint with the component references. How
 /// many status writes coalesce depends on the machine's load: 71 was counted once while the
 /// whole suite ran beside it (7 control-plane status writes instead of 2), before the last
 /// change, so the budget keeps that much room.
