@@ -34,21 +34,20 @@ fn owner(kind: ComponentKind) -> OwnerReference {
     }
 }
 
+fn request(kind: ComponentKind, spec: &ComponentSpec) -> ComponentRequest<'_> {
+    ComponentRequest {
+        kind,
+        resource_name: "demo",
+        spec,
+        etcd_storage: None,
+        etcd_restore: None,
+        owner: owner(kind),
+        running: Running::default(),
+    }
+}
+
 fn plan_of(kind: ComponentKind, spec: &ComponentSpec, upstream: &Upstream) -> Result<Plan, PlanError> {
-    plan(
-        &registry(),
-        &cluster(),
-        &ComponentRequest {
-            kind,
-            resource_name: "demo",
-            spec,
-            etcd_storage: None,
-            etcd_restore: None,
-            owner: owner(kind),
-            running: Running::default(),
-        },
-        upstream,
-    )
+    plan(&registry(), &cluster(), &request(kind, spec), upstream)
 }
 
 fn three_endpoints() -> Upstream {
@@ -444,21 +443,7 @@ fn plan_in(cluster: &ClusterSettings, kind: ComponentKind, spec: &ComponentSpec)
     } else {
         Upstream::default()
     };
-    plan(
-        &registry(),
-        cluster,
-        &ComponentRequest {
-            kind,
-            resource_name: "demo",
-            spec,
-            etcd_storage: None,
-            etcd_restore: None,
-            owner: owner(kind),
-            running: Running::default(),
-        },
-        &upstream,
-    )
-    .unwrap_or_else(|e| panic!("{kind}: {e}"))
+    plan(&registry(), cluster, &request(kind, spec), &upstream).unwrap_or_else(|e| panic!("{kind}: {e}"))
 }
 
 fn replicas(n: i32) -> ComponentSpec {
@@ -941,18 +926,6 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
             assert_eq!(container["volumeMounts"][0]["name"], "data");
             assert_eq!(container["volumeMounts"][0]["mountPath"], "/var/lib/etcd");
         }
-    }
-}
-
-fn request(kind: ComponentKind, spec: &ComponentSpec) -> ComponentRequest<'_> {
-    ComponentRequest {
-        kind,
-        resource_name: "demo",
-        spec,
-        etcd_storage: None,
-        etcd_restore: None,
-        owner: owner(kind),
-        running: Running::default(),
     }
 }
 
