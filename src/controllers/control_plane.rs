@@ -253,25 +253,12 @@ async fn drive(
     //    known before the Service exists, and so the endpoint goes out with the references,
     //    in one patch (issue 11).
     let mut endpoint = ncp.spec.control_plane_endpoint.clone();
-    let service_name = crate::component::ComponentKind::ApiServer.object_name(&cluster.name);
-    let service_port = apiserver.as_ref().and_then(|a| {
-        let reported = a.status.as_ref().and_then(|s| s.service.as_ref()).map(|s| s.port);
-        let created_now = refs.contains_key(NestedAPIServer::REFERENCE_FIELD) && a.status.is_none();
-        reported.or_else(|| {
-            created_now
-                .then(|| first_plan_of(ctx, ncp, cluster, a))
-                .flatten()
-                .filter(|plan| {
-                    plan.objects
-                        .iter()
-                        .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == service_name.as_str())
-                })
-                .map(|_| APISERVER_PORT)
-        })
-    });
-    if endpoint.is_none()
-        && let Some(port) = service_port
-    {
+    let created_now = refs.contains_key(NestedAPIServer::REFERENCE_FIELD);
+    let service_port = match (&endpoint, &apiserver) {
+        (None, Some(a)) => apiserver_service_port(ctx, ncp, cluster, a, created_now),
+        _ => None,
+    };
+    if let Some(port) = service_port {
         let e = ApiEndpoint {
             host: apiserver_service_host(&cluster.name, ns),
             port,
@@ -535,6 +522,32 @@ fn leaf_schedule(ctx: &Context, ns: &str, names: &SecretNames) -> Vec<LeafSchedu
         .collect()
 }
 
+/// The port of the apiserver's Service (`<c>-apiserver`): as the apiserver reports it, or,
+/// for an apiserver the control plane named in this pass (`created_now`: created, or found by
+/// its owner reference) that has no status yet,
+/// [`APISERVER_PORT`] when its first plan renders that Service. `None` otherwise (a
+/// provider's channel may render none).
+fn apiserver_service_port(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    cluster: &ClusterSettings,
+    apiserver: &NestedAPIServer,
+    created_now: bool,
+) -> Option<i32> {
+    if let Some(service) = apiserver.status.as_ref().and_then(|s| s.service.as_ref()) {
+        return Some(service.port);
+    }
+    if !created_now || apiserver.status.is_some() {
+        return None;
+    }
+    let name = crate::component::ComponentKind::ApiServer.object_name(&cluster.name);
+    first_plan_of(ctx, ncp, cluster, apiserver)?
+        .objects
+        .iter()
+        .any(|o| o["kind"] == "Service" && o["metadata"]["name"] == name.as_str())
+        .then_some(APISERVER_PORT)
+}
+
 /// The first round's plan of a component about to be created, or just created
 /// ([`first_plan`]), with the settings its own reconcile uses.
 fn first_plan_of<K: ComponentResource>(
@@ -553,7 +566,8 @@ fn first_plan_of<K: ComponentResource>(
         spec: fresh.component(),
         etcd_storage: fresh.etcd_storage(),
         etcd_restore: None,
-        // Not created yet, so without a uid; the kinds do not depend on it.
+        // Without a uid (perhaps not created yet): nothing the control plane reads from
+        // this plan, its kinds and Services, depends on it.
         owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
             api_version: K::api_version(&()).into_owned(),
             kind: K::kind(&()).into_owned(),
