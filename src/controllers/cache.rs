@@ -4,10 +4,14 @@
 //! - NestedControlPlane and the three component kinds: shared reflectors
 //!   (kube-runtime's `store_shared`), each controller subscribing to the kinds it needs;
 //! - Secrets, **metadata only** (`PartialObjectMeta<Secret>`), kept as [`CachedSecret`]: the fields
-//!   capn reads (name, resourceVersion, owners, its certificate annotations): their
+//!   capn reads (name, resourceVersion, control plane owners, its certificate times): their
 //!   resourceVersions say when a certificate must be read again, and every change or deletion of a control
 //!   plane's Secret wakes that control plane's controllers within a moment, not at the next
 //!   resync (a deleted CA is noticed at once).
+//!
+//! - the StatefulSets and Services capn applied, as [`CachedStatefulSet`] and
+//!   [`CachedService`]: the few fields readiness reads, with their metadata trimmed to
+//!   [`owned_metadata`].
 //!
 //! Cached objects keep what reconciles read: `managedFields` and the last-applied
 //! annotation are stripped as they arrive.
@@ -17,7 +21,7 @@ use std::sync::Arc;
 
 use futures::{FutureExt, TryStreamExt};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::reflector::{self, Lookup, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,8 +30,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use super::cached_secret::CachedSecret;
-use super::cached_statefulset::CachedStatefulSet;
+use super::cached::{CachedSecret, CachedService, CachedStatefulSet, owned_metadata};
 use super::read::cluster_name;
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::apply::Live;
@@ -52,8 +55,9 @@ pub struct Caches {
     /// The StatefulSets capn applied (label `app.kubernetes.io/managed-by=capn`), as much
     /// as readiness and membership read ([`CachedStatefulSet`]).
     pub statefulsets: Store<CachedStatefulSet>,
-    /// The Services capn applied.
-    pub services: Store<Service>,
+    /// The Services capn applied, as much as readiness and the apiserver's address read
+    /// ([`CachedService`]).
+    pub services: Store<CachedService>,
     secret_events: broadcast::Sender<Arc<CachedSecret>>,
 }
 
@@ -65,7 +69,7 @@ pub struct Subscriptions {
     pub apiservers: ReflectHandle<NestedAPIServer>,
     pub controller_managers: ReflectHandle<NestedControllerManager>,
     pub statefulsets: ReflectHandle<CachedStatefulSet>,
-    pub services: ReflectHandle<Service>,
+    pub services: ReflectHandle<CachedService>,
 }
 
 /// Drops everything a value holds only once: keeps the reflector tasks alive while the
@@ -185,8 +189,8 @@ impl Caches {
         let (apiservers, apiserver_handle, apiserver_task) = shared(api(client, namespace), primary.clone(), strip);
         let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary, strip);
         let managed = watcher::Config::default().labels(MANAGED);
-        let (statefulsets, sts_handle, sts_task) = shared(api(client, namespace), managed.clone(), strip);
-        let (services, svc_handle, svc_task) = shared(api(client, namespace), managed, strip);
+        let (statefulsets, sts_handle, sts_task) = shared(api(client, namespace), managed.clone(), owned_metadata);
+        let (services, svc_handle, svc_task) = shared(api(client, namespace), managed, owned_metadata);
 
         let (secret_reader, secret_writer) = reflector::store();
         let (secret_events, _) = broadcast::channel(SECRET_EVENTS);
@@ -195,20 +199,24 @@ impl Caches {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
+        // `reflector` rather than `.reflect`: a CachedSecret is a reflector `Lookup`, not a
+        // `Resource` (it has no ObjectMeta).
         let secret_task = tokio::spawn(
-            watcher(secrets_api, watcher::Config::default())
-                .default_backoff()
-                .map_ok(cached_secret)
-                .reflect(secret_writer)
-                .touched_objects()
-                .for_each(move |event| {
-                    match event {
-                        // Nobody listening yet is fine: the caches still fill.
-                        Ok(secret) => drop(sender.send(Arc::new(secret))),
-                        Err(error) => tracing::warn!(%error, "Secret watch failed; retrying"),
-                    }
-                    ready(())
-                }),
+            reflector::reflector(
+                secret_writer,
+                watcher(secrets_api, watcher::Config::default())
+                    .default_backoff()
+                    .map_ok(cached_secret),
+            )
+            .touched_objects()
+            .for_each(move |event| {
+                match event {
+                    // Nobody listening yet is fine: the caches still fill.
+                    Ok(secret) => drop(sender.send(Arc::new(secret))),
+                    Err(error) => tracing::warn!(%error, "Secret watch failed; retrying"),
+                }
+                ready(())
+            }),
         );
         let caches = Arc::new(Caches {
             control_planes,
@@ -278,7 +286,7 @@ impl Caches {
             ("v1", "Service") => json(
                 self.services
                     .get(&ObjectRef::new(&name).within(&ns))
-                    .and_then(|o| serde_json::to_value(&*o).ok()),
+                    .and_then(|o| o.to_json()),
             ),
             _ => Live::Unwatched,
         }
@@ -293,26 +301,21 @@ impl Caches {
     /// Secrets), else those whose cluster has a Secret of that name (docs/design.md §6), so that
     /// user-supplied Secrets without an owner count too.
     pub fn control_planes_of_secret(&self, secret: &CachedSecret) -> Vec<Arc<NestedControlPlane>> {
-        let Some(ns) = ResourceExt::namespace(secret) else {
-            return Vec::new();
-        };
+        let ns = secret.namespace.as_str();
         let owners: Vec<_> = secret
-            .owner_references()
+            .control_plane_owners
             .iter()
-            .filter(|o| o.kind == <NestedControlPlane as Resource>::kind(&()))
-            .filter_map(|o| self.control_plane(&ns, &o.name))
+            .filter_map(|owner| self.control_plane(ns, &owner.name))
             .collect();
         if !owners.is_empty() {
             return owners;
         }
-        let name = secret.name_any();
-        let clusters: Vec<&str> = SecretNames::clusters_of(&name).collect();
+        let clusters: Vec<&str> = SecretNames::clusters_of(&secret.name).collect();
         if clusters.is_empty() {
             return Vec::new();
         }
         self.control_planes.state_filter(|ncp| {
-            ResourceExt::namespace(ncp).as_deref() == Some(ns.as_ref())
-                && clusters.contains(&cluster_name(ncp).as_ref())
+            ResourceExt::namespace(ncp).as_deref() == Some(ns) && clusters.contains(&cluster_name(ncp).as_ref())
         })
     }
 

@@ -199,7 +199,7 @@ impl<'a> CertificateStore<'a> {
         self.ctx
             .caches
             .secret(self.namespace, name)
-            .and_then(|m| m.resource_version())
+            .map(|m| m.resource_version.clone())
     }
 
     /// What was verified about `name`, if it still describes the Secret: the cache holds
@@ -703,8 +703,8 @@ impl CertificateStore<'_> {
     /// Whether Secret `name` was created by capn for this control plane (owned by it), as
     /// opposed to supplied by the user; `None` when the cache has not seen it.
     pub fn owned_by_control_plane(&self, name: &str) -> Option<bool> {
-        let meta = self.ctx.caches.secret(self.namespace, name)?;
-        Some(meta.owner_references().iter().any(|o| o.uid == self.owner.uid))
+        let cached = self.ctx.caches.secret(self.namespace, name)?;
+        Some(cached.control_plane_owners.iter().any(|o| o.uid == self.owner.uid))
     }
 }
 

@@ -505,9 +505,6 @@ struct LeafSchedule {
 /// The expiry and renewal times the cluster's leaf Secrets carry (annotations written when
 /// capn issued them), from the metadata cache.
 fn leaf_schedule(ctx: &Context, ns: &str, names: &SecretNames) -> Vec<LeafSchedule> {
-    let parse = |value: Option<&String>| {
-        value.and_then(|v| time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc3339).ok())
-    };
     names
         .all()
         .into_iter()
@@ -515,8 +512,8 @@ fn leaf_schedule(ctx: &Context, ns: &str, names: &SecretNames) -> Vec<LeafSchedu
             let cached = ctx.caches.secret(ns, name)?;
             Some(LeafSchedule {
                 secret: name.to_string(),
-                not_after: parse(cached.not_after.as_ref())?,
-                renew_at: parse(cached.renew_after.as_ref()),
+                not_after: cached.not_after?,
+                renew_at: cached.renew_after,
             })
         })
         .collect()

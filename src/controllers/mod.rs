@@ -13,8 +13,7 @@
 pub mod apiserver;
 pub mod backup;
 pub mod cache;
-pub mod cached_secret;
-pub mod cached_statefulset;
+pub mod cached;
 pub mod certificates;
 pub mod cluster;
 pub mod component;

@@ -1,10 +1,8 @@
-//! What capn's cache keeps of a StatefulSet (issue 11, memory): its metadata, `spec.replicas`
+//! What capn's cache keeps of a StatefulSet (issue 11, memory): its [`super::owned_metadata`], `spec.replicas`
 //! and its status, the fields readiness and membership read. The rest of the spec, above all
 //! the pod template, is neither parsed nor kept: a `k8s_openapi` StatefulSet is 2.5 KiB before
 //! any of its strings, this one a fifth of that, and a thousand control planes cache three
 //! each.
-
-use std::borrow::Cow;
 
 use k8s_openapi::api::apps::v1::StatefulSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -28,39 +26,13 @@ pub struct CachedStatefulSetSpec {
     pub replicas: Option<i32>,
 }
 
-impl kube::Resource for CachedStatefulSet {
-    type DynamicType = ();
-    type Scope = k8s_openapi::NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "StatefulSet".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "apps".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "statefulsets".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+super::cached_resource!(CachedStatefulSet, "apps", "v1", "StatefulSet", "statefulsets");
 
 impl CachedStatefulSet {
     /// The object as JSON with its `apiVersion` and `kind`, the shape the API server returns
     /// (what [`crate::apply::readiness`] reads).
     pub fn to_json(&self) -> Option<serde_json::Value> {
-        let mut value = serde_json::to_value(self).ok()?;
-        let object = value.as_object_mut()?;
-        object.insert("apiVersion".into(), "apps/v1".into());
-        object.insert("kind".into(), "StatefulSet".into());
-        Some(value)
+        super::typed_json(self)
     }
 }
 
