@@ -30,7 +30,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use super::cached::{CachedSecret, CachedService, CachedStatefulSet, owned_metadata};
+use super::cached::{CachedSecret, CachedService, CachedStatefulSet, api_json, owned_metadata};
 use super::read::cluster_name;
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::apply::Live;
@@ -281,12 +281,12 @@ impl Caches {
             ("apps/v1", "StatefulSet") => json(
                 self.statefulsets
                     .get(&ObjectRef::new(&name).within(&ns))
-                    .and_then(|o| o.to_json()),
+                    .and_then(|o| api_json(&*o)),
             ),
             ("v1", "Service") => json(
                 self.services
                     .get(&ObjectRef::new(&name).within(&ns))
-                    .and_then(|o| o.to_json()),
+                    .and_then(|o| api_json(&*o)),
             ),
             _ => Live::Unwatched,
         }

@@ -74,10 +74,10 @@ pub fn owned_metadata<K: Resource>(object: &mut K) {
     };
 }
 
-/// `object` serialized with its `apiVersion` and `kind`, the shape the API server returns
-/// and [`crate::apply::readiness`] reads. `None` only when `object` does not serialize to a
-/// JSON object.
-fn typed_json<K: Resource<DynamicType = ()> + serde::Serialize>(object: &K) -> Option<serde_json::Value> {
+/// A cached `object` as JSON with its `apiVersion` and `kind`: the shape the API server
+/// returns, and what [`crate::apply::readiness`], the apply short cut and the apiserver's
+/// certificate read from it. `None` only when `object` does not serialize to a JSON object.
+pub fn api_json<K: Resource<DynamicType = ()> + serde::Serialize>(object: &K) -> Option<serde_json::Value> {
     let mut value = serde_json::to_value(object).ok()?;
     let map = value.as_object_mut()?;
     map.insert("apiVersion".into(), K::api_version(&()).into_owned().into());

@@ -31,14 +31,6 @@ pub struct CachedServiceSpec {
 
 super::cached_resource!(CachedService, "", "v1", "Service", "services");
 
-impl CachedService {
-    /// The object as JSON with its `apiVersion` and `kind`, the shape the API server returns
-    /// (what [`crate::apply::readiness`] and the apiserver's certificate read).
-    pub fn to_json(&self) -> Option<serde_json::Value> {
-        super::typed_json(self)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,7 +60,7 @@ mod tests {
             service("LoadBalancer", serde_json::json!([{"ip": "192.0.2.1"}])),
         ] {
             let cached: CachedService = serde_json::from_value(full.clone()).unwrap();
-            let json = cached.to_json().unwrap();
+            let json = crate::controllers::cached::api_json(&cached).unwrap();
             assert!(json.pointer("/spec/ports").is_none());
             assert_eq!(json.pointer("/spec/clusterIP"), full.pointer("/spec/clusterIP"));
             assert_eq!(json.pointer("/spec/type"), full.pointer("/spec/type"));

@@ -28,14 +28,6 @@ pub struct CachedStatefulSetSpec {
 
 super::cached_resource!(CachedStatefulSet, "apps", "v1", "StatefulSet", "statefulsets");
 
-impl CachedStatefulSet {
-    /// The object as JSON with its `apiVersion` and `kind`, the shape the API server returns
-    /// (what [`crate::apply::readiness`] reads).
-    pub fn to_json(&self) -> Option<serde_json::Value> {
-        super::typed_json(self)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,7 +53,7 @@ mod tests {
             },
         });
         let cached: CachedStatefulSet = serde_json::from_value(full.clone()).unwrap();
-        let json = cached.to_json().unwrap();
+        let json = crate::controllers::cached::api_json(&cached).unwrap();
         assert!(json.pointer("/spec/template").is_none());
         assert_eq!(json.pointer("/spec/replicas"), Some(&serde_json::json!(3)));
         assert_eq!(readiness(&json), readiness(&full));
