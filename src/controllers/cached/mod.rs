@@ -10,9 +10,9 @@
 //! - [`CachedService`]: `spec.type`, `spec.clusterIP` and the status (readiness, the
 //!   apiserver's Service address and certificate SANs).
 //!
-//! The other two keep their metadata as [`owned_metadata`]: what finds an object (name, namespace), tells
-//! whether it changed (resourceVersion, generation) and maps it to its component (owner
-//! references).
+//! The other two keep their metadata as [`owned_metadata`]: what finds an object (name,
+//! namespace), tells whether it changed (resourceVersion, generation) and maps it to its
+//! component (owner references).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;

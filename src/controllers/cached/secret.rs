@@ -19,7 +19,9 @@ use crate::controllers::certificates::{NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTAT
 /// A Secret as the metadata watch cache holds it (`v1`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CachedSecret {
+    /// `metadata.name`.
     pub name: String,
+    /// `metadata.namespace`.
     pub namespace: String,
     /// Is what capn verified still current.
     pub resource_version: String,
@@ -37,7 +39,9 @@ pub struct CachedSecret {
 /// Secret for this control plane from one left by an earlier control plane of the name).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Owner {
+    /// The NestedControlPlane's name (in the Secret's namespace).
     pub name: String,
+    /// Its `metadata.uid`.
     pub uid: String,
 }
 

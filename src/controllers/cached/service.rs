@@ -10,9 +10,11 @@ use serde::{Deserialize, Serialize};
 /// A Service as the watch cache holds it (`v1`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct CachedService {
+    /// Trimmed to [`super::owned_metadata`] as it arrives.
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<CachedServiceSpec>,
+    /// As the API server reports it (`status.loadBalancer.ingress`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ServiceStatus>,
 }

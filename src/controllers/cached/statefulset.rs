@@ -11,9 +11,11 @@ use serde::{Deserialize, Serialize};
 /// A StatefulSet as the watch cache holds it (`apps/v1`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct CachedStatefulSet {
+    /// Trimmed to [`super::owned_metadata`] as it arrives.
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<CachedStatefulSetSpec>,
+    /// As the StatefulSet controller reports it (replica counts, observedGeneration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<StatefulSetStatus>,
 }
