@@ -1,25 +1,38 @@
-//! Kubernetes Events for condition changes and failures.
+//! Kubernetes Events for condition changes and failures, and capn's recorder of them.
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
+pub use self::recorder::{Occurrence, Recorder};
 use super::Context;
 
-/// Publishes one Event on `object`. Failures are logged, never fatal: an Event is a
-/// courtesy, the status is the record.
-pub(crate) async fn publish<K>(ctx: &Context, object: &K, warning: bool, reason: &str, note: String, action: &str)
-where
+mod recorder;
+
+/// Publishes one Event on `object` through capn's [`Recorder`] (a repeat within six minutes
+/// is patched as a series), with `secondary` as its `related` object (for example the Pod
+/// of the etcd member a membership step changed). Failures are logged, never fatal: an
+/// Event is a courtesy, the status is the record.
+pub(crate) async fn publish<K>(
+    ctx: &Context,
+    object: &K,
+    secondary: Option<ObjectReference>,
+    warning: bool,
+    reason: &str,
+    note: String,
+    action: &str,
+) where
     K: Resource<DynamicType = ()>,
 {
-    let event = Event {
-        type_: if warning { EventType::Warning } else { EventType::Normal },
-        reason: reason.to_string(),
-        note: Some(note),
-        action: action.to_string(),
-        secondary: None,
+    let occurrence = Occurrence {
+        warning,
+        reason,
+        action,
+        note,
+        regarding: object.object_ref(&()),
+        related: secondary,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &object.object_ref(&())).await {
+    if let Err(e) = ctx.recorder.publish(&occurrence).await {
         tracing::warn!(object = %object.name_any(), error = %e, "could not publish event");
     }
 }
@@ -82,6 +95,6 @@ where
             continue;
         }
         let note = format!("{} is {}: {}", c.type_, c.status, c.message);
-        publish(ctx, object, warning, &c.reason, note, "Reconcile").await;
+        publish(ctx, object, None, warning, &c.reason, note, "Reconcile").await;
     }
 }

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams};
 use kube::runtime::reflector::ObjectRef;
 use time::OffsetDateTime;
@@ -308,7 +308,16 @@ async fn take_step(
                 lost: false,
             });
             let note = format!("added {} as a learner (ID {id:x})", member.name);
-            events::publish(ctx, object, false, "AddedLearner", note, "MemberAdd").await;
+            events::publish(
+                ctx,
+                object,
+                member_pod(ns, &member.name),
+                false,
+                "AddedLearner",
+                note,
+                "MemberAdd",
+            )
+            .await;
             Ok(())
         }
         Step::Promote { id, name } => {
@@ -320,7 +329,16 @@ async fn take_step(
                 m.learner = false;
             }
             let note = format!("promoted learner {name} (ID {id:x}) to a voting member");
-            events::publish(ctx, object, false, "PromotedLearner", note, "MemberPromote").await;
+            events::publish(
+                ctx,
+                object,
+                member_pod(ns, name),
+                false,
+                "PromotedLearner",
+                note,
+                "MemberPromote",
+            )
+            .await;
             Ok(())
         }
         Step::Remove { id, name, lost } => {
@@ -345,7 +363,7 @@ async fn take_step(
                     format!("removed member {name} (ID {id:x}); its pod goes next"),
                 )
             };
-            events::publish(ctx, object, false, reason, note, "MemberRemove").await;
+            events::publish(ctx, object, member_pod(ns, name), false, reason, note, "MemberRemove").await;
             Ok(())
         }
     }
@@ -354,6 +372,19 @@ async fn take_step(
 /// The claim template of the members' data directories in the `stable` channel
 /// (`volumeClaimTemplates[0].metadata.name`): a member's claim is `data-<pod>`.
 pub const DATA_CLAIM: &str = "data";
+
+/// The Pod of the member named `name` (capn names a member after its pod), as the
+/// `related` object of a membership Event: it tells the steps on different members apart,
+/// so that they are not folded into one series.
+fn member_pod(ns: &str, name: &str) -> Option<ObjectReference> {
+    Some(ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(ns.into()),
+        name: Some(name.into()),
+        ..ObjectReference::default()
+    })
+}
 
 /// Clears a removed member's data the way a super cluster allows: deletes its claim
 /// (`data-<pod>`; it goes once the pod no longer uses it) and then its pod, which the

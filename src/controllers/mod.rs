@@ -32,7 +32,6 @@ pub mod upgrade;
 use std::sync::Arc;
 
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
 
 pub use error::ReconcileError;
 
@@ -143,7 +142,7 @@ pub struct Context {
     pub applier: Applier,
     pub channels: Arc<ChannelRegistry>,
     pub settings: Settings,
-    pub recorder: Recorder,
+    pub recorder: events::Recorder,
     pub metrics: Arc<Metrics>,
     pub caches: Arc<cache::Caches>,
     /// What capn verified about certificate Secrets, per process.
@@ -166,14 +165,10 @@ impl Context {
         metrics: Arc<Metrics>,
         caches: Arc<cache::Caches>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "capn".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         let etcd = crate::etcd::EtcdClients::new(settings.etcd_hosts_file.clone());
         Self {
             applier: Applier::new(client.clone()),
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: events::Recorder::new(client.clone(), "capn", std::env::var("POD_NAME").ok()),
             client,
             channels,
             settings,

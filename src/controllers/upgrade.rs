@@ -119,6 +119,7 @@ pub(super) async fn step(
                 events::publish(
                     ctx,
                     ncp,
+                    None,
                     false,
                     "UpgradePlanned",
                     format!("upgrade planned: {}", path.summary()),
@@ -166,6 +167,7 @@ pub(super) async fn step(
             events::publish(
                 ctx,
                 ncp,
+                None,
                 false,
                 "UpgradeStepStarted",
                 format!(
@@ -184,6 +186,7 @@ pub(super) async fn step(
             events::publish(
                 ctx,
                 ncp,
+                None,
                 false,
                 "UpgradeCompleted",
                 format!("upgrade from {} to {} completed", upgrade.from, upgrade.target),

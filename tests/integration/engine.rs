@@ -388,6 +388,18 @@ async fn an_upgrade_from_1_35_to_1_37_passes_through_1_36_and_a_downgrade_is_ref
     })
     .await;
     assert_eq!(count(&events, "UpgradePlanned"), 1);
+    // The second step's Event is a repeat of the first (same reason and object, which
+    // changed in between): patched as a series of 2, not created anew.
+    let started: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("UpgradeStepStarted"))
+        .collect();
+    assert_eq!(
+        started.len(),
+        1,
+        "one UpgradeStepStarted Event with a series: {started:?}"
+    );
+    assert_eq!(started[0].series.as_ref().map(|s| s.count), Some(2));
     // Back to 1.36: refused before anything moves, naming the rule.
     let before = statefulset_versions(&client, &ns).await;
     f.apply(json!({
