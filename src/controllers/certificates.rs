@@ -54,8 +54,9 @@ struct Verified {
     replaced: Option<String>,
     /// capn wrote this version itself.
     written: bool,
-    /// SHA-256 (hex) of the data, keys in order: the input of the certificates digest.
-    data: String,
+    /// SHA-256 of the data, keys in order: the input of the certificates digest (32 bytes,
+    /// not its 64 hex digits: kept for every Secret capn reads).
+    data: [u8; 32],
     /// The certificate's `NotAfter` (the first certificate of `tls.crt`, or of a kubeconfig).
     not_after: Option<OffsetDateTime>,
     /// The leaf was found current against `ca` for `wanted` (a hash of what it must say).
@@ -120,8 +121,8 @@ impl KeptAuthorities {
     }
 }
 
-/// SHA-256 (hex) over a Secret's data, keys in order.
-fn data_digest(secret: &Secret) -> String {
+/// SHA-256 over a Secret's data, keys in order.
+fn data_digest(secret: &Secret) -> [u8; 32] {
     let mut hasher = Sha256::new();
     for (key, value) in secret.data.iter().flatten() {
         hasher.update(key.as_bytes());
@@ -129,7 +130,7 @@ fn data_digest(secret: &Secret) -> String {
         hasher.update(&value.0);
         hasher.update([0]);
     }
-    hex(&hasher.finalize())
+    hasher.finalize().into()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -631,7 +632,7 @@ impl<'a> CertificateStore<'a> {
     /// API errors.
     pub async fn data_digest(&self, name: &str) -> Result<Option<String>, ReconcileError> {
         if let Some(v) = self.verified(name) {
-            return Ok(Some(v.data));
+            return Ok(Some(hex(&v.data)));
         }
         // A Secret capn has just written and the cache has not seen yet: its data is known.
         // (Were it deleted meanwhile, the deletion wakes the component, whose certificate
@@ -640,9 +641,9 @@ impl<'a> CertificateStore<'a> {
             && v.written
             && self.cached_version(name).is_none()
         {
-            return Ok(Some(v.data));
+            return Ok(Some(hex(&v.data)));
         }
-        Ok(self.fetch(name).await?.map(|secret| data_digest(&secret)))
+        Ok(self.fetch(name).await?.map(|secret| hex(&data_digest(&secret))))
     }
 }
 

@@ -1,5 +1,5 @@
 //! What capn's cache keeps of a Secret (issue 11, memory): its name, namespace and
-//! resourceVersion, the names of the NestedControlPlanes that own it, and the times of
+//! resourceVersion, the name and uid of each NestedControlPlane that owns it, and the times of
 //! capn's two certificate annotations, parsed. Not an `ObjectMeta`: that is about 350 bytes
 //! before any of its strings, an owner reference as many again, and a thousand control
 //! planes cache twelve Secrets each. Implements the reflector's [`Lookup`] directly, which
