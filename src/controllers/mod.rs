@@ -21,7 +21,7 @@ pub mod control_plane;
 pub mod controller_manager;
 mod error;
 pub mod etcd;
-mod events;
+pub mod events;
 pub mod membership;
 pub mod public_crds;
 pub mod read;

@@ -271,6 +271,24 @@ async fn etcd_scales_1_3_5_3_1_under_writes_and_keeps_every_acknowledged_write()
         say(&line);
         report.push(line);
     }
+    // Each learner added has its own Event, naming its Pod as the related object: steps on
+    // different members are not folded into one series (capn's Event recorder).
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(booted.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut added: Vec<(String, Option<i32>)> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("AddedLearner"))
+        .map(|e| {
+            let pod = e.related.as_ref().and_then(|r| r.name.clone()).unwrap_or_default();
+            (pod, e.series.as_ref().map(|s| s.count))
+        })
+        .collect();
+    added.sort();
+    let want: Vec<(String, Option<i32>)> = (1..5).map(|i| (format!("demo-etcd-{i}"), None)).collect();
+    assert_eq!(added, want, "one AddedLearner Event per learner, each naming its Pod");
     stop.store(true, Ordering::SeqCst);
     writer.await.unwrap();
     let written = acknowledged.lock().unwrap().clone();

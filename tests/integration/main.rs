@@ -15,6 +15,7 @@ mod conformance;
 
 mod control_plane;
 mod engine;
+mod events;
 mod harness;
 mod maintenance;
 mod operations;

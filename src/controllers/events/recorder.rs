@@ -62,6 +62,13 @@ struct Sent {
     last: Instant,
 }
 
+impl Sent {
+    /// Whether a repeat at `now` still belongs to its series.
+    fn live(&self, now: Instant) -> bool {
+        now.duration_since(self.last) < SERIES_WINDOW
+    }
+}
+
 /// What [`Recorder::publish`] sends: a new Event, or the next count of an existing series.
 #[derive(Debug, PartialEq)]
 enum Write {
@@ -82,12 +89,11 @@ impl Memory {
     /// [`PRUNE_EVERY`].
     fn decide(&mut self, key: u64, now: Instant) -> Write {
         if self.pruned.is_none_or(|at| now.duration_since(at) >= PRUNE_EVERY) {
-            self.sent
-                .retain(|_, sent| now.duration_since(sent.last) < SERIES_WINDOW);
+            self.sent.retain(|_, sent| sent.live(now));
             self.pruned = Some(now);
         }
         match self.sent.get_mut(&key) {
-            Some(sent) if now.duration_since(sent.last) < SERIES_WINDOW => {
+            Some(sent) if sent.live(now) => {
                 sent.count += 1;
                 sent.last = now;
                 Write::Series {
@@ -206,11 +212,15 @@ impl Recorder {
 fn key(controller: &str, o: &Occurrence<'_>) -> u64 {
     let mut h = DefaultHasher::new();
     (o.warning, o.reason, o.action, controller).hash(&mut h);
-    for r in std::iter::once(Some(&o.regarding)).chain([o.related.as_ref()]) {
-        r.map(|r| (&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid))
-            .hash(&mut h);
-    }
+    hash_object(Some(&o.regarding), &mut h);
+    hash_object(o.related.as_ref(), &mut h);
     h.finish()
+}
+
+/// An object's part of a [`key`]: its apiVersion, kind, namespace, name and uid.
+fn hash_object(r: Option<&ObjectReference>, h: &mut DefaultHasher) {
+    r.map(|r| (&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid))
+        .hash(h);
 }
 
 #[cfg(test)]
