@@ -17,13 +17,13 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{Context, ReconcileError};
-use crate::apply::FIELD_MANAGER;
+use crate::apply::apply_params;
 use crate::pki::{
     CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, RenewalPolicy, check_leaf,
     key_pair_from_secret, kubeconfig, kubeconfig_from_secret, kubeconfig_secret, service_account_key_pair, tls_secret,
@@ -282,7 +282,7 @@ impl<'a> CertificateStore<'a> {
     async fn write(&self, secret: Secret, leaf: Option<LeafVerdict>) -> Result<(), ReconcileError> {
         let secret = self.own(secret);
         let name = secret.metadata.name.clone().unwrap_or_default();
-        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let params = apply_params();
         let written = self.api.patch(&name, &params, &Patch::Apply(&secret)).await?;
         self.remember_as(&name, &written, leaf, true);
         Ok(())

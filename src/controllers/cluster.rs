@@ -14,7 +14,7 @@ use super::component::Now;
 use super::read::cluster_name;
 use super::{Context, ReconcileError, events};
 use crate::api::{InfrastructureInitialization, NestedCluster, NestedControlPlane};
-use crate::apply::FIELD_MANAGER;
+use crate::apply::apply_params;
 use crate::status::{ConditionUpdate, READY, set_condition};
 
 /// Runs the NestedCluster controller until the stream ends.
@@ -93,12 +93,8 @@ pub async fn reconcile(nc: Arc<NestedCluster>, ctx: Arc<Context>) -> Result<Acti
             "kind": NestedCluster::kind(&()),
             "status": status,
         });
-        api.patch_status(
-            &nc.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        api.patch_status(&nc.name_any(), &apply_params(), &Patch::Apply(&patch))
+            .await?;
         events::publish_condition_changes(&ctx, &*nc, &old.conditions, &status.conditions).await;
     }
     Ok(if provisioned {

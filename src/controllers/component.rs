@@ -15,7 +15,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::{Resource, ResourceExt};
@@ -37,7 +37,7 @@ use crate::api::{
 use crate::apply::applyset::{
     CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, contains_group_kinds, group_kind, tooling,
 };
-use crate::apply::{FIELD_MANAGER, apply_rank, readiness};
+use crate::apply::{apply_params, apply_rank, readiness};
 use crate::component::ComponentKind;
 use crate::plan::{
     ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, certificates_digest, check, check_input,
@@ -540,11 +540,7 @@ async fn write_status<K: ComponentResource>(
         "status": status,
     });
     let written = api
-        .patch_status(
-            &object.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
+        .patch_status(&object.name_any(), &apply_params(), &Patch::Apply(&patch))
         .await?;
     Ok(written.resource_version().unwrap_or_default())
 }
@@ -798,12 +794,8 @@ async fn update_applyset_parent<K: ComponentResource>(
         },
     });
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    api.patch(
-        &object.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    api.patch(&object.name_any(), &apply_params(), &Patch::Apply(&patch))
+        .await?;
     Ok(())
 }
 

@@ -23,7 +23,7 @@ use crate::api::{
     ControlPlaneInitialization, NestedAPIServer, NestedControlPlane, NestedControlPlaneStatus, NestedControllerManager,
     NestedEtcd,
 };
-use crate::apply::FIELD_MANAGER;
+use crate::apply::apply_params;
 use crate::apply::applyset::{CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, tooling};
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, SecretNames, admin_leaf, admin_user,
@@ -151,11 +151,7 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
             "status": own,
         });
         let written = api
-            .patch_status(
-                &observed.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
+            .patch_status(&observed.name, &apply_params(), &Patch::Apply(&patch))
             .await?;
         ctx.status_memo
             .record(&observed, &status, written.resource_version().unwrap_or_default());

@@ -193,7 +193,6 @@ pub fn render_templates<C: Serialize>(
     // where they mean it, so string building (`"--flag=" ~ value`) stays plain.
     env.set_auto_escape_callback(|_| AutoEscape::None);
     let ctx = Value::from(Serde(context));
-    let context_json = serde_json::to_value(context).unwrap_or_default();
     let mut objects = Vec::new();
     for t in templates {
         let template_error = |e: minijinja::Error| {
@@ -216,7 +215,10 @@ pub fn render_templates<C: Serialize>(
             };
             if let Some(x) = expression {
                 message = match e.kind() {
-                    minijinja::ErrorKind::UndefinedError => undefined_in(&x, &context_json),
+                    // The context as JSON only names what is missing: built on failure alone.
+                    minijinja::ErrorKind::UndefinedError => {
+                        undefined_in(&x, &serde_json::to_value(context).unwrap_or_default())
+                    }
                     _ => format!("{message} in `{x}`"),
                 };
             }
