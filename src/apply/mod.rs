@@ -383,6 +383,17 @@ mod tests {
         }
     }
 
+    #[test]
+    fn every_apply_is_forced_as_capn_without_field_validation_warnings() {
+        let params = apply_params();
+        assert_eq!(params.field_manager.as_deref(), Some("capn"));
+        assert!(params.force);
+        assert!(matches!(
+            params.field_validation,
+            Some(kube::api::ValidationDirective::Ignore)
+        ));
+    }
+
     #[tokio::test]
     async fn an_inventory_the_cache_does_not_show_yet_is_still_known() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
