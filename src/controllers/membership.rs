@@ -311,7 +311,7 @@ async fn take_step(
             events::publish(
                 ctx,
                 object,
-                member_pod(ns, &member.name),
+                Some(member_pod(ns, &member.name)),
                 false,
                 "AddedLearner",
                 note,
@@ -332,7 +332,7 @@ async fn take_step(
             events::publish(
                 ctx,
                 object,
-                member_pod(ns, name),
+                Some(member_pod(ns, name)),
                 false,
                 "PromotedLearner",
                 note,
@@ -363,7 +363,16 @@ async fn take_step(
                     format!("removed member {name} (ID {id:x}); its pod goes next"),
                 )
             };
-            events::publish(ctx, object, member_pod(ns, name), false, reason, note, "MemberRemove").await;
+            events::publish(
+                ctx,
+                object,
+                Some(member_pod(ns, name)),
+                false,
+                reason,
+                note,
+                "MemberRemove",
+            )
+            .await;
             Ok(())
         }
     }
@@ -376,14 +385,14 @@ pub const DATA_CLAIM: &str = "data";
 /// The Pod of the member named `name` (capn names a member after its pod), as the
 /// `related` object of a membership Event: it tells the steps on different members apart,
 /// so that they are not folded into one series.
-fn member_pod(ns: &str, name: &str) -> Option<ObjectReference> {
-    Some(ObjectReference {
+fn member_pod(ns: &str, name: &str) -> ObjectReference {
+    ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
         namespace: Some(ns.into()),
         name: Some(name.into()),
         ..ObjectReference::default()
-    })
+    }
 }
 
 /// Clears a removed member's data the way a super cluster allows: deletes its claim
