@@ -14,7 +14,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 
-use crate::cluster::{BenchCluster, Party};
+use crate::cluster::{BenchCluster, Party, ServerCpu};
 use crate::process::{CapnProcess, Reconciles, Usage};
 use crate::workload;
 
@@ -30,6 +30,8 @@ pub struct CapnRun {
     pub usage_at_end: Usage,
     /// capn's reconciles per controller when all were ready.
     pub reconciles_at_ready: Vec<Reconciles>,
+    /// What kube-apiserver and etcd spent from the first apply until all were ready.
+    pub server_cpu: ServerCpu,
 }
 
 /// Starts capn for `namespace`, applies `count` NestedControlPlanes, waits until all are
@@ -54,6 +56,7 @@ pub async fn run(
         .map_err(|e| format!("cannot write {}: {e}", hosts.display()))?;
     let mut capn = CapnProcess::start(&kubeconfig, &hosts, namespace, dir).await?;
     let api: Api<NestedControlPlane> = Api::namespaced(user, namespace);
+    let server_cpu_at_start = cluster.server_cpu()?;
     let clock = Instant::now();
     let ready_count = Arc::new(AtomicUsize::new(0));
     let ready = tokio::spawn(all_ready(api.clone(), count, ready_count.clone()));
@@ -85,6 +88,7 @@ pub async fn run(
             )));
         }
     }
+    let server_cpu = cluster.server_cpu()? - server_cpu_at_start;
     let usage_at_ready = capn.usage()?;
     let reconciles_at_ready = capn.reconciles().await?;
     tokio::time::sleep(steady).await;
@@ -99,6 +103,7 @@ pub async fn run(
         usage_at_ready,
         usage_at_end,
         reconciles_at_ready,
+        server_cpu,
     })
 }
 

@@ -68,7 +68,44 @@ pub fn start(dir: &Path) -> Result<BenchCluster, String> {
     Ok(BenchCluster { cluster, audit_log })
 }
 
+/// CPU seconds (user plus system) the super cluster's kube-apiserver and etcd have used
+/// since they started; the difference of two readings is what a half cost them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServerCpu {
+    pub apiserver_seconds: f64,
+    pub etcd_seconds: f64,
+}
+
+impl std::ops::Sub for ServerCpu {
+    type Output = Self;
+
+    fn sub(self, earlier: Self) -> Self {
+        Self {
+            apiserver_seconds: self.apiserver_seconds - earlier.apiserver_seconds,
+            etcd_seconds: self.etcd_seconds - earlier.etcd_seconds,
+        }
+    }
+}
+
 impl BenchCluster {
+    /// The CPU time kube-apiserver and etcd have used so far.
+    ///
+    /// # Errors
+    /// The cluster knows no pid for one of them, or its `/proc` entry cannot be read.
+    pub fn server_cpu(&self) -> Result<ServerCpu, String> {
+        let seconds = |binary: &str| {
+            let pid = self
+                .cluster
+                .pid(binary)
+                .ok_or_else(|| format!("the test cluster has no {binary} process"))?;
+            crate::process::usage_of(pid).map(|usage| usage.cpu_seconds)
+        };
+        Ok(ServerCpu {
+            apiserver_seconds: seconds("kube-apiserver")?,
+            etcd_seconds: seconds("etcd")?,
+        })
+    }
+
     /// A client acting as `party`.
     ///
     /// # Errors

@@ -106,7 +106,9 @@ async fn measure(args: &Args, cluster: &BenchCluster, dir: &std::path::Path) -> 
     create_namespace(&user, CAPN_NAMESPACE).await?;
 
     eprintln!("capn benchmark: the floor provisions {count} control planes");
+    let server_cpu_at_start = cluster.server_cpu()?;
     let floor_elapsed = floor::provision(cluster.client(Party::Floor)?, FLOOR_NAMESPACE, count, timeout).await?;
+    let floor_server_cpu = cluster.server_cpu()? - server_cpu_at_start;
     eprintln!("capn benchmark: capn provisions {count} control planes, then runs {steady:?} more");
     let capn = capn_half::run(cluster, CAPN_NAMESPACE, count, timeout, steady, dir).await?;
 
@@ -116,6 +118,7 @@ async fn measure(args: &Args, cluster: &BenchCluster, dir: &std::path::Path) -> 
         steady,
         build: if cfg!(debug_assertions) { "debug" } else { "release" },
         floor_elapsed,
+        floor_server_cpu,
         capn: &capn,
         requests: &requests,
     }))

@@ -106,35 +106,9 @@ impl CapnProcess {
     /// Peak memory and CPU time so far.
     ///
     /// # Errors
-    /// capn has exited (its `/proc` entry is gone) or the kernel's format is not the one read.
+    /// As [`usage_of`].
     pub fn usage(&self) -> Result<Usage, String> {
-        let read = |file: &str| {
-            let path = format!("/proc/{}/{file}", self.pid);
-            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))
-        };
-        let status = read("status")?;
-        let peak_kib: u64 = status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
-            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-            .ok_or_else(|| format!("no VmHWM in /proc/{}/status", self.pid))?;
-        // Fields after the command name (which may hold spaces, so split after its ')'):
-        // state is field 3, utime field 14 and stime field 15, in clock ticks.
-        let stat = read("stat")?;
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        let ticks = |field: usize| fields.get(field - 3).and_then(|v| v.parse::<u64>().ok());
-        let (Some(user), Some(system)) = (ticks(14), ticks(15)) else {
-            return Err(format!("unexpected /proc/{}/stat: {stat}", self.pid));
-        };
-        // SAFETY: sysconf reads a constant of the running kernel.
-        let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        Ok(Usage {
-            peak_rss_bytes: peak_kib * 1024,
-            cpu_seconds: (user + system) as f64 / ticks_per_second,
-        })
+        usage_of(self.pid)
     }
 
     /// The reconciles each controller ran so far, by controller name.
@@ -170,6 +144,42 @@ impl CapnProcess {
             let _ = self.child.kill().await;
         }
     }
+}
+
+/// Peak memory and CPU time so far of process `pid`, read from `/proc/<pid>/status` (VmHWM)
+/// and `/proc/<pid>/stat` (utime + stime).
+///
+/// # Errors
+/// The process has exited (its `/proc` entry is gone) or the kernel's format is not the one
+/// read.
+pub fn usage_of(pid: u32) -> Result<Usage, String> {
+    let read = |file: &str| {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))
+    };
+    let status = read("status")?;
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| format!("no VmHWM in /proc/{pid}/status"))?;
+    // Fields after the command name (which may hold spaces, so split after its ')'):
+    // state is field 3, utime field 14 and stime field 15, in clock ticks.
+    let stat = read("stat")?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |field: usize| fields.get(field - 3).and_then(|v| v.parse::<u64>().ok());
+    let (Some(user), Some(system)) = (ticks(14), ticks(15)) else {
+        return Err(format!("unexpected /proc/{pid}/stat: {stat}"));
+    };
+    // SAFETY: sysconf reads a constant of the running kernel.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(Usage {
+        peak_rss_bytes: peak_kib * 1024,
+        cpu_seconds: (user + system) as f64 / ticks_per_second,
+    })
 }
 
 fn free_address() -> Result<SocketAddr, String> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::capn_half::CapnRun;
-use crate::cluster::Party;
+use crate::cluster::{Party, ServerCpu};
 use crate::support::audit::AuditedRequest;
 use crate::support::requests::Tally;
 
@@ -19,6 +19,8 @@ pub struct Results<'a> {
     pub steady: Duration,
     pub build: &'a str,
     pub floor_elapsed: Duration,
+    /// What kube-apiserver and etcd spent from the floor's first apply until all were ready.
+    pub floor_server_cpu: ServerCpu,
     pub capn: &'a CapnRun,
     pub requests: &'a [AuditedRequest],
 }
@@ -103,6 +105,28 @@ pub fn render(results: &Results<'_>) -> String {
             "{:.2} / {:.2}",
             results.capn.usage_at_ready.cpu_seconds, results.capn.usage_at_end.cpu_seconds
         )
+    );
+    let (capn_cpu, floor_cpu) = (results.capn.server_cpu, results.floor_server_cpu);
+    let _ = writeln!(
+        out,
+        "{:<44}{:>14.2}{:>14.2}{}",
+        "kube-apiserver CPU seconds until all ready",
+        capn_cpu.apiserver_seconds,
+        floor_cpu.apiserver_seconds,
+        // The kernel counts in ticks (10 ms): a tiny run may show none for the floor.
+        if floor_cpu.apiserver_seconds > 0.0 {
+            format!(
+                "   capn/floor {:.2}x",
+                capn_cpu.apiserver_seconds / floor_cpu.apiserver_seconds
+            )
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        out,
+        "{:<44}{:>14.2}{:>14.2}",
+        "etcd CPU seconds until all ready", capn_cpu.etcd_seconds, floor_cpu.etcd_seconds
     );
     let _ = writeln!(
         out,

@@ -45,6 +45,8 @@ pub struct TestCluster {
     config: kube::Config,
     kubeconfig: PathBuf,
     assets: PathBuf,
+    /// Each binary's name (`etcd`, `kube-apiserver`, `kube-controller-manager`) and pid.
+    pids: Vec<(&'static str, u32)>,
 }
 
 static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
@@ -100,6 +102,13 @@ impl TestCluster {
     /// The directory the binaries were taken from (`KUBEBUILDER_ASSETS`).
     pub fn assets_dir(&self) -> &Path {
         &self.assets
+    }
+
+    /// The pid of `binary` (`etcd`, `kube-apiserver` or `kube-controller-manager`), for the
+    /// benchmark to read its CPU time from `/proc`; `None` for another name.
+    #[allow(dead_code)] // The benchmark's (benches/provisioning), not the tests'.
+    pub fn pid(&self, binary: &str) -> Option<u32> {
+        self.pids.iter().find(|(name, _)| *name == binary).map(|&(_, pid)| pid)
     }
 }
 

@@ -176,8 +176,11 @@ fn start_on_this_thread(
     runtime.block_on(wait_for_controller_manager(&mut processes[2], controller_manager_port))?;
     milestones.push(("kube-controller-manager", started.elapsed()));
 
-    let pids = processes.iter().map(|p| p.child.id() as libc::pid_t).collect();
-    register_at_exit(Running { pids, dir: dir.clone() });
+    let pids: Vec<(&'static str, u32)> = processes.iter().map(|p| (p.name, p.child.id())).collect();
+    register_at_exit(Running {
+        pids: pids.iter().map(|&(_, pid)| pid as libc::pid_t).collect(),
+        dir: dir.clone(),
+    });
     let milestones: Vec<String> = milestones
         .iter()
         .map(|(what, when)| format!("{what} {when:.1?}"))
@@ -192,6 +195,7 @@ fn start_on_this_thread(
         config,
         kubeconfig,
         assets,
+        pids,
     })
 }
 
