@@ -70,7 +70,7 @@ pub fn start(dir: &Path) -> Result<BenchCluster, String> {
 
 /// CPU seconds (user plus system) the super cluster's kube-apiserver and etcd have used
 /// since they started; the difference of two readings is what a half cost them.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct ServerCpu {
     pub apiserver_seconds: f64,
     pub etcd_seconds: f64,
