@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use kube::{Client, ResourceExt};
 
 use crate::api::InventoryEntry;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::discovery::{Scope, pinned_kind};
 
@@ -29,6 +29,29 @@ pub const FIELD_MANAGER: &str = "capn";
 /// server's CPU while capn provisioned 100 control planes (issue 11, a pprof profile).
 pub fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force().validation_ignore()
+}
+
+/// The parameters of capn's few non-apply patches (merge patches of a spec reference, a
+/// replica count, an adoption label, an Event series): manager [`FIELD_MANAGER`].
+///
+/// Why: without a manager the API server records the fields under `"manager": "unknown"`
+/// (apiserver `fieldmanager`), which hides from `kubectl get --show-managed-fields` who owns
+/// them.
+pub fn update_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
+}
+
+/// The parameters of every create capn sends (a component, a Secret that must not be
+/// overwritten, an Event): manager [`FIELD_MANAGER`], for the reason given at
+/// [`update_params`].
+pub fn create_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    }
 }
 
 /// Errors while applying. All are transient (API trouble) unless the API server rejects

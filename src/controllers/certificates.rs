@@ -23,7 +23,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::{Context, ReconcileError};
-use crate::apply::apply_params;
+use crate::apply::{apply_params, create_params};
 use crate::pki::{
     CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, RenewalPolicy, check_leaf,
     key_pair_from_secret, kubeconfig, kubeconfig_from_secret, kubeconfig_secret, service_account_key_pair, tls_secret,
@@ -293,7 +293,7 @@ impl<'a> CertificateStore<'a> {
     async fn create(&self, secret: Secret) -> Result<Option<Secret>, ReconcileError> {
         let secret = self.own(secret);
         let name = secret.metadata.name.clone().unwrap_or_default();
-        match self.api.create(&Default::default(), &secret).await {
+        match self.api.create(&create_params(), &secret).await {
             Ok(created) => {
                 self.remember_as(&name, &created, None, true);
                 Ok(Some(created))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -14,7 +14,7 @@ use super::component::Now;
 use super::read::cluster_name;
 use super::{Context, ReconcileError, events};
 use crate::api::{InfrastructureInitialization, NestedCluster, NestedControlPlane};
-use crate::apply::apply_params;
+use crate::apply::{apply_params, update_params};
 use crate::status::{ConditionUpdate, READY, set_condition};
 
 /// Runs the NestedCluster controller until the stream ends.
@@ -67,7 +67,7 @@ pub async fn reconcile(nc: Arc<NestedCluster>, ctx: Arc<Context>) -> Result<Acti
         && nc.spec.control_plane_endpoint.as_ref() != Some(e)
     {
         let patch = serde_json::json!({"spec": {"controlPlaneEndpoint": e}});
-        api.patch(&nc.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        api.patch(&nc.name_any(), &update_params(), &Patch::Merge(&patch))
             .await?;
     }
     let old = nc.status.clone().unwrap_or_default();

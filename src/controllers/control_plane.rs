@@ -8,7 +8,7 @@ use std::time::Duration;
 use std::future::Future;
 
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -23,8 +23,8 @@ use crate::api::{
     ControlPlaneInitialization, NestedAPIServer, NestedControlPlane, NestedControlPlaneStatus, NestedControllerManager,
     NestedEtcd,
 };
-use crate::apply::apply_params;
 use crate::apply::applyset::{CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, tooling};
+use crate::apply::{apply_params, create_params, update_params};
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, SecretNames, admin_leaf, admin_user,
     apiserver_service_host, server_url,
@@ -238,7 +238,7 @@ async fn drive(
         let api: Api<NestedAPIServer> = Api::namespaced(ctx.client.clone(), ns);
         let patch = serde_json::json!({"spec": {"replicas": replicas}});
         apiserver = Some(
-            api.patch(&a.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            api.patch(&a.name_any(), &update_params(), &Patch::Merge(&patch))
                 .await?,
         );
     }
@@ -270,7 +270,7 @@ async fn drive(
         let patched = api
             .patch(
                 &ncp.name_any(),
-                &PatchParams::default(),
+                &update_params(),
                 &Patch::Merge(serde_json::json!({"spec": refs})),
             )
             .await?;
@@ -619,7 +619,7 @@ async fn ensure_component<K: ComponentResource>(
                         ]));
                     }
                     fresh.meta_mut().labels = Some(labels);
-                    match api.create(&PostParams::default(), &fresh).await {
+                    match api.create(&create_params(), &fresh).await {
                         Ok(c) => c,
                         Err(kube::Error::Api(s)) if s.code == 409 => api.get(&fresh.name_any()).await?,
                         Err(e) => return Err(e.into()),
@@ -656,7 +656,7 @@ async fn ensure_component<K: ComponentResource>(
         let adopted = api
             .patch(
                 &component.name_any(),
-                &PatchParams::default(),
+                &update_params(),
                 &Patch::Merge(&serde_json::json!({"metadata": metadata})),
             )
             .await?;

@@ -356,6 +356,73 @@ async fn restarting_the_controller_changes_no_certificate_and_duplicates_nothing
     assert_eq!(svc.items.len(), 2, "etcd headless and apiserver services");
 }
 
+/// Every field capn writes is recorded under its own field manager, `capn`: a create or a
+/// merge patch without one is recorded as `"manager": "unknown"` (apiserver
+/// `fieldmanager`), which hides from `kubectl get --show-managed-fields` who owns it.
+#[tokio::test]
+async fn every_field_capn_writes_is_managed_by_capn() {
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    f.bring_up("demo").await;
+    f.stop().await;
+
+    // The test's own writers: the user's apply and the StatefulSet status stand-in.
+    let allowed = [
+        capn::apply::FIELD_MANAGER,
+        "kubectl",
+        crate::support::STATEFULSET_STATUS_MANAGER,
+    ];
+    let mut objects = Vec::new();
+    objects.extend(metas::<NestedControlPlane>(&client, &ns).await);
+    objects.extend(metas::<NestedEtcd>(&client, &ns).await);
+    objects.extend(metas::<NestedAPIServer>(&client, &ns).await);
+    objects.extend(metas::<NestedControllerManager>(&client, &ns).await);
+    objects.extend(metas::<Secret>(&client, &ns).await);
+    objects.extend(metas::<StatefulSet>(&client, &ns).await);
+    objects.extend(metas::<Service>(&client, &ns).await);
+    objects.extend(metas::<k8s_openapi::api::events::v1::Event>(&client, &ns).await);
+    assert!(
+        objects.iter().any(|(kind, _, _)| kind == "Event"),
+        "capn published Events, so that their managers are checked too"
+    );
+    let foreign: Vec<_> = objects
+        .iter()
+        .flat_map(|(kind, name, managers)| {
+            managers
+                .iter()
+                .filter(|m| !allowed.contains(&m.as_str()))
+                .map(move |m| format!("{kind}/{name}: {m}"))
+        })
+        .collect();
+    assert!(foreign.is_empty(), "fields written under another manager: {foreign:?}");
+}
+
+/// (kind, name, the managers in `managedFields`) of every `K` in `ns`.
+async fn metas<K>(client: &kube::Client, ns: &str) -> Vec<(String, String, Vec<String>)>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|o| {
+            let managers = o
+                .managed_fields()
+                .iter()
+                .map(|e| e.manager.clone().unwrap_or_default())
+                .collect();
+            (K::kind(&()).to_string(), o.name_any(), managers)
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn a_no_op_reconcile_changes_nothing() {
     let f = Fixture::new().await;

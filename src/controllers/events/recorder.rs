@@ -25,7 +25,9 @@ use k8s_openapi::api::events::v1::{Event, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch};
+
+use crate::apply::{create_params, update_params};
 use serde_json::json;
 
 /// How long after its last occurrence an Event can be repeated as a series: six minutes,
@@ -145,11 +147,7 @@ impl Recorder {
                 last_observed_time: MicroTime(Timestamp::now()),
             };
             match events
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "series": series })),
-                )
+                .patch(&name, &update_params(), &Patch::Merge(json!({ "series": series })))
                 .await
             {
                 Ok(_) => return Ok(()),
@@ -159,7 +157,7 @@ impl Recorder {
         }
         let event = self.event(occurrence, namespace);
         let name = event.metadata.name.clone().unwrap_or_default();
-        events.create(&PostParams::default(), &event).await?;
+        events.create(&create_params(), &event).await?;
         if let Some(mut memory) = self.memory() {
             memory.sent.insert(
                 key,

@@ -38,7 +38,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// Prefix of the namespaces [`test_namespace`] creates.
 const NAMESPACE_PREFIX: &str = "capn-test-";
 /// Field manager of the StatefulSet status that [`mark_statefulset_ready`] writes.
-const STATEFULSET_STATUS_MANAGER: &str = "capn-test-statefulset-controller";
+pub const STATEFULSET_STATUS_MANAGER: &str = "capn-test-statefulset-controller";
 
 /// The running super cluster; get it with [`cluster`].
 pub struct TestCluster {
