@@ -128,6 +128,17 @@ pub fn render(results: &Results<'_>) -> String {
         "{:<44}{:>14.2}{:>14.2}",
         "etcd CPU seconds until all ready", capn_cpu.etcd_seconds, floor_cpu.etcd_seconds
     );
+    // Per request, Events included: tells more requests from costlier ones (a status write
+    // costs the API server more the larger the status is). The CPU includes the stand-in's
+    // StatefulSet status writes and the watches, so it is an upper bound per request.
+    let per_request = |seconds: f64, requests: u64| 1000.0 * seconds / requests.max(1) as f64;
+    let _ = writeln!(
+        out,
+        "{:<44}{:>14.2}{:>14.2}",
+        "kube-apiserver CPU ms per request sent",
+        per_request(capn_cpu.apiserver_seconds, capn.total()),
+        per_request(floor_cpu.apiserver_seconds, floor.total())
+    );
     let _ = writeln!(
         out,
         "\ncapn's reconciles per control plane until all ready (count, mean duration):"
