@@ -1,6 +1,6 @@
 //! capn as its own process (`capn run`, the binary cargo built next to this benchmark), so
-//! that its peak memory and CPU time are its own: read from `/proc/<pid>/status` (VmHWM)
-//! and `/proc/<pid>/stat` (utime + stime).
+//! that its peak memory and CPU time are its own: read from `/proc/<pid>/status` (VmHWM,
+//! RssAnon, RssFile) and `/proc/<pid>/stat` (utime + stime).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -36,6 +36,11 @@ pub struct Reconciles {
 pub struct Usage {
     /// Peak resident set size (VmHWM), in bytes.
     pub peak_rss_bytes: u64,
+    /// Resident anonymous memory now (RssAnon: heap, stacks), in bytes.
+    pub rss_anon_bytes: u64,
+    /// Resident file-backed memory now (RssFile: the binary's text and data pages, shared
+    /// libraries), in bytes. Clean pages the kernel can drop, but VmHWM counts them.
+    pub rss_file_bytes: u64,
     /// User plus system CPU time, in seconds.
     pub cpu_seconds: f64,
 }
@@ -146,8 +151,8 @@ impl CapnProcess {
     }
 }
 
-/// Peak memory and CPU time so far of process `pid`, read from `/proc/<pid>/status` (VmHWM)
-/// and `/proc/<pid>/stat` (utime + stime).
+/// Peak and current memory and CPU time so far of process `pid`, read from
+/// `/proc/<pid>/status` (VmHWM, RssAnon, RssFile) and `/proc/<pid>/stat` (utime + stime).
 ///
 /// # Errors
 /// The process has exited (its `/proc` entry is gone) or the kernel's format is not the one
@@ -158,11 +163,8 @@ pub fn usage_of(pid: u32) -> Result<Usage, String> {
         std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))
     };
     let status = read("status")?;
-    let peak_kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| format!("no VmHWM in /proc/{pid}/status"))?;
+    let bytes = |field: &str| status_bytes(&status, field).ok_or_else(|| format!("no {field} in /proc/{pid}/status"));
+    let (peak_rss_bytes, rss_anon_bytes, rss_file_bytes) = (bytes("VmHWM")?, bytes("RssAnon")?, bytes("RssFile")?);
     // Fields after the command name (which may hold spaces, so split after its ')'):
     // state is field 3, utime field 14 and stime field 15, in clock ticks.
     let stat = read("stat")?;
@@ -177,9 +179,24 @@ pub fn usage_of(pid: u32) -> Result<Usage, String> {
     // SAFETY: sysconf reads a constant of the running kernel.
     let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Ok(Usage {
-        peak_rss_bytes: peak_kib * 1024,
+        peak_rss_bytes,
+        rss_anon_bytes,
+        rss_file_bytes,
         cpu_seconds: (user + system) as f64 / ticks_per_second,
     })
+}
+
+/// The value of `field` in a `/proc/<pid>/status` text (`VmHWM:    79360 kB`), in bytes.
+fn status_bytes(status: &str, field: &str) -> Option<u64> {
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 fn free_address() -> Result<SocketAddr, String> {

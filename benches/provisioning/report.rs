@@ -97,6 +97,15 @@ pub fn render(results: &Results<'_>) -> String {
         "capn peak RSS (VmHWM)",
         mib(results.capn.usage_at_end.peak_rss_bytes)
     );
+    let at_ready = results.capn.usage_at_ready;
+    let _ = writeln!(
+        out,
+        "{:<44}{:>10.1} MiB   {:.1} anonymous + {:.1} file-backed",
+        "capn RSS when all were ready",
+        mib(at_ready.rss_anon_bytes + at_ready.rss_file_bytes),
+        mib(at_ready.rss_anon_bytes),
+        mib(at_ready.rss_file_bytes)
+    );
     let _ = writeln!(
         out,
         "{:<44}{:>14}",
