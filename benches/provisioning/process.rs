@@ -60,7 +60,16 @@ impl CapnProcess {
             .try_clone()
             .map_err(|e| format!("cannot duplicate {}: {e}", log.display()))?;
         let [metrics, probes] = [free_address()?, free_address()?];
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_capn"))
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_capn"));
+        let parent = std::process::id();
+        // SAFETY: the hook runs between fork and exec and only calls async-signal-safe
+        // system calls (`die_with_parent`). With it capn ends with the benchmark even when
+        // the benchmark aborts on a panic (the release profile's `panic = "abort"`), which
+        // runs no `kill_on_drop`.
+        unsafe {
+            command.pre_exec(move || crate::support::process::die_with_parent(parent));
+        }
+        let child = command
             .args(["run", "--namespace", namespace, "--controllers=*,-public-crds"])
             .arg(format!("--metrics-bind-address={metrics}"))
             .arg(format!("--health-probe-bind-address={probes}"))

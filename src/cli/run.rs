@@ -32,6 +32,10 @@ pub struct LeaderElection {
 /// # Errors
 /// When a server address cannot be bound, the Lease cannot be managed, or leadership is
 /// lost.
+///
+/// # Panics
+/// When a controller panicked (a bug; [`crate::controllers::run`]): the process ends, and
+/// its Deployment starts it again.
 pub async fn run(
     client: kube::Client,
     channels: Arc<ChannelRegistry>,
@@ -45,7 +49,7 @@ pub async fn run(
     if probe_address != metrics_address {
         servers.push(tokio::spawn(serve(probe_address, metrics.clone())));
     }
-    let _servers = AbortOnDrop(servers);
+    let _servers = AbortOnDrop(servers.iter().map(|s| s.abort_handle()).collect());
     let Some(election) = leader_election else {
         metrics.set_ready(true);
         crate::controllers::run(client, channels, settings, metrics).await;
@@ -75,8 +79,8 @@ pub async fn run(
         }
     }
     tracing::info!(identity = %election.identity, "became leader; starting controllers");
-    let controllers = tokio::spawn(crate::controllers::run(client, channels, settings, metrics));
-    let _controllers = AbortOnDrop(vec![controllers]);
+    let mut controllers = tokio::spawn(crate::controllers::run(client, channels, settings, metrics));
+    let _controllers = AbortOnDrop(vec![controllers.abort_handle()]);
     loop {
         tokio::select! {
             changed = leader.changed() => {
@@ -85,6 +89,11 @@ pub async fn run(
                     anyhow::bail!("lost leadership of lease {}/{}", election.namespace, election.lease);
                 }
             }
+            // The controllers end only on a signal, which ends this loop too, or on a panic.
+            ended = &mut controllers => match ended {
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                _ => break,
+            },
             _ = &mut shutdown => break,
         }
     }
@@ -94,9 +103,9 @@ pub async fn run(
     Ok(())
 }
 
-struct AbortOnDrop<T>(Vec<tokio::task::JoinHandle<T>>);
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
 
-impl<T> Drop for AbortOnDrop<T> {
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         for task in &self.0 {
             task.abort();

@@ -241,6 +241,10 @@ fn primary_watch_config(settings: &Settings) -> kube::runtime::watcher::Config {
 
 /// Runs every enabled controller until all of them stop (they stop on SIGTERM/ctrl-c, or
 /// when the future is dropped). The watch caches are filled first, once for all of them.
+///
+/// # Panics
+/// When a controller panicked (a bug): the panic is resumed here, at once, so that the
+/// process ends (the release build aborts at the panic itself, `panic = "abort"`).
 pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Settings, metrics: Arc<Metrics>) {
     use crate::api::{NestedAPIServer, NestedControllerManager, NestedEtcd};
     let enabled = settings.enabled;
@@ -282,7 +286,22 @@ pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Setti
     }
     // Abort the others when this future is dropped (tests restart controllers this way).
     let _guard = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
-    futures::future::join_all(tasks).await;
+    join_controllers(tasks).await;
+}
+
+/// Waits until every task in `tasks` has ended, and resumes the first panic among them as
+/// soon as it happens. A controller that panicked is gone for good: the panic is carried on
+/// so that the process ends and its Deployment starts it again, rather than run on with the
+/// probes healthy and one kind no longer reconciled.
+async fn join_controllers(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    let mut running: futures::stream::FuturesUnordered<_> = tasks.into_iter().collect();
+    while let Some(ended) = futures::StreamExt::next(&mut running).await {
+        if let Err(error) = ended
+            && error.is_panic()
+        {
+            std::panic::resume_unwind(error.into_panic());
+        }
+    }
 }
 
 struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
@@ -292,5 +311,45 @@ impl Drop for AbortOnDrop {
         for handle in &self.0 {
             handle.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::FutureExt;
+
+    use super::join_controllers;
+
+    /// A panic in one controller ends the wait at once, while the others still run, and
+    /// carries the panic's own message on.
+    #[tokio::test]
+    async fn a_panicking_controller_ends_the_wait_at_once_with_its_panic() {
+        let forever = tokio::spawn(futures::future::pending::<()>());
+        let panics = tokio::spawn(async { panic!("a bug in a reconciler") });
+        let waited = tokio::time::timeout(
+            Duration::from_secs(30),
+            std::panic::AssertUnwindSafe(join_controllers(vec![forever, panics])).catch_unwind(),
+        )
+        .await
+        .expect("the wait ends without waiting for the controller that still runs");
+        let payload = waited.expect_err("the panic is resumed");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"a bug in a reconciler"));
+    }
+
+    /// Controllers that end without a panic (on a signal) end the wait once all have.
+    #[tokio::test]
+    async fn controllers_that_stop_end_the_wait_once_all_have() {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let first = tokio::spawn(async {});
+        let second = tokio::spawn(async move { drop(stopped.await) });
+        let wait = tokio::spawn(join_controllers(vec![first, second]));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!wait.is_finished(), "one controller still runs");
+        stop.send(()).unwrap();
+        wait.await.expect("no panic");
     }
 }

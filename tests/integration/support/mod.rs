@@ -15,7 +15,7 @@
 pub mod audit;
 pub mod capi;
 pub mod counting;
-mod process;
+pub mod process;
 pub mod requests;
 pub mod runner;
 pub mod s3;

@@ -74,7 +74,13 @@ impl Process {
     }
 }
 
-fn die_with_parent(parent: u32) -> io::Result<()> {
+/// Asks Linux to SIGKILL the calling process when its parent's forking thread ends, and
+/// fails when `parent` (a pid) is no longer the parent. For a `pre_exec` hook: it only calls
+/// the async-signal-safe prctl(2) and getppid(2) and does not allocate.
+///
+/// # Errors
+/// When prctl(2) fails, or `parent` died before the signal was set up (`ESRCH`).
+pub fn die_with_parent(parent: u32) -> io::Result<()> {
     // SAFETY: plain system calls without pointers.
     unsafe {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
