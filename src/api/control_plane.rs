@@ -249,7 +249,10 @@ pub struct ComponentsStatus {
     pub controller_manager: Option<ComponentSummary>,
 }
 
-/// One component as seen from the NestedControlPlane.
+/// One component as seen from the NestedControlPlane. While a component is on its way to
+/// ready, `replicas`, `readyReplicas` and `version` stay as they were when it was last
+/// shown (its own status tells each step); they are current at every Ready transition
+/// and whenever the control plane's status is written for another reason.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ComponentSummary {

@@ -321,19 +321,23 @@ async fn drive(
             version: s.and_then(|s| s.version.clone()),
         })
     };
+    let shown = status.components.clone().unwrap_or_default();
     let components = ComponentsStatus {
         etcd: summary(
             etcd.as_ref().map(|c| c.name_any()),
             etcd.as_ref().and_then(|c| c.status.as_ref()),
-        ),
+        )
+        .map(|s| hold_progress(shown.etcd.as_ref(), s)),
         apiserver: summary(
             apiserver.as_ref().map(|c| c.name_any()),
             apiserver.as_ref().and_then(|c| c.status.as_ref()),
-        ),
+        )
+        .map(|s| hold_progress(shown.apiserver.as_ref(), s)),
         controller_manager: summary(
             controller_manager.as_ref().map(|c| c.name_any()),
             controller_manager.as_ref().and_then(|c| c.status.as_ref()),
-        ),
+        )
+        .map(|s| hold_progress(shown.controller_manager.as_ref(), s)),
     };
     for (type_, kind, component, resource) in [
         (
@@ -444,6 +448,25 @@ async fn drive(
     // Look again when the admin kubeconfig is due (the components watch their own).
     let again = recheck_after(&ncp.name_any(), store.next_renewal(), now.time);
     Ok(Action::requeue(upgrade_again.map_or(again, |u| u.min(again))))
+}
+
+/// The summary of a component to show, given the one the control plane shows (`shown`) and
+/// the component's own now (`current`): while the component is not ready and was not ready
+/// when last shown, its replicas and version stay as shown. Its progress is told by its own
+/// status; the control plane mirrors it at its Ready transitions, not at each step, so a
+/// component's StatefulSet being applied (replicas and version set, not yet ready) costs
+/// the control plane no status write of its own (issue 11: one or two per control plane).
+/// Any other change writes the status, and the summary then goes with it.
+fn hold_progress(shown: Option<&ComponentSummary>, current: ComponentSummary) -> ComponentSummary {
+    match shown {
+        Some(shown) if !shown.ready && !current.ready && shown.name == current.name => ComponentSummary {
+            replicas: shown.replicas,
+            ready_replicas: shown.ready_replicas,
+            version: shown.version.clone(),
+            ..current
+        },
+        _ => current,
+    }
 }
 
 /// The control plane's condition `type_` (`EtcdReady`, ...) for its component of kind `kind`:
@@ -671,6 +694,36 @@ mod tests {
     use super::*;
     use crate::api::ComponentStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    fn summary(name: &str, ready: bool, replicas: i32, ready_replicas: i32, version: Option<&str>) -> ComponentSummary {
+        ComponentSummary {
+            name: name.into(),
+            ready,
+            replicas,
+            ready_replicas,
+            version: version.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_component_on_its_way_keeps_the_counts_shown_until_it_is_ready() {
+        let created = summary("demo-etcd", false, 0, 0, None);
+        let applied = summary("demo-etcd", false, 3, 1, Some("3.6.8"));
+        let ready = summary("demo-etcd", true, 3, 3, Some("3.6.8"));
+        // Its StatefulSet applied, not ready yet: nothing new to show.
+        assert_eq!(hold_progress(Some(&created), applied.clone()), created);
+        // Ready: shown whole.
+        assert_eq!(hold_progress(Some(&created), ready.clone()), ready);
+        // Nothing shown yet (the first status), or another component of the name: as it is.
+        assert_eq!(hold_progress(None, applied.clone()), applied);
+        let other = summary("other-etcd", false, 1, 0, Some("3.5.21"));
+        assert_eq!(hold_progress(Some(&other), applied.clone()), applied);
+        // A ready component that fails, or scales while ready: every count shown.
+        let failing = summary("demo-etcd", false, 3, 2, Some("3.6.8"));
+        assert_eq!(hold_progress(Some(&ready), failing.clone()), failing);
+        let scaled = summary("demo-etcd", true, 5, 5, Some("3.6.8"));
+        assert_eq!(hold_progress(Some(&ready), scaled.clone()), scaled);
+    }
 
     fn with_ready(reason: &str, message: &str) -> ComponentStatus {
         ComponentStatus {
