@@ -15,6 +15,7 @@ pub mod apply;
 pub mod backup;
 pub mod channel;
 pub mod cli;
+pub mod client;
 pub mod component;
 pub mod controllers;
 pub mod etcd;

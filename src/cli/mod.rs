@@ -290,7 +290,7 @@ pub async fn main() -> anyhow::Result<()> {
                 capn_image: args.capn_image,
                 etcd_hosts_file: args.etcd_hosts_file,
             };
-            let client = kube::Client::try_default()
+            let client = crate::client::infer()
                 .await
                 .context("connecting to the super cluster")?;
             tracing::info!(namespace = ?settings.namespace, controllers = ?settings.enabled, "starting capn");

@@ -87,3 +87,23 @@ fn report(tally: &Tally) -> String {
         tally.breakdown()
     )
 }
+
+/// capn's super cluster client multiplexes its requests as HTTP/2 streams of one
+/// connection, as client-go does; kube-client's own stack speaks HTTP/1.1, a connection per
+/// request in flight (issue 11: about 150 connections in a wave of 1,000 control planes).
+#[tokio::test]
+async fn the_super_cluster_client_speaks_http2() {
+    async fn version_of(client: kube::Client) -> http::Version {
+        let request = http::Request::get("/version").body(Vec::new()).unwrap();
+        client.send(request.map(Into::into)).await.unwrap().version()
+    }
+    let config = cluster().config();
+    assert_eq!(
+        version_of(capn::client::client(config.clone()).unwrap()).await,
+        http::Version::HTTP_2
+    );
+    assert_eq!(
+        version_of(kube::Client::try_from(config).unwrap()).await,
+        http::Version::HTTP_11
+    );
+}

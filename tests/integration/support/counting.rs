@@ -35,7 +35,7 @@ impl RequestCounter {
     /// If kube cannot build a client for `config`, or outside a tokio runtime.
     pub fn client(&self, config: kube::Config) -> kube::Client {
         let counter = self.clone();
-        kube::client::ClientBuilder::try_from(config)
+        capn::client::builder(config)
             .unwrap_or_else(|e| panic!("cannot build a client for the test cluster: {e}"))
             .with_layer(&tower::layer::layer_fn(move |inner| Counting {
                 inner,

@@ -89,7 +89,7 @@ impl TestCluster {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn client(&self) -> kube::Client {
-        kube::Client::try_from(self.config())
+        capn::client::client(self.config())
             .unwrap_or_else(|e| panic!("cannot build a client for the test cluster: {e}"))
     }
 
