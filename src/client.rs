@@ -15,7 +15,10 @@
 //! connect/read/write timeouts of the config. HTTP/2 connections send a PING after 30 s
 //! without frames and are dropped when none is answered in 15 s, like client-go's
 //! `ReadIdleTimeout`/`PingTimeout`, so a connection a load balancer silently dropped is
-//! noticed, not waited on until every watch and request on it times out.
+//! noticed, not waited on until every watch and request on it times out. Left out of
+//! kube-client's stack: its debug-level tracing span per request, and the expiry it records
+//! for a client certificate from an exec plugin (`Client::valid_until`, which capn does not
+//! read).
 
 use std::time::Duration;
 
