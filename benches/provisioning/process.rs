@@ -43,6 +43,9 @@ pub struct Usage {
     pub rss_file_bytes: u64,
     /// User plus system CPU time, in seconds.
     pub cpu_seconds: f64,
+    /// Open sockets now (the `socket:` entries of `/proc/<pid>/fd`): for capn, its
+    /// connections to the API server plus its metrics and probe listeners.
+    pub sockets: usize,
 }
 
 impl CapnProcess {
@@ -187,11 +190,18 @@ pub fn usage_of(pid: u32) -> Result<Usage, String> {
     };
     // SAFETY: sysconf reads a constant of the running kernel.
     let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let fd_dir = format!("/proc/{pid}/fd");
+    let sockets = std::fs::read_dir(&fd_dir)
+        .map_err(|e| format!("cannot read {fd_dir}: {e}"))?
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count();
     Ok(Usage {
         peak_rss_bytes,
         rss_anon_bytes,
         rss_file_bytes,
         cpu_seconds: (user + system) as f64 / ticks_per_second,
+        sockets,
     })
 }
 

@@ -108,6 +108,11 @@ pub fn render(results: &Results<'_>) -> String {
     );
     let _ = writeln!(
         out,
+        "{:<44}{:>10}   connections to the API server, metrics and probe listeners",
+        "capn open sockets when all were ready", at_ready.sockets
+    );
+    let _ = writeln!(
+        out,
         "{:<44}{:>14}",
         "capn CPU seconds: to all ready / to the end",
         format!(

@@ -312,32 +312,35 @@ async fn drive(
     });
 
     // 5. Aggregate status.
-    let summary = |name: Option<String>, s: Option<&crate::api::ComponentStatus>| {
-        name.map(|name| ComponentSummary {
-            name,
-            ready: s.is_some_and(|s| s.ready),
-            replicas: s.and_then(|s| s.replicas).unwrap_or(0),
-            ready_replicas: s.and_then(|s| s.ready_replicas).unwrap_or(0),
-            version: s.and_then(|s| s.version.clone()),
+    let shown = status.components.clone().unwrap_or_default();
+    let summary = |shown: Option<&ComponentSummary>, name: Option<String>, s: Option<&crate::api::ComponentStatus>| {
+        name.map(|name| {
+            let current = ComponentSummary {
+                name,
+                ready: s.is_some_and(|s| s.ready),
+                replicas: s.and_then(|s| s.replicas).unwrap_or(0),
+                ready_replicas: s.and_then(|s| s.ready_replicas).unwrap_or(0),
+                version: s.and_then(|s| s.version.clone()),
+            };
+            hold_progress(shown, current)
         })
     };
-    let shown = status.components.clone().unwrap_or_default();
     let components = ComponentsStatus {
         etcd: summary(
+            shown.etcd.as_ref(),
             etcd.as_ref().map(|c| c.name_any()),
             etcd.as_ref().and_then(|c| c.status.as_ref()),
-        )
-        .map(|s| hold_progress(shown.etcd.as_ref(), s)),
+        ),
         apiserver: summary(
+            shown.apiserver.as_ref(),
             apiserver.as_ref().map(|c| c.name_any()),
             apiserver.as_ref().and_then(|c| c.status.as_ref()),
-        )
-        .map(|s| hold_progress(shown.apiserver.as_ref(), s)),
+        ),
         controller_manager: summary(
+            shown.controller_manager.as_ref(),
             controller_manager.as_ref().map(|c| c.name_any()),
             controller_manager.as_ref().and_then(|c| c.status.as_ref()),
-        )
-        .map(|s| hold_progress(shown.controller_manager.as_ref(), s)),
+        ),
     };
     for (type_, kind, component, resource) in [
         (
