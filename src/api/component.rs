@@ -35,7 +35,8 @@ pub struct ComponentSpec {
     /// channel's defaults wholesale (the `stable` channel requests CPU and memory and limits
     /// memory only; see its templates).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceRequirements>,
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub resources: Option<Box<ResourceRequirements>>,
     /// PriorityClass of the component's pods. Empty means capn's own `capn-control-plane`,
     /// which the clusterctl control plane components install (`capn priority-class` prints
     /// it); name another existing PriorityClass to use that one. The PriorityClass must
@@ -134,10 +135,12 @@ pub struct NestedEtcdSpec {
     pub storage: Option<EtcdStorage>,
     /// Scheduled and on-demand snapshots to S3-compatible object storage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backup: Option<super::EtcdBackup>,
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub backup: Option<Box<super::EtcdBackup>>,
     /// Start from a snapshot instead of empty (only when the etcd is first created).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restore: Option<super::EtcdRestore>,
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub restore: Option<Box<super::EtcdRestore>>,
     /// What capn does about a member that lost its data (README "etcd membership").
     /// Default: it is replaced automatically.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -277,10 +280,12 @@ pub struct ComponentStatus {
     /// etcd only: the last verified snapshot, the next scheduled one, the last on-demand
     /// request served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backup: Option<super::BackupStatus>,
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub backup: Option<Box<super::BackupStatus>>,
     /// etcd only: the snapshot the members were restored from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restore: Option<super::RestoreStatus>,
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub restore: Option<Box<super::RestoreStatus>>,
     /// etcd only: the members as etcd lists them, and the leader (issue 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdClusterStatus>,

@@ -206,12 +206,14 @@ pub struct NestedControlPlaneStatus {
     /// The CA rotation in progress, or the last one (requested with the annotation
     /// `controlplane.cluster.x-k8s.io/rotate-certificate-authority`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub certificate_authority_rotation: Option<CertificateAuthorityRotation>,
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub certificate_authority_rotation: Option<Box<CertificateAuthorityRotation>>,
     /// The stepped upgrade in progress, or the last one: the path through every minor, the
     /// current step, each finished step's times, and the preflight before the next step
     /// (README "Upgrades"). The components run the release of its current step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upgrade: Option<UpgradeStatus>,
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub upgrade: Option<Box<UpgradeStatus>>,
     /// `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -183,4 +183,26 @@ mod tests {
         assert_eq!(etcd.spec.component.extra_args["quota-backend-bytes"], "8589934592");
         assert_eq!(etcd.spec.storage.unwrap().size.unwrap().0, "5Gi");
     }
+
+    /// Every NestedControlPlane and component object lives in a watch cache for as long as
+    /// it exists (issue 11, memory: the caches are the larger half of capn's heap at a
+    /// thousand control planes). What few objects set (backups, restores, resources,
+    /// upgrades, CA rotations) is boxed, so an object without it keeps no room for it; each
+    /// bound is the jemalloc size class the object fits (1792, 1280 and 1536 bytes unboxed).
+    #[test]
+    fn cached_kinds_keep_what_few_objects_set_out_of_line() {
+        use std::mem::size_of;
+        assert!(size_of::<NestedEtcd>() <= 1024, "{}", size_of::<NestedEtcd>());
+        assert!(size_of::<NestedAPIServer>() <= 896, "{}", size_of::<NestedAPIServer>());
+        assert!(
+            size_of::<NestedControllerManager>() <= 896,
+            "{}",
+            size_of::<NestedControllerManager>()
+        );
+        assert!(
+            size_of::<NestedControlPlane>() <= 1280,
+            "{}",
+            size_of::<NestedControlPlane>()
+        );
+    }
 }

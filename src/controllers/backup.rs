@@ -78,7 +78,7 @@ pub async fn plan_restore(
         return Ok(RestorePlan::None);
     };
     let status = etcd.status.as_ref();
-    let previous = status.and_then(|s| s.restore.clone()).unwrap_or_default();
+    let previous = status.and_then(|s| s.restore.as_deref().cloned()).unwrap_or_default();
     if previous.completed {
         return Ok(RestorePlan::None);
     }
@@ -398,7 +398,11 @@ pub async fn backup_step(
         return Ok(BackupReport::default());
     };
     let key = format!("{ns}/{}", etcd.name_any());
-    let mut status = etcd.status.as_ref().and_then(|s| s.backup.clone()).unwrap_or_default();
+    let mut status = etcd
+        .status
+        .as_ref()
+        .and_then(|s| s.backup.as_deref().cloned())
+        .unwrap_or_default();
     let mut report = BackupReport::default();
     let refuse = |reason: &str, message: String| ConditionUpdate::new(BACKUP_SUCCEEDED, false, reason, message);
     if !channel

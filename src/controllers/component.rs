@@ -482,10 +482,10 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
                 if ready && restore.snapshot.is_some() {
                     restore.completed = true;
                 }
-                status.restore = Some(restore);
+                status.restore = Some(Box::new(restore));
             }
             if backup.status.is_some() {
-                status.backup = backup.status;
+                status.backup = backup.status.map(Box::new);
             }
             if let Some(condition) = backup.condition {
                 set(condition);

@@ -112,14 +112,14 @@ pub async fn step(
             );
             return Ok(false);
         }
-        status.certificate_authority_rotation = Some(CertificateAuthorityRotation {
+        status.certificate_authority_rotation = Some(Box::new(CertificateAuthorityRotation {
             request,
             authority: authority.as_str().to_string(),
             phase: Phase::NewAuthority.as_str().to_string(),
             start_time: now.k8s.clone(),
             phases: Vec::new(),
             message: String::new(),
-        });
+        }));
     }
     let Some(mut rotation) = status.certificate_authority_rotation.clone() else {
         return Ok(false);

@@ -115,7 +115,7 @@ pub(super) async fn step(
             Ok(path) if path.steps.is_empty() => status.upgrade = None,
             Ok(path) => {
                 let mut planned = record(&path);
-                crate::upgrade::carry_step_in_flight(status.upgrade.as_ref(), &mut planned, &now.k8s);
+                crate::upgrade::carry_step_in_flight(status.upgrade.as_deref(), &mut planned, &now.k8s);
                 events::publish(
                     ctx,
                     ncp,
@@ -126,7 +126,7 @@ pub(super) async fn step(
                     "Upgrade",
                 )
                 .await;
-                status.upgrade = Some(planned);
+                status.upgrade = Some(Box::new(planned));
             }
         }
     }

@@ -187,7 +187,7 @@ fn components_version_of(upgrade: &UpgradeStatus) -> String {
     let mut ncp = NestedControlPlane::new("c", Default::default());
     ncp.spec.version = Some("1.37".into());
     ncp.status = Some(NestedControlPlaneStatus {
-        upgrade: Some(upgrade.clone()),
+        upgrade: Some(Box::new(upgrade.clone())),
         ..Default::default()
     });
     components_version(&ncp).unwrap()

@@ -426,6 +426,7 @@ async fn rotate_until(
                 .status?
                 .certificate_authority_rotation
                 .filter(|r| r.request == request && (r.phase == phase || r.phase == "Completed"))
+                .map(|r| *r)
         },
     )
     .await
