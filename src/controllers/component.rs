@@ -640,13 +640,11 @@ async fn drive<K: ComponentResource>(
     };
     // act
     let applyset = component_applyset_id(K::KIND, &object.name_any(), ns);
-    let previous = ctx.applier.known_inventory(
-        &applyset,
-        object
-            .component_status()
-            .map(|s| s.inventory.as_slice())
-            .unwrap_or_default(),
-    );
+    let shown = object
+        .component_status()
+        .map(|s| s.inventory.as_slice())
+        .unwrap_or_default();
+    let previous = ctx.applier.known_inventory(&applyset, shown);
     let planned = plan.inventory();
     // The parent lists the union of old and new group-kinds while both may exist (KEP-3659).
     let kinds = |entries: &[InventoryEntry]| -> Vec<String> {
@@ -686,7 +684,7 @@ async fn drive<K: ComponentResource>(
     // Prune only after every apply of the round succeeded.
     let stale: Vec<InventoryEntry> = previous.into_iter().filter(|e| !planned.contains(e)).collect();
     ctx.applier.prune(ns, &stale, &applyset).await?;
-    ctx.applier.record_inventory(&applyset, &planned);
+    ctx.applier.record_inventory(&applyset, &planned, shown);
     // The parent shrinks to the planned kinds once the stale ones are pruned; when nothing
     // was stale it already says so (the update above), and `object` is too old to tell.
     let planned_kinds = plan.contains_group_kinds();
