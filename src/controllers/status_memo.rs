@@ -30,11 +30,12 @@ struct Written {
     resource_version: String,
 }
 
-/// The last status write per object (kind, namespace, name), process-wide. At most
-/// [`STATUS_MEMO_ENTRIES`] are kept (about 100 bytes each); a full memo starts again empty,
-/// which only costs one repeated write per object.
+/// The last status write per object, process-wide, keyed by a hash of kind, namespace and
+/// name (not the strings: issue 11, memory). Two objects whose keys collide are told apart
+/// by their uids. At most [`STATUS_MEMO_ENTRIES`] are kept (about 130 bytes each); a full
+/// memo starts again empty, which only costs one repeated write per object.
 #[derive(Default)]
-pub struct StatusMemo(Mutex<HashMap<(&'static str, String, String), Written>>);
+pub struct StatusMemo(Mutex<HashMap<u64, Written>>);
 
 /// How many objects [`StatusMemo`] remembers.
 pub const STATUS_MEMO_ENTRIES: usize = 16_384;
@@ -62,6 +63,13 @@ impl<'a, S> Observed<'a, S> {
             resource_version: object.resource_version().unwrap_or_default(),
             status,
         }
+    }
+
+    /// The memo's key for this object.
+    fn key(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        (self.kind, &self.namespace, &self.name).hash(&mut hasher);
+        hasher.finish()
     }
 }
 
@@ -94,7 +102,7 @@ impl StatusMemo {
     /// object (read from a lagging cache) does not show yet.
     pub fn already_written<S: Serialize>(&self, object: &Observed<'_, S>, next: &S) -> bool {
         let Ok(map) = self.0.lock() else { return false };
-        let Some(last) = map.get(&(object.kind, object.namespace.clone(), object.name.clone())) else {
+        let Some(last) = map.get(&object.key()) else {
             return false;
         };
         last.uid == object.uid
@@ -110,7 +118,7 @@ impl StatusMemo {
             map.clear();
         }
         map.insert(
-            (object.kind, object.namespace.clone(), object.name.clone()),
+            object.key(),
             Written {
                 uid: object.uid.clone(),
                 based_on: hash_of(object.status),
