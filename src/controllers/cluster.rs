@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, ListParams, Patch};
+use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::component::Now;
@@ -17,20 +18,44 @@ use crate::api::{InfrastructureInitialization, NestedCluster, NestedControlPlane
 use crate::apply::{apply_params, update_params};
 use crate::status::{ConditionUpdate, READY, set_condition};
 
-/// Runs the NestedCluster controller until the stream ends.
-pub async fn run(ctx: Arc<Context>) {
-    Controller::new(ctx.api::<NestedCluster>(), ctx.primary_watch_config())
-        // The NestedCluster of a cluster shares its cluster name with the control plane.
-        .watches(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config(), |ncp| {
-            let r = ObjectRef::<NestedCluster>::new(&cluster_name(&ncp));
-            Some(match ncp.namespace() {
-                Some(ns) => r.within(&ns),
-                None => r,
-            })
+/// Runs the NestedCluster controller until the stream ends. It reads the control planes
+/// from a cache and is woken by their changes: the process-wide one through
+/// `control_planes` when this process runs the control plane controllers too, else a
+/// watch of its own (the infrastructure provider alone). A LIST of the namespace's
+/// control planes per reconcile cost 12 requests for one Cluster API cluster, each
+/// answering with every control plane of the namespace (issue 11).
+pub async fn run(ctx: Arc<Context>, control_planes: Option<ReflectHandle<NestedControlPlane>>) {
+    // The NestedCluster of a cluster shares its cluster name with the control plane.
+    fn nested_cluster_of(ncp: &NestedControlPlane) -> Option<ObjectRef<NestedCluster>> {
+        let r = ObjectRef::<NestedCluster>::new(&cluster_name(ncp));
+        Some(match ncp.namespace() {
+            Some(ns) => r.within(&ns),
+            None => r,
         })
+    }
+    let controller = Controller::new(ctx.api::<NestedCluster>(), ctx.primary_watch_config());
+    let (store, controller) = match control_planes {
+        Some(handle) => (
+            ctx.caches.control_planes.clone(),
+            controller.watches_shared_stream(handle, |ncp| nested_cluster_of(&ncp)),
+        ),
+        None => {
+            let (store, writer) = reflector::store();
+            let changes = watcher(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config())
+                .default_backoff()
+                .modify(|ncp| ncp.managed_fields_mut().clear())
+                .reflect(writer)
+                .touched_objects();
+            (store, controller.watches_stream(changes, |ncp| nested_cluster_of(&ncp)))
+        }
+    };
+    controller
         .shutdown_on_signal()
         .run(
-            |nc, ctx| async move { super::instrumented(&ctx.clone(), "cluster", reconcile(nc, ctx)).await },
+            move |nc, ctx| {
+                let store = store.clone();
+                async move { super::instrumented(&ctx.clone(), "cluster", reconcile(nc, ctx, store)).await }
+            },
             error_policy,
             ctx.clone(),
         )
@@ -43,25 +68,29 @@ fn error_policy(nc: Arc<NestedCluster>, error: &ReconcileError, _ctx: Arc<Contex
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Reconciles one NestedCluster.
+/// Reconciles one NestedCluster, reading its control plane from `control_planes`.
 ///
 /// # Errors
 /// Transient API errors.
-pub async fn reconcile(nc: Arc<NestedCluster>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+pub async fn reconcile(
+    nc: Arc<NestedCluster>,
+    ctx: Arc<Context>,
+    control_planes: Store<NestedControlPlane>,
+) -> Result<Action, ReconcileError> {
     if nc.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     let ns = nc.namespace().ok_or(ReconcileError::NoNamespace)?;
     let now = Now::take();
     let name = cluster_name(&*nc);
-    let ncps: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), &ns);
-    let endpoint = ncps
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .find(|ncp| cluster_name(ncp) == name)
-        .and_then(|ncp| ncp.spec.control_plane_endpoint);
+    // Not before the cache holds its first list: a control plane not seen yet is not a
+    // control plane without an endpoint.
+    if control_planes.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    let endpoint = control_planes
+        .find(|ncp| ncp.namespace().as_deref() == Some(ns.as_str()) && cluster_name(ncp) == name)
+        .and_then(|ncp| ncp.spec.control_plane_endpoint.clone());
     let api: Api<NestedCluster> = Api::namespaced(ctx.client.clone(), &ns);
     if let Some(e) = &endpoint
         && nc.spec.control_plane_endpoint.as_ref() != Some(e)

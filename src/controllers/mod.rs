@@ -279,11 +279,12 @@ pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Setti
             &subscriptions,
         )));
     }
+    if enabled.cluster {
+        let control_planes = reads_caches.then(|| subscriptions.control_planes.clone());
+        tasks.push(tokio::spawn(cluster::run(ctx.clone(), control_planes)));
+    }
     // Subscriptions nobody took must not hold up the shared watches.
     drop(subscriptions);
-    if enabled.cluster {
-        tasks.push(tokio::spawn(cluster::run(ctx.clone())));
-    }
     if enabled.public_crds {
         tasks.push(tokio::spawn(public_crds::run(ctx.clone())));
     }
