@@ -11,7 +11,9 @@
 //!
 //! - the StatefulSets and Services capn applied, as [`CachedStatefulSet`] and
 //!   [`CachedService`]: the few fields readiness reads, with their metadata trimmed to
-//!   [`owned_metadata`].
+//!   [`owned_metadata`];
+//! - Cluster API's Clusters, when Cluster API is installed ([`ClusterCache`]): the spec
+//!   fields capn reads of the Cluster that owns a control plane.
 //!
 //! Cached objects keep what reconciles read: `managedFields` and the last-applied
 //! annotation are stripped as they arrive.
@@ -22,7 +24,7 @@ use std::sync::Arc;
 use futures::{FutureExt, TryStreamExt};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{self, Lookup, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -31,7 +33,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use super::cached::{CachedSecret, CachedService, CachedStatefulSet, api_json, owned_metadata};
-use super::read::cluster_name;
+use super::read::{CAPI_GROUP, capi_cluster_owner, cluster_name};
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::apply::Live;
 use crate::pki::SecretNames;
@@ -58,7 +60,57 @@ pub struct Caches {
     /// The Services capn applied, as much as readiness and the apiserver's address read
     /// ([`CachedService`]).
     pub services: Store<CachedService>,
+    /// Cluster API's Clusters; `None` when Cluster API's `Cluster` was not served when
+    /// capn started (a control plane owned by one then reads it with a GET, as it does a
+    /// Cluster this cache does not hold).
+    pub clusters: Option<ClusterCache>,
     secret_events: broadcast::Sender<Arc<CachedSecret>>,
+}
+
+/// The Clusters of Cluster API in the watched namespaces, each trimmed to
+/// [`owned_metadata`] and the spec fields capn reads (`paused`, `clusterNetwork`): every
+/// reconcile of a control plane and of its components reads the Cluster that owns it
+/// (paused? its service CIDR and domain), a GET each before this cache (issue 11).
+pub struct ClusterCache {
+    /// The Clusters as last seen.
+    pub store: Store<DynamicObject>,
+    /// The version of `Cluster` the API server recommends, which the cache watches.
+    pub resource: ApiResource,
+    /// Each Cluster whose spec changed (its generation, or first seen): wakes the control
+    /// planes it owns, so that unpausing a Cluster resumes them at once.
+    changes: broadcast::Sender<Arc<DynamicObject>>,
+}
+
+/// Spec fields of a Cluster that capn reads (docs/design.md §1 and the CAPI contract).
+const CLUSTER_SPEC_FIELDS: [&str; 2] = ["paused", "clusterNetwork"];
+
+/// Trims a cached Cluster to what reconciles read of it.
+fn cluster_spec(cluster: &mut DynamicObject) {
+    owned_metadata(cluster);
+    let spec: serde_json::Map<String, serde_json::Value> = CLUSTER_SPEC_FIELDS
+        .iter()
+        .filter_map(|field| {
+            Some((
+                field.to_string(),
+                cluster.data.pointer(&format!("/spec/{field}"))?.clone(),
+            ))
+        })
+        .collect();
+    cluster.data = serde_json::json!({ "spec": spec });
+}
+
+/// The `Cluster` resource of Cluster API as the API server serves it, or `None` when it
+/// does not (Cluster API not installed) or discovery failed (then capn reads Clusters
+/// with a GET, as without this cache).
+async fn capi_clusters(client: &Client) -> Option<ApiResource> {
+    match kube::discovery::group(client, CAPI_GROUP).await {
+        Ok(group) => group.recommended_kind("Cluster").map(|(resource, _)| resource),
+        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(error) => {
+            tracing::warn!(%error, "cannot discover Cluster API's Clusters; reading them one by one");
+            None
+        }
+    }
 }
 
 /// The change streams of the shared reflectors. Each must be polled or dropped: a shared
@@ -171,6 +223,7 @@ impl Caches {
                 secrets: reflector::store().0,
                 statefulsets,
                 services,
+                clusters: None,
                 secret_events: broadcast::channel(1).0,
             };
             return (Arc::new(caches), subscriptions, Drivers(Vec::new()));
@@ -218,6 +271,23 @@ impl Caches {
                 ready(())
             }),
         );
+        let mut tasks = vec![
+            cp_task,
+            etcd_task,
+            apiserver_task,
+            cm_task,
+            sts_task,
+            svc_task,
+            secret_task,
+        ];
+        let clusters = match capi_clusters(client).await {
+            Some(resource) => {
+                let (cache, task) = ClusterCache::start(client, namespace, resource);
+                tasks.push(task);
+                Some(cache)
+            }
+            None => None,
+        };
         let caches = Arc::new(Caches {
             control_planes,
             etcds,
@@ -226,17 +296,10 @@ impl Caches {
             secrets: secret_reader,
             statefulsets,
             services,
+            clusters,
             secret_events,
         });
-        let drivers = Drivers(vec![
-            cp_task,
-            etcd_task,
-            apiserver_task,
-            cm_task,
-            sts_task,
-            svc_task,
-            secret_task,
-        ]);
+        let drivers = Drivers(tasks);
         let subscriptions = Subscriptions {
             control_planes: cp_handle,
             etcds: etcd_handle,
@@ -248,7 +311,7 @@ impl Caches {
         // The subscriptions are not polled yet: the shared reflectors may only fill as far
         // as their buffers before the controllers start, so wait for the lists while
         // draining nothing but the initial events into the stores.
-        let waits = [
+        let mut waits = vec![
             caches.control_planes.wait_until_ready().boxed(),
             caches.etcds.wait_until_ready().boxed(),
             caches.apiservers.wait_until_ready().boxed(),
@@ -257,6 +320,9 @@ impl Caches {
             caches.statefulsets.wait_until_ready().boxed(),
             caches.services.wait_until_ready().boxed(),
         ];
+        if let Some(clusters) = &caches.clusters {
+            waits.push(clusters.store.wait_until_ready().boxed());
+        }
         for wait in waits {
             if wait.await.is_err() {
                 tracing::warn!("a watch cache stopped before its first list");
@@ -319,6 +385,33 @@ impl Caches {
         })
     }
 
+    /// A stream of the control planes whose owning Cluster's spec changed (none without a
+    /// [`ClusterCache`]).
+    pub fn cluster_triggers(self: &Arc<Self>) -> impl Stream<Item = ObjectRef<NestedControlPlane>> + Send + 'static {
+        let caches = self.clone();
+        let receiver = self.clusters.as_ref().map(|c| c.changes.subscribe());
+        futures::stream::unfold(receiver, |receiver| async move {
+            let mut receiver = receiver?;
+            loop {
+                match receiver.recv().await {
+                    Ok(cluster) => return Some((cluster, Some(receiver))),
+                    Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                        tracing::debug!(skipped, "Cluster triggers lagged");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+        .flat_map(move |cluster| {
+            let (name, ns) = (cluster.name_any(), ResourceExt::namespace(&*cluster));
+            let owned = caches.control_planes.state_filter(|ncp| {
+                ResourceExt::namespace(ncp) == ns
+                    && capi_cluster_owner(ncp).is_some_and(|o| o.name == name && o.kind == "Cluster")
+            });
+            futures::stream::iter(owned.into_iter().map(|ncp| ObjectRef::from_obj(&*ncp)))
+        })
+    }
+
     /// A stream of the control plane objects of kind `K` (mapped by `map`) whose Secrets
     /// changed or were deleted.
     pub fn secret_triggers<K, F>(self: &Arc<Self>, map: F) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
@@ -347,5 +440,106 @@ impl Caches {
                 .collect();
             futures::stream::iter(refs)
         })
+    }
+}
+
+impl ClusterCache {
+    /// The Cluster `name` in `namespace`, as last seen; `None` when the cache does not
+    /// hold it (deleted, or never created).
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<DynamicObject>> {
+        self.store
+            .get(&ObjectRef::new_with(name, self.resource.clone()).within(namespace))
+    }
+
+    /// Starts the watch of `resource` (Cluster API's `Cluster`) in `namespace` (all when
+    /// `None`); the returned task drives it.
+    fn start(client: &Client, namespace: Option<&str>, resource: ApiResource) -> (Self, JoinHandle<()>) {
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        let writer = reflector::store::Writer::new(resource.clone());
+        let store = writer.as_reader();
+        let (changes, _) = broadcast::channel(SECRET_EVENTS);
+        let sender = changes.clone();
+        // The generation each Cluster was last passed on at: its status changes often
+        // (Cluster API mirrors the control plane's conditions), its spec seldom.
+        let mut generations = std::collections::HashMap::<String, Option<i64>>::new();
+        let task = tokio::spawn(
+            reflector::reflector(
+                writer,
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .modify(cluster_spec),
+            )
+            .for_each(move |event| {
+                match event {
+                    Ok(watcher::Event::Apply(cluster) | watcher::Event::InitApply(cluster)) => {
+                        let uid = ResourceExt::uid(&cluster).unwrap_or_default();
+                        let generation = cluster.metadata.generation;
+                        if generations.insert(uid, generation) != Some(generation) {
+                            drop(sender.send(Arc::new(cluster)));
+                        }
+                    }
+                    Ok(watcher::Event::Delete(cluster)) => {
+                        generations.remove(&ResourceExt::uid(&cluster).unwrap_or_default());
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                    Err(error) => tracing::warn!(%error, "Cluster watch failed; retrying"),
+                }
+                ready(())
+            }),
+        );
+        (
+            Self {
+                store,
+                resource,
+                changes,
+            },
+            task,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_cluster_keeps_its_identity_and_the_spec_fields_capn_reads() {
+        let resource = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(CAPI_GROUP, "v1beta2", "Cluster"));
+        let mut cluster = DynamicObject::new("tenant-1", &resource).within("t").data(serde_json::json!({
+            "spec": {
+                "paused": true,
+                "clusterNetwork": {"services": {"cidrBlocks": ["10.96.0.0/12"]}, "serviceDomain": "tenant.local"},
+                "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "NestedControlPlane", "name": "cp"},
+                "topology": {"classRef": {"name": "big"}},
+            },
+            "status": {"phase": "Provisioned", "conditions": [{"type": "Ready", "status": "True"}]},
+        }));
+        cluster.metadata.uid = Some("u-1".into());
+        cluster.metadata.generation = Some(3);
+        cluster.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+        cluster_spec(&mut cluster);
+        assert_eq!(
+            cluster.data,
+            serde_json::json!({"spec": {
+                "paused": true,
+                "clusterNetwork": {"services": {"cidrBlocks": ["10.96.0.0/12"]}, "serviceDomain": "tenant.local"},
+            }})
+        );
+        assert_eq!(
+            (cluster.metadata.uid.as_deref(), cluster.metadata.generation),
+            (Some("u-1"), Some(3))
+        );
+        assert!(cluster.metadata.labels.is_none());
+        // What reconciles read of it reads the same as from the whole Cluster.
+        let ncp = NestedControlPlane::new("cp", Default::default());
+        assert!(super::super::read::is_paused(&ncp, Some(&cluster)));
+        let settings = super::super::read::cluster_settings(&ncp, Some(&cluster), "cluster.local");
+        assert_eq!(
+            (settings.service_cidr.as_str(), settings.dns_domain.as_str()),
+            ("10.96.0.0/12", "tenant.local")
+        );
     }
 }

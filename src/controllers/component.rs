@@ -566,10 +566,10 @@ async fn drive<K: ComponentResource>(
         return Ok(Outcome::Unreferenced);
     }
     let capi_cluster = owning_cluster(ctx, &ncp).await?;
-    if is_paused(&ncp, capi_cluster.as_ref()) {
+    if is_paused(&ncp, capi_cluster.as_deref()) {
         return Ok(Outcome::Paused);
     }
-    let mut cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
+    let mut cluster = cluster_settings(&ncp, capi_cluster.as_deref(), &ctx.settings.super_dns_domain);
     cluster.network_policy.capn = ctx.settings.capn_pods.clone();
     // The release of the upgrade step the control plane controller started, not
     // `spec.version`: a new version moves nothing until its path is planned and its

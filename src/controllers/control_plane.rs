@@ -42,7 +42,7 @@ use crate::status::{
 const NOT_READY: &str = "NotReady";
 
 /// The NestedControlPlane controller, ready to be spawned: woken by its own changes, its
-/// components' and its Secrets' (a deleted CA is noticed within a moment).
+/// components', its Secrets' (a deleted CA is noticed within a moment) and its Cluster's spec.
 pub fn run(ctx: Arc<Context>, subscriptions: &Subscriptions) -> impl Future<Output = ()> + Send + 'static {
     let secrets = ctx.caches.secret_triggers(|ncp: &NestedControlPlane| {
         ncp.namespace().map(|ns| ObjectRef::new(&ncp.name_any()).within(&ns))
@@ -55,7 +55,10 @@ pub fn run(ctx: Arc<Context>, subscriptions: &Subscriptions) -> impl Future<Outp
             .owns_shared_stream(subscriptions.etcds.clone())
             .owns_shared_stream(subscriptions.apiservers.clone())
             .owns_shared_stream(subscriptions.controller_managers.clone())
-            .reconcile_on(secrets);
+            .reconcile_on(secrets)
+            // A Cluster's spec (paused, clusterNetwork) is read from the cache: a change
+            // to it (unpausing) wakes the control planes it owns.
+            .reconcile_on(ctx.caches.cluster_triggers());
     async move {
         controller
             .shutdown_on_signal()
@@ -94,7 +97,7 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
     let mut status = old.clone();
     status.external_managed_control_plane = true;
     let capi_cluster = owning_cluster(&ctx, &ncp).await?;
-    let paused = is_paused(&ncp, capi_cluster.as_ref());
+    let paused = is_paused(&ncp, capi_cluster.as_deref());
     let pause = if paused {
         ConditionUpdate::new(
             PAUSED,
@@ -112,7 +115,7 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
     let result = if paused {
         Ok(Action::await_change())
     } else {
-        let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &ctx.settings.super_dns_domain);
+        let cluster = cluster_settings(&ncp, capi_cluster.as_deref(), &ctx.settings.super_dns_domain);
         drive(&ncp, &ctx, &ns, &cluster, &mut status, &now, &mut patched_generation).await
     };
     if let Err(e) = &result {

@@ -107,20 +107,30 @@ pub fn is_paused(ncp: &NestedControlPlane, cluster: Option<&DynamicObject>) -> b
         || cluster.is_some_and(|c| c.data.pointer("/spec/paused").and_then(|p| p.as_bool()) == Some(true))
 }
 
-/// Reads the CAPI Cluster that owns `ncp`, when one does. A Cluster that cannot be found
-/// (deleted, or Cluster API not installed) reads as `None`.
+/// Reads the CAPI Cluster that owns `ncp`, when one does: from the watch cache
+/// ([`super::cache::ClusterCache`], trimmed to the spec fields capn reads), or with a GET
+/// when the cache does not hold it or Cluster API was not served as capn started. A
+/// Cluster that cannot be found (deleted, or Cluster API not installed) reads as `None`.
 ///
 /// # Errors
-/// Transient API errors other than NotFound.
-pub async fn owning_cluster(ctx: &Context, ncp: &NestedControlPlane) -> Result<Option<DynamicObject>, ReconcileError> {
+/// Transient API errors other than NotFound (only when it is read with a GET).
+pub async fn owning_cluster(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+) -> Result<Option<Arc<DynamicObject>>, ReconcileError> {
     let Some(owner) = capi_cluster_owner(ncp) else {
         return Ok(None);
     };
+    let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
+    // A Cluster the cache does not hold yet (its watch event still on the way) is read, so
+    // that nothing is planned without its clusterNetwork.
+    if let Some(cached) = ctx.caches.clusters.as_ref().and_then(|c| c.get(&ns, &owner.name)) {
+        return Ok(Some(cached));
+    }
     let version = owner.api_version.split_once('/').map(|(_, v)| v).unwrap_or("v1beta2");
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(CAPI_GROUP, version, "Cluster"));
-    let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
-    Ok(api.get_opt(&owner.name).await?)
+    Ok(api.get_opt(&owner.name).await?.map(Arc::new))
 }
 
 /// The settings every component of `ncp` is planned with. The CAPI Cluster's

@@ -11,13 +11,14 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::Value;
 
 use crate::harness::*;
 use crate::support::capi::{CAPI_VERSION, Capi, ProviderRepository, capi};
+use crate::support::counting::RequestCounter;
 use crate::support::poll_until;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace};
+use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 /// How long a test waits for Cluster API: it looks again at a Cluster whose infrastructure or
 /// control plane object it could not find only after 30 s.
@@ -653,4 +654,73 @@ async fn clusterctl_init_installs_capn_into_the_super_cluster() {
             "{provider} {version} not in {providers:?}"
         );
     }
+}
+
+/// Issue 11: capn reads the Cluster that owns a control plane from its watch cache, not
+/// with a GET per reconcile of the control plane and of each component, and the
+/// NestedCluster controller reads the control planes from theirs; and the cache wakes
+/// the control plane when the Cluster's spec changes, so that unpausing a Cluster
+/// (`spec.paused`, CAPI contract) resumes it at once rather than at its next change.
+#[tokio::test]
+async fn the_owning_cluster_is_read_from_the_cache_and_unpausing_it_resumes_at_once() {
+    let capi = capi();
+    let f = Fixture::without_capn().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    let counter = RequestCounter::default();
+    let capn = Capn::start(&counter.client(cluster().config()), &ns);
+    bring_up_example_cluster(capi, &client, &ns).await;
+    let tally = counter.tally();
+    let count = |verb: &str, resource: &str| -> u64 {
+        tally
+            .top(usize::MAX)
+            .iter()
+            .filter(|(key, _)| key.verb == verb && key.resource == resource)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    // Before the caches: 10 GETs of the Cluster, and 11 LISTs of the namespace's control
+    // planes by the NestedCluster controller (one per reconcile).
+    assert_eq!(
+        (count("get", "clusters"), count("list", "nestedcontrolplanes")),
+        (0, 1),
+        "capn read what its caches hold:\n{}",
+        tally.breakdown()
+    );
+
+    let paused = |value: bool| {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move {
+            capi_cluster_api(&client, &ns)
+                .patch(
+                    "tenant-1",
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"spec": {"paused": value}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let paused_condition = |status: &str| {
+        let (client, ns, status) = (client.clone(), ns.clone(), status.to_owned());
+        async move {
+            control_plane(&client, &ns, "tenant-1-control-plane")
+                .await
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Paused" && c.status == status)
+                .map(|_| ())
+        }
+    };
+    paused(true).await;
+    wait_until("the control plane reports Paused", Duration::from_secs(30), || {
+        paused_condition("True")
+    })
+    .await;
+    paused(false).await;
+    wait_until("the control plane resumes", Duration::from_secs(30), || {
+        paused_condition("False")
+    })
+    .await;
+    capn.stop().await;
 }
