@@ -43,6 +43,9 @@ const SHARED_BUFFER: usize = 1024;
 /// Secret changes buffered for the controllers' triggers; a controller that falls further
 /// behind skips the oldest (each control plane is also resynced, so nothing is lost for good).
 const SECRET_EVENTS: usize = 4096;
+/// Cluster spec changes buffered for the control plane controller's trigger; one that
+/// falls further behind skips the oldest, seen then at the control plane's next reconcile.
+const CLUSTER_CHANGES: usize = 1024;
 /// Annotation `kubectl apply` leaves on objects: never read, never cached.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -460,7 +463,7 @@ impl ClusterCache {
         };
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
-        let (changes, _) = broadcast::channel(SECRET_EVENTS);
+        let (changes, _) = broadcast::channel(CLUSTER_CHANGES);
         let sender = changes.clone();
         // The generation each Cluster was last passed on at: its status changes often
         // (Cluster API mirrors the control plane's conditions), its spec seldom.
