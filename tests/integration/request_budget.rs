@@ -15,7 +15,8 @@ use crate::support::{cluster, stand_in, test_namespace, wait_until};
 
 /// Requests (Events excluded) one NestedControlPlane costs, from starting capn's
 /// controllers until capn is quiet after Ready, including capn's start-up (discovery and one
-/// LIST and WATCH per cached kind, about 22). Measured (2026-12-01, 2 cores): 319 to 358
+/// LIST and WATCH per cached kind, about 22; 4 more for Cluster API's Clusters when the capi
+/// tests have installed its CRDs into the shared cluster first). Measured (2026-12-01, 2 cores): 319 to 358
 /// before reads came from the watch caches, 77 after, 69 since new CAs are created without
 /// a read first and a status is not written again over a lagging cache, 64 to 66
 /// (2026-12-02) since the ApplySet parent is labelled once per round, a component the control
