@@ -314,7 +314,9 @@ impl Caches {
         // The subscriptions are not polled yet: the shared reflectors may only fill as far
         // as their buffers before the controllers start, so wait for the lists while
         // draining nothing but the initial events into the stores.
-        let mut waits = vec![
+        // Not the Clusters': a Cluster the cache does not hold yet is read with a GET, and a
+        // capn that may not list Clusters (a Role without them) must still start.
+        let waits = [
             caches.control_planes.wait_until_ready().boxed(),
             caches.etcds.wait_until_ready().boxed(),
             caches.apiservers.wait_until_ready().boxed(),
@@ -323,9 +325,6 @@ impl Caches {
             caches.statefulsets.wait_until_ready().boxed(),
             caches.services.wait_until_ready().boxed(),
         ];
-        if let Some(clusters) = &caches.clusters {
-            waits.push(clusters.store.wait_until_ready().boxed());
-        }
         for wait in waits {
             if wait.await.is_err() {
                 tracing::warn!("a watch cache stopped before its first list");
