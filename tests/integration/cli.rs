@@ -238,3 +238,28 @@ fn render_upgrade_path_prints_each_minor_and_refuses_what_the_channel_cannot_ser
         "{stderr}"
     );
 }
+
+/// The binary starts jemalloc with capn's options (`src/main.rs`: one arena, dirty pages
+/// purged after a second; issue 11, 1.1 MiB less at N = 1000), which an environment that
+/// sets only other options leaves in place. jemalloc prints the options it runs with at
+/// exit when asked (`stats_print`).
+#[test]
+fn the_binary_runs_jemalloc_with_its_own_options() {
+    let out = Command::new(env!("CARGO_BIN_EXE_capn"))
+        .arg("--help")
+        .env("_RJEM_MALLOC_CONF", "stats_print:true")
+        .output()
+        .expect("capn runs");
+    assert!(out.status.success());
+    let stats = String::from_utf8_lossy(&out.stderr);
+    for option in [
+        "opt.narenas: 1\n",
+        "opt.dirty_decay_ms: 1000 ",
+        "opt.muzzy_decay_ms: 0 ",
+    ] {
+        assert!(
+            stats.contains(option),
+            "{option:?} not in jemalloc's statistics:\n{stats}"
+        );
+    }
+}
