@@ -31,3 +31,14 @@ pub mod validate;
 
 #[cfg(test)]
 mod doc_references;
+
+/// A 64-bit hash of `value` (std's SipHash with its fixed keys, the same in every run of
+/// one build): the key or fingerprint capn's in-memory memos keep instead of the strings
+/// or objects themselves (issue 11, memory). Never persisted, never compared across
+/// processes.
+pub(crate) fn hash64<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}

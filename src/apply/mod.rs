@@ -152,17 +152,11 @@ const STATIC_KINDS: &[&str] = &[
 pub const UNWATCHED_REAPPLY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn hash_of(object: &serde_json::Value) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    object.to_string().hash(&mut hasher);
-    hasher.finish()
+    crate::hash64(&object.to_string())
 }
 
 fn object_key(namespace: &str, api_version: &str, kind: &str, name: &str) -> ObjectKey {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (namespace, api_version, kind, name).hash(&mut hasher);
-    hasher.finish()
+    crate::hash64(&(namespace, api_version, kind, name))
 }
 
 /// The key and the kind of a rendered object; `None` without an apiVersion, kind or name.

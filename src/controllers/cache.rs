@@ -139,7 +139,8 @@ impl Drop for Drivers {
     }
 }
 
-fn strip<K: Resource>(object: &mut K) {
+/// Strips what no reconcile reads from a cached object as it arrives.
+pub(super) fn strip<K: Resource>(object: &mut K) {
     object.managed_fields_mut().clear();
     object.annotations_mut().remove(LAST_APPLIED);
 }
@@ -391,24 +392,14 @@ impl Caches {
     /// [`ClusterCache`]).
     pub fn cluster_triggers(self: &Arc<Self>) -> impl Stream<Item = ObjectRef<NestedControlPlane>> + Send + 'static {
         let caches = self.clone();
-        let receiver = self.clusters.as_ref().map(|c| c.changes.subscribe());
-        futures::stream::unfold(receiver, |receiver| async move {
-            let mut receiver = receiver?;
-            loop {
-                match receiver.recv().await {
-                    Ok(cluster) => return Some((cluster, Some(receiver))),
-                    Err(broadcast::error::RecvError::Lagged(skipped)) => {
-                        tracing::debug!(skipped, "Cluster triggers lagged");
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        })
-        .flat_map(move |cluster| {
+        let changes = match &self.clusters {
+            Some(clusters) => received(clusters.changes.subscribe(), "Cluster").left_stream(),
+            None => futures::stream::empty().right_stream(),
+        };
+        changes.flat_map(move |cluster| {
             let (name, ns) = (cluster.name_any(), ResourceExt::namespace(&*cluster));
             let owned = caches.control_planes.state_filter(|ncp| {
-                ResourceExt::namespace(ncp) == ns
-                    && capi_cluster_owner(ncp).is_some_and(|o| o.name == name && o.kind == "Cluster")
+                ResourceExt::namespace(ncp) == ns && capi_cluster_owner(ncp).is_some_and(|o| o.name == name)
             });
             futures::stream::iter(owned.into_iter().map(|ncp| ObjectRef::from_obj(&*ncp)))
         })
@@ -422,19 +413,7 @@ impl Caches {
         F: Fn(&NestedControlPlane) -> Option<ObjectRef<K>> + Send + Sync + 'static,
     {
         let caches = self.clone();
-        let receiver = self.secret_events.subscribe();
-        futures::stream::unfold(receiver, |mut receiver| async move {
-            loop {
-                match receiver.recv().await {
-                    Ok(secret) => return Some((secret, receiver)),
-                    Err(broadcast::error::RecvError::Lagged(skipped)) => {
-                        tracing::debug!(skipped, "Secret triggers lagged");
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        })
-        .flat_map(move |secret| {
+        received(self.secret_events.subscribe(), "Secret").flat_map(move |secret| {
             let refs: Vec<ObjectRef<K>> = caches
                 .control_planes_of_secret(&secret)
                 .iter()
@@ -443,6 +422,22 @@ impl Caches {
             futures::stream::iter(refs)
         })
     }
+}
+
+/// What `receiver` receives, as a stream that ends when the sender is gone; a receiver
+/// that fell behind skips what it missed (logged, with the `kind` of what it carries).
+fn received<T: Clone + Send + 'static>(receiver: broadcast::Receiver<T>, kind: &'static str) -> impl Stream<Item = T> {
+    futures::stream::unfold(receiver, move |mut receiver| async move {
+        loop {
+            match receiver.recv().await {
+                Ok(item) => return Some((item, receiver)),
+                Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                    tracing::debug!(skipped, kind, "triggers lagged");
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
 }
 
 impl ClusterCache {

@@ -84,24 +84,17 @@ struct LeafVerdict {
 pub struct VerifiedSecrets(Mutex<HashMap<u64, Box<Verified>>>);
 
 impl VerifiedSecrets {
-    fn key(ns: &str, name: &str) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        (ns, name).hash(&mut hasher);
-        hasher.finish()
-    }
-
     fn get(&self, ns: &str, name: &str) -> Option<Verified> {
         self.0
             .lock()
             .ok()?
-            .get(&Self::key(ns, name))
+            .get(&crate::hash64(&(ns, name)))
             .map(|v| Verified::clone(v))
     }
 
     fn put(&self, ns: &str, name: &str, verified: Verified) {
         if let Ok(mut map) = self.0.lock() {
-            map.insert(Self::key(ns, name), Box::new(verified));
+            map.insert(crate::hash64(&(ns, name)), Box::new(verified));
         }
     }
 }

@@ -43,7 +43,7 @@ pub async fn run(ctx: Arc<Context>, control_planes: Option<ReflectHandle<NestedC
             let (store, writer) = reflector::store();
             let changes = watcher(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config())
                 .default_backoff()
-                .modify(|ncp| ncp.managed_fields_mut().clear())
+                .modify(super::cache::strip)
                 .reflect(writer)
                 .touched_objects();
             (store, controller.watches_stream(changes, |ncp| nested_cluster_of(&ncp)))

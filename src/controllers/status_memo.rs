@@ -13,7 +13,6 @@
 //! capn with an empty memo) writes as before.
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 
 use serde::Serialize;
@@ -67,9 +66,7 @@ impl<'a, S> Observed<'a, S> {
 
     /// The memo's key for this object.
     fn key(&self) -> u64 {
-        let mut hasher = DefaultHasher::new();
-        (self.kind, &self.namespace, &self.name).hash(&mut hasher);
-        hasher.finish()
+        crate::hash64(&(self.kind, &self.namespace, &self.name))
     }
 }
 
@@ -90,11 +87,9 @@ fn hash_of<S: Serialize>(status: &S) -> u64 {
     }
     let mut value = serde_json::to_value(status).unwrap_or_default();
     strip_transition_times(&mut value);
-    let mut hasher = DefaultHasher::new();
     // serde_json writes maps sorted (no preserve_order feature), so equal statuses give
     // equal text.
-    value.to_string().hash(&mut hasher);
-    hasher.finish()
+    crate::hash64(&value.to_string())
 }
 
 impl StatusMemo {
