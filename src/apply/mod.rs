@@ -7,7 +7,9 @@ mod readiness;
 pub use readiness::{Readiness, readiness};
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::OnceCell;
 
 use kube::{Client, ResourceExt};
 
@@ -102,13 +104,21 @@ impl ApplyError {
 /// with no drift seen on it, costs no request).
 pub struct Applier {
     client: Client,
-    resources: Mutex<HashMap<(String, String), ApiResource>>,
+    /// Per (apiVersion, kind): the API resource discovery found, once it did. Reconciles
+    /// that need a kind not resolved yet wait for the one discovery request in flight
+    /// rather than each sending their own (at start, a wave of 100 control planes sent 50).
+    /// A failed discovery leaves the cell empty: the next caller tries again.
+    resources: Mutex<HashMap<(String, String), Discovered>>,
     applied: Mutex<HashMap<ObjectKey, Applied>>,
     /// Per applyset ID: the inventory as the last completed round left it (applied, then
     /// pruned). The inventory capn reads from its parent's status can be a moment behind
     /// capn's own status write; this closes that gap (see [`Self::known_inventory`]).
     inventories: Mutex<HashMap<String, Vec<InventoryEntry>>>,
 }
+
+/// The API resource of one kind: empty until discovery answers, shared by every caller
+/// waiting for that answer.
+type Discovered = Arc<OnceCell<ApiResource>>;
 
 /// A hash of `(namespace, apiVersion, kind, name)` of an applied object ([`object_key`]):
 /// eight bytes a key instead of four strings, for the eleven objects of each of a
@@ -292,10 +302,19 @@ impl Applier {
     }
 
     async fn resource(&self, api_version: &str, kind: &str) -> Result<ApiResource, ApplyError> {
-        let key = (api_version.to_string(), kind.to_string());
-        if let Some(ar) = self.resources.lock().ok().and_then(|m| m.get(&key).cloned()) {
-            return Ok(ar);
-        }
+        let cell = self
+            .resources
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((api_version.to_string(), kind.to_string()))
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.discover(api_version, kind)).await.cloned()
+    }
+
+    /// Asks the API server which resource serves `kind` of `api_version` (one GET of the
+    /// group version's resource list).
+    async fn discover(&self, api_version: &str, kind: &str) -> Result<ApiResource, ApplyError> {
         let (group, version) = match api_version.split_once('/') {
             Some((g, v)) => (g, v),
             None => ("", api_version),
@@ -310,9 +329,6 @@ impl Applier {
             })?;
         if caps.scope != Scope::Namespaced {
             return Err(ApplyError::ClusterScoped { kind: kind.into() });
-        }
-        if let Ok(mut m) = self.resources.lock() {
-            m.insert(key, ar.clone());
         }
         Ok(ar)
     }

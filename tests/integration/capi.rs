@@ -670,18 +670,13 @@ async fn the_owning_cluster_is_read_from_the_cache_and_unpausing_it_resumes_at_o
     let capn = Capn::start(&counter.client(cluster().config()), &ns);
     bring_up_example_cluster(capi, &client, &ns).await;
     let tally = counter.tally();
-    let count = |verb: &str, resource: &str| -> u64 {
-        tally
-            .top(usize::MAX)
-            .iter()
-            .filter(|(key, _)| key.verb == verb && key.resource == resource)
-            .map(|(_, n)| n)
-            .sum()
-    };
     // Before the caches: 10 GETs of the Cluster, and 11 LISTs of the namespace's control
     // planes by the NestedCluster controller (one per reconcile).
     assert_eq!(
-        (count("get", "clusters"), count("list", "nestedcontrolplanes")),
+        (
+            tally.count("get", "clusters"),
+            tally.count("list", "nestedcontrolplanes")
+        ),
         (0, 1),
         "capn read what its caches hold:\n{}",
         tally.breakdown()

@@ -108,3 +108,32 @@ async fn the_super_cluster_client_speaks_http2() {
         http::Version::HTTP_11
     );
 }
+
+/// Reconciles that start at once (a wave of new control planes, or capn's start) all need
+/// the same kinds resolved: one discovery request serves them all (issue 11: a wave of 100
+/// control planes sent 50 discovery GETs when each reconcile missed the empty cache).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_applies_of_one_kind_share_one_discovery_request() {
+    let admin = cluster().client();
+    let ns = test_namespace(&admin).await;
+    let counter = RequestCounter::default();
+    let applier = capn::apply::Applier::new(counter.client(cluster().config()));
+    let config_map = |i: usize| {
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": format!("c{i}"), "namespace": ns},
+        })
+    };
+    let objects: Vec<_> = (0..20).map(config_map).collect();
+    for result in futures::future::join_all(objects.iter().map(|o| applier.apply(o))).await {
+        result.expect("apply");
+    }
+    let tally = counter.tally();
+    assert_eq!(
+        (tally.count("get", "/api/v1"), tally.count("patch", "configmaps")),
+        (1, 20),
+        "{}",
+        tally.breakdown()
+    );
+}

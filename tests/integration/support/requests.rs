@@ -97,6 +97,14 @@ impl Tally {
         *self.0.entry(key).or_default() += 1;
     }
 
+    /// The requests counted with `verb` on `resource`.
+    pub fn count(&self, verb: &str, resource: &str) -> u64 {
+        self.0
+            .get(&RequestKey::new(verb, resource))
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// Every request counted.
     pub fn total(&self) -> u64 {
         self.0.values().sum()
