@@ -244,7 +244,7 @@ impl Caches {
         let (control_planes, cp_handle, cp_task) = shared(api(client, namespace), primary.clone(), strip);
         let (etcds, etcd_handle, etcd_task) = shared(api(client, namespace), primary.clone(), strip);
         let (apiservers, apiserver_handle, apiserver_task) = shared(api(client, namespace), primary.clone(), strip);
-        let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary, strip);
+        let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary.clone(), strip);
         let managed = watcher::Config::default().labels(MANAGED);
         let (statefulsets, sts_handle, sts_task) = shared(api(client, namespace), managed.clone(), owned_metadata);
         let (services, svc_handle, svc_task) = shared(api(client, namespace), managed, owned_metadata);
@@ -286,7 +286,7 @@ impl Caches {
         ];
         let clusters = match capi_clusters(client).await {
             Some(resource) => {
-                let (cache, task) = ClusterCache::start(client, namespace, resource);
+                let (cache, task) = ClusterCache::start(client, namespace, resource, primary);
                 tasks.push(task);
                 Some(cache)
             }
@@ -449,8 +449,15 @@ impl ClusterCache {
     }
 
     /// Starts the watch of `resource` (Cluster API's `Cluster`) in `namespace` (all when
-    /// `None`); the returned task drives it.
-    fn start(client: &Client, namespace: Option<&str>, resource: ApiResource) -> (Self, JoinHandle<()>) {
+    /// `None`), filtered as the control planes are (`config`: the `--watch-filter` label,
+    /// Cluster API's sharding convention labels a cluster's objects alike); the returned task
+    /// drives it. A Cluster the filter leaves out is read with a GET when needed.
+    fn start(
+        client: &Client,
+        namespace: Option<&str>,
+        resource: ApiResource,
+        config: watcher::Config,
+    ) -> (Self, JoinHandle<()>) {
         let api: Api<DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
             None => Api::all_with(client.clone(), &resource),
@@ -463,29 +470,25 @@ impl ClusterCache {
         // (Cluster API mirrors the control plane's conditions), its spec seldom.
         let mut generations = std::collections::HashMap::<String, Option<i64>>::new();
         let task = tokio::spawn(
-            reflector::reflector(
-                writer,
-                watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .modify(cluster_spec),
-            )
-            .for_each(move |event| {
-                match event {
-                    Ok(watcher::Event::Apply(cluster) | watcher::Event::InitApply(cluster)) => {
-                        let uid = ResourceExt::uid(&cluster).unwrap_or_default();
-                        let generation = cluster.metadata.generation;
-                        if generations.insert(uid, generation) != Some(generation) {
-                            drop(sender.send(Arc::new(cluster)));
+            reflector::reflector(writer, watcher(api, config).default_backoff().modify(cluster_spec)).for_each(
+                move |event| {
+                    match event {
+                        Ok(watcher::Event::Apply(cluster) | watcher::Event::InitApply(cluster)) => {
+                            let uid = ResourceExt::uid(&cluster).unwrap_or_default();
+                            let generation = cluster.metadata.generation;
+                            if generations.insert(uid, generation) != Some(generation) {
+                                drop(sender.send(Arc::new(cluster)));
+                            }
                         }
+                        Ok(watcher::Event::Delete(cluster)) => {
+                            generations.remove(&ResourceExt::uid(&cluster).unwrap_or_default());
+                        }
+                        Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+                        Err(error) => tracing::warn!(%error, "Cluster watch failed; retrying"),
                     }
-                    Ok(watcher::Event::Delete(cluster)) => {
-                        generations.remove(&ResourceExt::uid(&cluster).unwrap_or_default());
-                    }
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-                    Err(error) => tracing::warn!(%error, "Cluster watch failed; retrying"),
-                }
-                ready(())
-            }),
+                    ready(())
+                },
+            ),
         );
         (
             Self {

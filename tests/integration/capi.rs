@@ -719,3 +719,37 @@ async fn the_owning_cluster_is_read_from_the_cache_and_unpausing_it_resumes_at_o
     .await;
     capn.stop().await;
 }
+
+/// Under `--watch-filter` the Cluster cache holds the Clusters of its own shard only, as
+/// the control plane caches do (Cluster API's sharding convention labels a cluster's
+/// objects alike); another shard's Cluster is neither cached nor read.
+#[tokio::test]
+async fn the_cluster_cache_keeps_only_the_clusters_the_watch_filter_selects() {
+    let _ = capi();
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let filter = capn::controllers::WATCH_FILTER_LABEL;
+    for (name, shard) in [("in-shard", "a"), ("other-shard", "b")] {
+        let cluster: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Cluster",
+            "metadata": {"name": name, "namespace": ns, "labels": {filter: shard}},
+            "spec": {"paused": true},
+        }))
+        .unwrap();
+        capi_cluster_api(&client, &ns)
+            .create(&Default::default(), &cluster)
+            .await
+            .unwrap();
+    }
+    let primary = kube::runtime::watcher::Config::default().labels(&format!("{filter}=a"));
+    let (caches, _subscriptions, _drivers) =
+        capn::controllers::cache::Caches::start(&client, Some(&ns), primary, true).await;
+    let clusters = caches.clusters.as_ref().expect("Cluster API's Cluster is served");
+    wait_until("the Cluster of shard a is cached", Duration::from_secs(30), || async {
+        clusters.get(&ns, "in-shard").map(|_| ())
+    })
+    .await;
+    // The cache fills from one LIST: what it does not hold now, it never held.
+    assert!(clusters.get(&ns, "other-shard").is_none());
+}
