@@ -325,7 +325,8 @@ async fn drive(
                 ready_replicas: s.and_then(|s| s.ready_replicas).unwrap_or(0),
                 version: s.and_then(|s| s.version.clone()),
             };
-            hold_progress(shown, current)
+            let served = s.is_some_and(|s| is_true(&s.conditions, ROLLING_OUT));
+            hold_progress(shown, current, served)
         })
     };
     let components = ComponentsStatus {
@@ -456,16 +457,18 @@ async fn drive(
     Ok(Action::requeue(upgrade_again.map_or(again, |u| u.min(again))))
 }
 
-/// The summary of a component to show, given the one the control plane shows (`shown`) and
-/// the component's own now (`current`): while the component is not ready and was not ready
-/// when last shown, its replicas and version stay as shown. Its progress is told by its own
-/// status; the control plane mirrors it at its Ready transitions, not at each step, so a
+/// The summary of a component to show, given the one the control plane shows (`shown`), the
+/// component's own now (`current`), and whether it has served (`served`: its RollingOut
+/// condition is True, so it is degraded or rolling out, not on its first provisioning):
+/// while a component on its first provisioning is not ready and was not ready when last
+/// shown, its replicas and version stay as shown. Its progress is told by its own status; the control plane mirrors it at its Ready transitions, not at each step, so a
 /// component's StatefulSet being applied (replicas and version set, not yet ready) costs
 /// the control plane no status write of its own (issue 11: one or two per control plane).
-/// Any other change writes the status, and the summary then goes with it.
-fn hold_progress(shown: Option<&ComponentSummary>, current: ComponentSummary) -> ComponentSummary {
+/// A component that has served is not held: its counts are news to whoever reads the
+/// control plane's (Cluster API reads `readyReplicas`), shown as they change.
+fn hold_progress(shown: Option<&ComponentSummary>, current: ComponentSummary, served: bool) -> ComponentSummary {
     match shown {
-        Some(shown) if !shown.ready && !current.ready && shown.name == current.name => ComponentSummary {
+        Some(shown) if !served && !shown.ready && !current.ready && shown.name == current.name => ComponentSummary {
             replicas: shown.replicas,
             ready_replicas: shown.ready_replicas,
             version: shown.version.clone(),
@@ -717,18 +720,23 @@ mod tests {
         let applied = summary("demo-etcd", false, 3, 1, Some("3.6.8"));
         let ready = summary("demo-etcd", true, 3, 3, Some("3.6.8"));
         // Its StatefulSet applied, not ready yet: nothing new to show.
-        assert_eq!(hold_progress(Some(&created), applied.clone()), created);
+        assert_eq!(hold_progress(Some(&created), applied.clone(), false), created);
         // Ready: shown whole.
-        assert_eq!(hold_progress(Some(&created), ready.clone()), ready);
+        assert_eq!(hold_progress(Some(&created), ready.clone(), false), ready);
         // Nothing shown yet (the first status), or another component of the name: as it is.
-        assert_eq!(hold_progress(None, applied.clone()), applied);
+        assert_eq!(hold_progress(None, applied.clone(), false), applied);
         let other = summary("other-etcd", false, 1, 0, Some("3.5.21"));
-        assert_eq!(hold_progress(Some(&other), applied.clone()), applied);
+        assert_eq!(hold_progress(Some(&other), applied.clone(), false), applied);
         // A ready component that fails, or scales while ready: every count shown.
         let failing = summary("demo-etcd", false, 3, 2, Some("3.6.8"));
-        assert_eq!(hold_progress(Some(&ready), failing.clone()), failing);
+        assert_eq!(hold_progress(Some(&ready), failing.clone(), false), failing);
         let scaled = summary("demo-etcd", true, 5, 5, Some("3.6.8"));
-        assert_eq!(hold_progress(Some(&ready), scaled.clone()), scaled);
+        assert_eq!(hold_progress(Some(&ready), scaled.clone(), false), scaled);
+        // A component that served and degrades further, or rolls out: each count shown, as
+        // it changes (a failing member of three after one already failed).
+        let worse = summary("demo-etcd", false, 3, 1, Some("3.6.8"));
+        assert_eq!(hold_progress(Some(&failing), worse.clone(), true), worse);
+        assert_eq!(hold_progress(Some(&failing), worse.clone(), false), failing);
     }
 
     fn with_ready(reason: &str, message: &str) -> ComponentStatus {

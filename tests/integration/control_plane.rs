@@ -640,3 +640,56 @@ async fn deleting_the_control_plane_removes_everything_capn_created() {
     .await;
     f.stop().await;
 }
+
+/// An apiserver that has served and degrades step by step is mirrored count by count in
+/// the control plane's status (Cluster API reads its `readyReplicas`); only a first
+/// provisioning is shown at its Ready transition alone (issue 11).
+#[tokio::test]
+async fn the_control_plane_mirrors_each_count_of_a_degrading_apiserver() {
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    Api::<NestedControlPlane>::namespaced(client.clone(), &ns)
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    f.bring_up("demo").await;
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let ready_replicas = |n: i32| {
+        let (client, ns) = (client.clone(), ns.clone());
+        async move {
+            wait_until(
+                &format!("the control plane shows {n} ready apiserver replicas of 3"),
+                STEP,
+                || async {
+                    let status = control_plane(&client, &ns, "demo").await.status?;
+                    (status.replicas == Some(3) && status.ready_replicas == Some(n)).then_some(())
+                },
+            )
+            .await;
+        }
+    };
+    wait_until("the apiserver StatefulSet asks for 3", STEP, || async {
+        let sts = sts_api.get("demo-apiserver").await.ok()?;
+        (sts.spec?.replicas == Some(3)).then_some(())
+    })
+    .await;
+    mark_statefulset_ready(&client, &ns, "demo-apiserver").await.unwrap();
+    ready_replicas(3).await;
+    for n in [2, 1] {
+        sts_api
+            .patch_status(
+                "demo-apiserver",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"readyReplicas": n, "availableReplicas": n}})),
+            )
+            .await
+            .unwrap();
+        ready_replicas(n).await;
+    }
+    f.stop().await;
+}
