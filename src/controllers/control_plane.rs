@@ -461,7 +461,8 @@ async fn drive(
 /// component's own now (`current`), and whether it has served (`served`: its RollingOut
 /// condition is True, so it is degraded or rolling out, not on its first provisioning):
 /// while a component on its first provisioning is not ready and was not ready when last
-/// shown, its replicas and version stay as shown. Its progress is told by its own status; the control plane mirrors it at its Ready transitions, not at each step, so a
+/// shown, its replicas and version stay as shown. Its progress is told by its own status;
+/// the control plane mirrors it at its Ready transitions, not at each step, so a
 /// component's StatefulSet being applied (replicas and version set, not yet ready) costs
 /// the control plane no status write of its own (issue 11: one or two per control plane).
 /// A component that has served is not held: its counts are news to whoever reads the
