@@ -1539,13 +1539,24 @@ async fn run_pod(
     let name = pod.name.clone();
     let result = async {
         let namespaces = Namespaces::create(Some(&name))?;
-        let ip = lock(&shared.network)
-            .as_mut()
-            .ok_or("the runner is stopping")?
-            .attach(&namespaces)?;
-        pod.net_inode.store(namespaces.net_inode(), Ordering::SeqCst);
-        hold_namespace("net", namespaces.net_inode());
-        Ok::<_, String>((namespaces, ip))
+        // Registered from its creation on: the kernel may have given this namespace the
+        // inode number of another runner's retired pod, whose leftovers check would
+        // otherwise see it held by no live pod while the veth is attached.
+        let inode = namespaces.net_inode();
+        hold_namespace("net", inode);
+        pod.net_inode.store(inode, Ordering::SeqCst);
+        let attached = match lock(&shared.network).as_mut() {
+            Some(network) => network.attach(&namespaces),
+            None => Err("the runner is stopping".to_owned()),
+        };
+        match attached {
+            Ok(ip) => Ok::<_, String>((namespaces, ip)),
+            Err(e) => {
+                drop(namespaces);
+                release_namespace("net", inode);
+                Err(e)
+            }
+        }
     }
     .await;
     let (namespaces, ip) = match result {
@@ -1689,10 +1700,13 @@ fn finish_pod(shared: &Shared, pod: &PodShared, ip: Option<Ipv4Addr>, namespaces
     {
         network.release(ip);
     }
-    if namespaces.is_some() {
+    // Released once the namespace is gone, not before: until then its inode is still this
+    // pod's, even if the kernel once gave the number to a pod retired elsewhere.
+    let had_namespaces = namespaces.is_some();
+    drop(namespaces);
+    if had_namespaces {
         release_namespace("net", pod.net_inode.load(Ordering::SeqCst));
     }
-    drop(namespaces);
     // Waits for a refresh in progress; none starts afterwards.
     lock(&pod.volumes).clear();
     let _ = std::fs::remove_dir_all(&pod.dir);
