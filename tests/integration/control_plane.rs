@@ -399,13 +399,7 @@ async fn every_field_capn_writes_is_managed_by_capn() {
 }
 
 /// (kind, name, the managers in `managedFields`) of every `K` in `ns`.
-async fn metas<K>(client: &kube::Client, ns: &str) -> Vec<(String, String, Vec<String>)>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
+async fn metas<K: NamespacedKind>(client: &kube::Client, ns: &str) -> Vec<(String, String, Vec<String>)> {
     Api::<K>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
@@ -649,14 +643,7 @@ async fn the_control_plane_mirrors_each_count_of_a_degrading_apiserver() {
     let f = Fixture::new().await;
     let (client, ns) = (f.client.clone(), f.ns.clone());
     f.apply_example("examples/nestedcontrolplane.yaml").await;
-    Api::<NestedControlPlane>::namespaced(client.clone(), &ns)
-        .patch(
-            "demo",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 3}})),
-        )
-        .await
-        .unwrap();
+    merge_patch::<NestedControlPlane>(&client, &ns, "demo", json!({"spec": {"replicas": 3}})).await;
     f.bring_up("demo").await;
     let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
     let ready_replicas = |n: i32| {

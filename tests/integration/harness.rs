@@ -248,6 +248,34 @@ pub async fn make_ready(client: &Client, ns: &str, name: &str) {
     crate::support::mark_statefulset_ready(client, ns, name).await.unwrap();
 }
 
+/// A namespaced kind a typed `Api` can read: what the generic helpers here need.
+pub trait NamespacedKind:
+    kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> NamespacedKind for K where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
+/// Merge-patches the `K` called `name` in `ns` with `patch` (`kubectl patch --type merge`).
+///
+/// # Panics
+/// When the API server refuses the patch.
+pub async fn merge_patch<K: NamespacedKind>(client: &Client, ns: &str, name: &str, patch: serde_json::Value) {
+    Api::<K>::namespaced(client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("merge patch of {name}: {e}"));
+}
+
 pub async fn control_plane(client: &Client, ns: &str, name: &str) -> NestedControlPlane {
     Api::<NestedControlPlane>::namespaced(client.clone(), ns)
         .get(name)

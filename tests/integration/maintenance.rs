@@ -157,14 +157,7 @@ async fn budgets_and_network_policies_are_applied_follow_replicas_and_are_pruned
     );
 
     // A replica change updates the budget in place.
-    Api::<capn::api::NestedControlPlane>::namespaced(client.clone(), &ns)
-        .patch(
-            "demo",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 3}})),
-        )
-        .await
-        .unwrap();
+    merge_patch::<capn::api::NestedControlPlane>(&client, &ns, "demo", json!({"spec": {"replicas": 3}})).await;
     let scaled = wait_until("the apiserver budget follows 3 replicas", STEP, || async {
         let pdb = pdbs.get("demo-apiserver").await.unwrap();
         (max_unavailable(&pdb) == Some(IntOrString::Int(2))).then_some(pdb)
