@@ -76,9 +76,9 @@ pub struct Caches {
 /// (paused? its service CIDR and domain), a GET each before this cache (issue 11).
 pub struct ClusterCache {
     /// The Clusters as last seen.
-    pub store: Store<DynamicObject>,
+    store: Store<DynamicObject>,
     /// The version of `Cluster` the API server recommends, which the cache watches.
-    pub resource: ApiResource,
+    resource: ApiResource,
     /// Each Cluster whose spec changed (its generation, or first seen): wakes the control
     /// planes it owns, so that unpausing a Cluster resumes them at once.
     changes: broadcast::Sender<Arc<DynamicObject>>,
