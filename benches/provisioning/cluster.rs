@@ -15,6 +15,8 @@ pub enum Party {
     Capn,
     /// The logic-free client.
     Floor,
+    /// The logic-free client that also does the least capn's API asks for.
+    DesignFloor,
     /// The StatefulSet status stand-in; its requests are excluded from both halves.
     StandIn,
     /// The benchmark as the user: namespaces, NestedControlPlanes, watching for readiness.
@@ -26,6 +28,7 @@ impl Party {
         match self {
             Self::Capn => "bench-capn",
             Self::Floor => "bench-floor",
+            Self::DesignFloor => "bench-design-floor",
             Self::StandIn => "bench-stand-in",
             Self::User => "bench-user",
         }

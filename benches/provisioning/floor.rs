@@ -28,10 +28,14 @@ const SECRET_BYTES: usize = 2048;
 /// The components in the order they are applied, as `app.kubernetes.io/name` labels them.
 const COMPONENTS: [&str; 3] = ["etcd", "apiserver", "controller-manager"];
 
-/// One control plane, rendered: its Secrets, then its objects per component in order.
-struct Rendered {
-    secrets: Vec<Value>,
-    components: Vec<Vec<Value>>,
+/// One control plane, rendered: its Secrets, its component resources (NestedEtcd,
+/// NestedAPIServer, NestedControllerManager, owned by the NestedControlPlane), then its
+/// objects per component in order (owned by their component resource). Offline, every owner
+/// reference lacks the owner's uid.
+pub struct Rendered {
+    pub secrets: Vec<Value>,
+    pub resources: Vec<Value>,
+    pub components: Vec<Vec<Value>>,
 }
 
 /// Provisions `count` control planes in `namespace` and returns how long that took, from
@@ -70,7 +74,12 @@ pub async fn provision(
     Ok(elapsed)
 }
 
-fn render(channels: &capn::channel::ChannelRegistry, namespace: &str, index: usize) -> Result<Rendered, String> {
+/// Control plane `index` in `namespace` as `capn render` renders it, with the floor's 12
+/// Secrets of [`SECRET_BYTES`].
+///
+/// # Errors
+/// The example does not render (a broken checkout).
+pub fn render(channels: &capn::channel::ChannelRegistry, namespace: &str, index: usize) -> Result<Rendered, String> {
     let objects = capn::cli::render_documents(
         channels,
         vec![workload::control_plane(namespace, index)?],
@@ -104,16 +113,25 @@ fn render(channels: &capn::channel::ChannelRegistry, namespace: &str, index: usi
                 .iter()
                 .filter(|o| o.pointer("/metadata/labels/app.kubernetes.io~1name") == Some(&Value::from(*component)))
                 .cloned()
-                .map(without_owner)
                 .collect()
         })
         .collect();
-    Ok(Rendered { secrets, components })
+    let resources = objects
+        .iter()
+        .filter(|o| kind(o).starts_with("Nested") && kind(o) != "NestedControlPlane")
+        .cloned()
+        .collect();
+    Ok(Rendered {
+        secrets,
+        resources,
+        components,
+    })
 }
 
 /// Offline, the owner (the component resource) has no uid, and the API server refuses an
 /// owner reference without one; the floor has no component resources to own anything.
-fn without_owner(mut object: Value) -> Value {
+fn without_owner(object: &Value) -> Value {
+    let mut object = object.clone();
     if let Some(metadata) = object["metadata"].as_object_mut() {
         metadata.remove("ownerReferences");
     }
@@ -130,22 +148,35 @@ async fn provision_one(
     }
     for objects in &control_plane.components {
         for object in objects {
-            apply(client, object).await?;
+            apply(client, &without_owner(object)).await?;
         }
-        let statefulsets: Vec<String> = objects
-            .iter()
-            .filter(|o| o["kind"] == "StatefulSet")
-            .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_owned())
-            .collect();
-        ready
-            .wait_for(|ready| statefulsets.iter().all(|name| ready.contains(name)))
-            .await
-            .map_err(|_| "the floor's StatefulSet watch ended".to_owned())?;
+        wait_ready(objects, &mut ready).await?;
     }
     Ok(())
 }
 
-async fn apply(client: &kube::Client, object: &Value) -> Result<(), String> {
+/// Waits until every StatefulSet among `objects` is ready.
+///
+/// # Errors
+/// The StatefulSet watch ended.
+pub async fn wait_ready(objects: &[Value], ready: &mut watch::Receiver<HashSet<String>>) -> Result<(), String> {
+    let statefulsets: Vec<String> = objects
+        .iter()
+        .filter(|o| o["kind"] == "StatefulSet")
+        .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    ready
+        .wait_for(|ready| statefulsets.iter().all(|name| ready.contains(name)))
+        .await
+        .map_err(|_| "the StatefulSet watch ended".to_owned())?;
+    Ok(())
+}
+
+/// Server-side applies `object` as the floor's field manager and returns it as written.
+///
+/// # Errors
+/// The object has no type, or the request fails.
+pub async fn apply(client: &kube::Client, object: &Value) -> Result<DynamicObject, String> {
     let object: DynamicObject =
         serde_json::from_value(object.clone()).map_err(|e| format!("a rendered object: {e}"))?;
     let types = object.types.clone().unwrap_or_default();
@@ -159,13 +190,12 @@ async fn apply(client: &kube::Client, object: &Value) -> Result<(), String> {
         &Patch::Apply(&object),
     )
     .await
-    .map_err(|e| format!("the floor applying {} {namespace}/{name}: {e}", gvk.kind))?;
-    Ok(())
+    .map_err(|e| format!("the floor applying {} {namespace}/{name}: {e}", gvk.kind))
 }
 
 /// The names of the StatefulSets in `namespace` that capn's readiness rule calls ready, kept
 /// current by one watch until the returned task is aborted.
-fn watch_ready_statefulsets(
+pub fn watch_ready_statefulsets(
     client: kube::Client,
     namespace: &str,
 ) -> (watch::Receiver<HashSet<String>>, tokio::task::JoinHandle<()>) {

@@ -1,7 +1,8 @@
 //! Issue 11's benchmark (`hack/bench.sh N`): on one fresh super cluster with the API
-//! server's audit log on, the floor (a logic-free client, [`floor`]) and then capn (`capn
-//! run`, [`capn_half`]) each provision N control planes, while a watch-driven stand-in writes
-//! every StatefulSet's ready status for both. It prints, side by side, the time until all
+//! server's audit log on, the floor (a logic-free client, [`floor`]), the design's floor (the
+//! floor plus the least capn's API asks of any implementation, [`design_floor`]) and then
+//! capn (`capn run`, [`capn_half`]) each provision N control planes, while a watch-driven
+//! stand-in writes every StatefulSet's ready status for all three. It prints, side by side, the time until all
 //! are ready, the requests per control plane by verb and resource as the API server's audit
 //! log counted them, capn's requests in a steady-state window after that, and capn's peak
 //! memory and CPU time.
@@ -12,8 +13,8 @@
 //! connection is refused at once. Without it the names go to the machine's DNS, whose
 //! NXDOMAIN took up to a second under load, a wait a super cluster's DNS does not have.
 //!
-//! The floor goes first, so capn runs on the cluster that already holds the floor's objects
-//! (the harder case for capn), and capn watches only its own namespace (`--namespace`).
+//! The floors go first, so capn runs on the cluster that already holds their objects (the
+//! harder case for capn), and capn watches only its own namespace (`--namespace`).
 
 #[allow(dead_code, unused_imports)] // The benchmark uses only part of the test support.
 #[path = "../../tests/integration/support/mod.rs"]
@@ -21,6 +22,7 @@ mod support;
 
 mod capn_half;
 mod cluster;
+mod design_floor;
 mod floor;
 mod process;
 mod report;
@@ -56,6 +58,7 @@ struct Args {
 
 /// The namespaces of the two halves.
 const FLOOR_NAMESPACE: &str = "bench-floor";
+const DESIGN_FLOOR_NAMESPACE: &str = "bench-design-floor";
 const CAPN_NAMESPACE: &str = "bench-capn";
 
 fn main() -> ExitCode {
@@ -102,13 +105,25 @@ async fn measure(args: &Args, cluster: &BenchCluster, dir: &std::path::Path) -> 
         None,
     )));
     let user = cluster.client(Party::User)?;
-    create_namespace(&user, FLOOR_NAMESPACE).await?;
-    create_namespace(&user, CAPN_NAMESPACE).await?;
+    for namespace in [FLOOR_NAMESPACE, DESIGN_FLOOR_NAMESPACE, CAPN_NAMESPACE] {
+        create_namespace(&user, namespace).await?;
+    }
 
     eprintln!("capn benchmark: the floor provisions {count} control planes");
     let server_cpu_at_start = cluster.server_cpu()?;
     let floor_elapsed = floor::provision(cluster.client(Party::Floor)?, FLOOR_NAMESPACE, count, timeout).await?;
     let floor_server_cpu = cluster.server_cpu()? - server_cpu_at_start;
+    eprintln!("capn benchmark: the design's floor provisions {count} control planes");
+    let server_cpu_at_start = cluster.server_cpu()?;
+    let design_floor_elapsed = design_floor::provision(
+        user.clone(),
+        cluster.client(Party::DesignFloor)?,
+        DESIGN_FLOOR_NAMESPACE,
+        count,
+        timeout,
+    )
+    .await?;
+    let design_floor_server_cpu = cluster.server_cpu()? - server_cpu_at_start;
     eprintln!("capn benchmark: capn provisions {count} control planes, then runs {steady:?} more");
     let capn = capn_half::run(cluster, CAPN_NAMESPACE, count, timeout, steady, dir).await?;
 
@@ -119,6 +134,8 @@ async fn measure(args: &Args, cluster: &BenchCluster, dir: &std::path::Path) -> 
         build: if cfg!(debug_assertions) { "debug" } else { "release" },
         floor_elapsed,
         floor_server_cpu,
+        design_floor_elapsed,
+        design_floor_server_cpu,
         capn: &capn,
         requests: &requests,
     }))

@@ -1,4 +1,5 @@
-//! The side-by-side report: capn and the floor, from the audit log and the measurements.
+//! The side-by-side report: capn, the floor and the design's floor, from the audit log and
+//! the measurements.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -21,6 +22,9 @@ pub struct Results<'a> {
     pub floor_elapsed: Duration,
     /// What kube-apiserver and etcd spent from the floor's first apply until all were ready.
     pub floor_server_cpu: ServerCpu,
+    pub design_floor_elapsed: Duration,
+    /// The same for the design's floor.
+    pub design_floor_server_cpu: ServerCpu,
     pub capn: &'a CapnRun,
     pub requests: &'a [AuditedRequest],
 }
@@ -46,9 +50,11 @@ pub fn render(results: &Results<'_>) -> String {
         Some(results.capn.steady_end),
     );
     let floor = tally(results.requests, Party::Floor, None, None);
+    let design = tally(results.requests, Party::DesignFloor, None, None);
     let per = |count: u64| count as f64 / n as f64;
     let capn_seconds = results.capn.elapsed.as_secs_f64();
     let floor_seconds = results.floor_elapsed.as_secs_f64();
+    let design_seconds = results.design_floor_elapsed.as_secs_f64();
     let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
 
     let mut out = String::new();
@@ -58,28 +64,40 @@ pub fn render(results: &Results<'_>) -> String {
         results.build,
         machine()
     );
-    let _ = writeln!(out, "{:<44}{:>14}{:>14}", "", "capn", "floor");
+    let _ = writeln!(out, "{:<44}{:>14}{:>14}{:>14}", "", "capn", "floor", "design floor");
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.2}x", a / b)
+        } else {
+            "-".to_owned()
+        }
+    };
     let _ = writeln!(
         out,
-        "{:<44}{:>13.1}s{:>13.1}s   capn/floor {:.2}x",
+        "{:<44}{:>13.1}s{:>13.1}s{:>13.1}s   capn/floor {}, design floor/floor {}, capn/design floor {}",
         "time until all ready",
         capn_seconds,
         floor_seconds,
-        capn_seconds / floor_seconds
+        design_seconds,
+        ratio(capn_seconds, floor_seconds),
+        ratio(design_seconds, floor_seconds),
+        ratio(capn_seconds, design_seconds)
     );
     let _ = writeln!(
         out,
-        "{:<44}{:>14.1}{:>14.1}",
+        "{:<44}{:>14.1}{:>14.1}{:>14.1}",
         "requests per control plane, Events excluded",
         per(capn.without_event_writes()),
-        per(floor.without_event_writes())
+        per(floor.without_event_writes()),
+        per(design.without_event_writes())
     );
     let _ = writeln!(
         out,
-        "{:<44}{:>14.1}{:>14.1}",
+        "{:<44}{:>14.1}{:>14.1}{:>14.1}",
         "Event writes per control plane",
         per(capn.event_writes()),
-        per(floor.event_writes())
+        per(floor.event_writes()),
+        per(design.event_writes())
     );
     let _ = writeln!(
         out,
@@ -120,27 +138,26 @@ pub fn render(results: &Results<'_>) -> String {
             results.capn.usage_at_ready.cpu_seconds, results.capn.usage_at_end.cpu_seconds
         )
     );
-    let (capn_cpu, floor_cpu) = (results.capn.server_cpu, results.floor_server_cpu);
+    let (capn_cpu, floor_cpu, design_cpu) = (
+        results.capn.server_cpu,
+        results.floor_server_cpu,
+        results.design_floor_server_cpu,
+    );
+    // The kernel counts in ticks (10 ms): a tiny run may show none for a floor.
     let _ = writeln!(
         out,
-        "{:<44}{:>14.2}{:>14.2}{}",
+        "{:<44}{:>14.2}{:>14.2}{:>14.2}   capn/floor {}, capn/design floor {}",
         "kube-apiserver CPU seconds until all ready",
         capn_cpu.apiserver_seconds,
         floor_cpu.apiserver_seconds,
-        // The kernel counts in ticks (10 ms): a tiny run may show none for the floor.
-        if floor_cpu.apiserver_seconds > 0.0 {
-            format!(
-                "   capn/floor {:.2}x",
-                capn_cpu.apiserver_seconds / floor_cpu.apiserver_seconds
-            )
-        } else {
-            String::new()
-        }
+        design_cpu.apiserver_seconds,
+        ratio(capn_cpu.apiserver_seconds, floor_cpu.apiserver_seconds),
+        ratio(capn_cpu.apiserver_seconds, design_cpu.apiserver_seconds)
     );
     let _ = writeln!(
         out,
-        "{:<44}{:>14.2}{:>14.2}",
-        "etcd CPU seconds until all ready", capn_cpu.etcd_seconds, floor_cpu.etcd_seconds
+        "{:<44}{:>14.2}{:>14.2}{:>14.2}",
+        "etcd CPU seconds until all ready", capn_cpu.etcd_seconds, floor_cpu.etcd_seconds, design_cpu.etcd_seconds
     );
     // Per request, Events included: tells more requests from costlier ones (a status write
     // costs the API server more the larger the status is). The CPU includes the stand-in's
@@ -148,10 +165,11 @@ pub fn render(results: &Results<'_>) -> String {
     let per_request = |seconds: f64, requests: u64| 1000.0 * seconds / requests.max(1) as f64;
     let _ = writeln!(
         out,
-        "{:<44}{:>14.2}{:>14.2}",
+        "{:<44}{:>14.2}{:>14.2}{:>14.2}",
         "kube-apiserver CPU ms per request sent",
         per_request(capn_cpu.apiserver_seconds, capn.total()),
-        per_request(floor_cpu.apiserver_seconds, floor.total())
+        per_request(floor_cpu.apiserver_seconds, floor.total()),
+        per_request(design_cpu.apiserver_seconds, design.total())
     );
     let _ = writeln!(
         out,
@@ -167,15 +185,15 @@ pub fn render(results: &Results<'_>) -> String {
         );
     }
     let _ = writeln!(out, "\ntop requests per control plane (Events included):");
-    let _ = writeln!(out, "  {:<42}floor", "capn");
-    let (capn_top, floor_top) = (capn.top(TOP), floor.top(TOP));
-    for line in 0..capn_top.len().max(floor_top.len()) {
+    let _ = writeln!(out, "  {:<48}{:<48}design floor", "capn", "floor");
+    let tops = [capn.top(TOP), floor.top(TOP), design.top(TOP)];
+    for line in 0..tops.iter().map(Vec::len).max().unwrap_or(0) {
         let cell = |top: &[(crate::support::requests::RequestKey, u64)]| {
             top.get(line)
                 .map(|(key, count)| format!("{:>7.1}  {key}", per(*count)))
                 .unwrap_or_default()
         };
-        let _ = writeln!(out, "  {:<42}{}", cell(&capn_top), cell(&floor_top));
+        let _ = writeln!(out, "  {:<48}{:<48}{}", cell(&tops[0]), cell(&tops[1]), cell(&tops[2]));
     }
     if steady.total() > 0 {
         let _ = writeln!(out, "\ncapn's requests after all were ready:\n{}", steady.breakdown());
