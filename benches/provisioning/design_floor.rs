@@ -23,6 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -73,7 +74,7 @@ async fn provision_one(
     namespace: &str,
     index: usize,
     control_plane: &Rendered,
-    mut ready: watch::Receiver<HashSetOfNames>,
+    mut ready: watch::Receiver<HashSet<String>>,
 ) -> Result<(), String> {
     let name = workload::name(index);
     let ncps: Api<NestedControlPlane> = Api::namespaced(user.clone(), namespace);
@@ -153,8 +154,6 @@ async fn provision_one(
     .await?;
     publish_ready_event(client, &ncp_object).await
 }
-
-type HashSetOfNames = std::collections::HashSet<String>;
 
 /// The field of a NestedControlPlane's spec that references a component resource of `kind`.
 fn reference_field(kind: &str) -> &'static str {
@@ -317,8 +316,9 @@ fn control_plane_status(summaries: Vec<ComponentSummary>) -> NestedControlPlaneS
             &now,
         );
     }
+    // The control plane's version is its apiserver's (the second component).
+    let version = summaries.get(1).and_then(|s| s.version.clone());
     let mut summaries = summaries.into_iter();
-    let version = summaries.clone().nth(1).and_then(|s| s.version);
     NestedControlPlaneStatus {
         ready: true,
         initialized: true,
