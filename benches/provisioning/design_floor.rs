@@ -21,13 +21,13 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-use crate::floor::{self, Rendered};
+use crate::floor::{self, Rendered, dynamic_api};
 use crate::workload;
 use capn::api::{
     ComponentStatus, ComponentSummary, ComponentsStatus, ControlPlaneInitialization, InventoryEntry,
@@ -51,11 +51,7 @@ pub async fn provision(
     count: usize,
     timeout: Duration,
 ) -> Result<Duration, String> {
-    let channels = capn::channel::ChannelRegistry::load(&[]).map_err(|e| format!("built-in channels: {e}"))?;
-    let rendered: Vec<Rendered> = (0..count)
-        .map(|index| floor::render(&channels, namespace, index))
-        .collect::<Result<_, _>>()?;
-    let (ready, watch) = floor::watch_ready_statefulsets(client.clone(), namespace);
+    let floor::Prepared { rendered, ready, watch } = floor::prepare(&client, namespace, count)?;
     let started = Instant::now();
     let all =
         futures::future::try_join_all(rendered.iter().enumerate().map(|(index, control_plane)| {
@@ -122,7 +118,16 @@ async fn provision_one(
         floor::apply(client, secret).await?;
     }
     let mut summaries = Vec::new();
-    for (objects, (_, _, _, resource)) in control_plane.components.iter().zip(&owners) {
+    for objects in &control_plane.components {
+        // The resource that owns this component's objects (by their owner reference).
+        let owner = objects
+            .first()
+            .and_then(|o| o["metadata"]["ownerReferences"][0]["name"].as_str())
+            .unwrap_or_default();
+        let resource = owners
+            .iter()
+            .find_map(|(_, name, _, resource)| (name == owner).then_some(resource))
+            .ok_or_else(|| format!("no component resource {owner} was rendered"))?;
         for object in objects {
             floor::apply(client, &with_owner_uids(object, &owner_uids)).await?;
         }
@@ -188,16 +193,6 @@ async fn create(client: &kube::Client, object: &Value) -> Result<DynamicObject, 
     api.create(&PostParams::default(), &object)
         .await
         .map_err(|e| format!("creating {}: {e}", object.name_any()))
-}
-
-fn dynamic_api(client: &kube::Client, object: &DynamicObject) -> Result<Api<DynamicObject>, String> {
-    let types = object.types.clone().unwrap_or_default();
-    let gvk = GroupVersionKind::try_from(&types).map_err(|e| format!("a resource's type: {e}"))?;
-    Ok(Api::namespaced_with(
-        client.clone(),
-        &object.namespace().unwrap_or_default(),
-        &ApiResource::from_gvk(&gvk),
-    ))
 }
 
 /// Server-side applies `status` to `object`'s status subresource, as capn does.

@@ -50,11 +50,7 @@ pub async fn provision(
     count: usize,
     timeout: Duration,
 ) -> Result<Duration, String> {
-    let channels = capn::channel::ChannelRegistry::load(&[]).map_err(|e| format!("built-in channels: {e}"))?;
-    let rendered: Vec<Rendered> = (0..count)
-        .map(|index| render(&channels, namespace, index))
-        .collect::<Result<_, _>>()?;
-    let (ready, watch) = watch_ready_statefulsets(client.clone(), namespace);
+    let Prepared { rendered, ready, watch } = prepare(&client, namespace, count)?;
     let started = Instant::now();
     let all = futures::future::try_join_all(
         rendered
@@ -72,6 +68,28 @@ pub async fn provision(
         )
     })??;
     Ok(elapsed)
+}
+
+/// What a half needs before its clock starts: its control planes rendered (rendering costs
+/// the API server nothing), and the ready StatefulSets of its namespace kept current by one
+/// watch until `watch` is aborted.
+pub struct Prepared {
+    pub rendered: Vec<Rendered>,
+    pub ready: watch::Receiver<HashSet<String>>,
+    pub watch: tokio::task::JoinHandle<()>,
+}
+
+/// Renders `count` control planes for `namespace` and starts its StatefulSet watch.
+///
+/// # Errors
+/// A control plane does not render.
+pub fn prepare(client: &kube::Client, namespace: &str, count: usize) -> Result<Prepared, String> {
+    let channels = capn::channel::ChannelRegistry::load(&[]).map_err(|e| format!("built-in channels: {e}"))?;
+    let rendered = (0..count)
+        .map(|index| render(&channels, namespace, index))
+        .collect::<Result<_, _>>()?;
+    let (ready, watch) = watch_ready_statefulsets(client.clone(), namespace);
+    Ok(Prepared { rendered, ready, watch })
 }
 
 /// Control plane `index` in `namespace` as `capn render` renders it, with the floor's 12
@@ -179,10 +197,8 @@ pub async fn wait_ready(objects: &[Value], ready: &mut watch::Receiver<HashSet<S
 pub async fn apply(client: &kube::Client, object: &Value) -> Result<DynamicObject, String> {
     let object: DynamicObject =
         serde_json::from_value(object.clone()).map_err(|e| format!("a rendered object: {e}"))?;
-    let types = object.types.clone().unwrap_or_default();
-    let gvk = GroupVersionKind::try_from(&types).map_err(|e| format!("a rendered object's type: {e}"))?;
+    let api = dynamic_api(client, &object)?;
     let namespace = object.namespace().unwrap_or_default();
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &ApiResource::from_gvk(&gvk));
     let name = object.name_any();
     api.patch(
         &name,
@@ -190,12 +206,29 @@ pub async fn apply(client: &kube::Client, object: &Value) -> Result<DynamicObjec
         &Patch::Apply(&object),
     )
     .await
-    .map_err(|e| format!("the floor applying {} {namespace}/{name}: {e}", gvk.kind))
+    .map_err(|e| {
+        let kind = object.types.as_ref().map(|t| t.kind.as_str()).unwrap_or_default();
+        format!("the floor applying {kind} {namespace}/{name}: {e}")
+    })
 }
 
 /// The names of the StatefulSets in `namespace` that capn's readiness rule calls ready, kept
 /// current by one watch until the returned task is aborted.
-pub fn watch_ready_statefulsets(
+/// The API of `object`'s kind in its namespace.
+///
+/// # Errors
+/// The object has no usable `apiVersion` and `kind`.
+pub fn dynamic_api(client: &kube::Client, object: &DynamicObject) -> Result<Api<DynamicObject>, String> {
+    let types = object.types.clone().unwrap_or_default();
+    let gvk = GroupVersionKind::try_from(&types).map_err(|e| format!("an object's type: {e}"))?;
+    Ok(Api::namespaced_with(
+        client.clone(),
+        &object.namespace().unwrap_or_default(),
+        &ApiResource::from_gvk(&gvk),
+    ))
+}
+
+fn watch_ready_statefulsets(
     client: kube::Client,
     namespace: &str,
 ) -> (watch::Receiver<HashSet<String>>, tokio::task::JoinHandle<()>) {
