@@ -2,13 +2,21 @@
 //! kube-apiserver, kube-controller-manager) as workloads on a super cluster, rendered from
 //! versioned manifest channels.
 //!
-//! The modules follow the reconcile pipeline: [`api`] (CRD types) · [`channel`] (load,
-//! index, resolve) · [`render`] (templates → objects) · [`patch`] (user patches,
-//! extraArgs) · [`plan`] (the pure desired state of one component) · [`pki`]
-//! (certificates and kubeconfigs) · [`apply`] (server-side apply, readiness) ·
-//! [`controllers`] (one reconciler per kind) · [`status`] (conditions) · [`validate`] (the
-//! field rules shared by the CRDs, the controllers and `capn render`) · [`upgrade`]
-//! (stepped upgrades across minors: path, preflight, progress) · [`cli`].
+//! The modules follow the reconcile pipeline, lowest layer first (docs/developer/modules.md
+//! has the map and which way each layer imports; `module_graph` tests that no two modules
+//! import each other):
+//!
+//! - [`api`]: the CRD types, nothing else; [`crds`]: the CRDs generated from them;
+//!   [`component`]: the three components and the names derived from them;
+//! - [`validate`]: the field rules shared by the CRDs, the controllers and `capn render`;
+//! - [`channel`] (load, index, resolve) · [`render`] (templates → objects) · [`patch`] (user
+//!   patches, extraArgs) · [`pki`] (certificates and kubeconfigs as data) · [`plan`] (the
+//!   pure desired state of one component);
+//! - [`upgrade`] (stepped upgrades: path, preflight, progress) · [`backup`] (snapshot
+//!   naming, schedules, retention, object storage) · [`etcd`] (the tenant etcd client);
+//! - [`apply`] (server-side apply, ApplySets, readiness) · [`status`] (condition types and
+//!   reasons) · [`client`] (the super cluster's client) · [`telemetry`];
+//! - [`controllers`]: the reconcilers; [`manifests`]: the clusterctl artifacts; [`cli`].
 
 pub mod api;
 pub mod apply;
@@ -18,6 +26,7 @@ pub mod cli;
 pub mod client;
 pub mod component;
 pub mod controllers;
+pub mod crds;
 pub mod etcd;
 pub mod manifests;
 pub mod patch;
@@ -31,6 +40,8 @@ pub mod validate;
 
 #[cfg(test)]
 mod doc_references;
+#[cfg(test)]
+mod module_graph;
 
 /// A 64-bit hash of `value` (std's SipHash with its fixed keys, the same in every run of
 /// one build): the key or fingerprint capn's in-memory memos keep instead of the strings

@@ -7,7 +7,8 @@
 
 use serde_json::{Value, json};
 
-use crate::api::{CONTROL_PLANE_GROUP, INFRASTRUCTURE_GROUP, crds};
+use crate::api::{CONTROL_PLANE_GROUP, INFRASTRUCTURE_GROUP};
+use crate::crds::crds;
 
 /// The two provider types capn ships.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

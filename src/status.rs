@@ -23,6 +23,21 @@ pub const ETCD_READY: &str = "EtcdReady";
 pub const APISERVER_READY: &str = "APIServerReady";
 pub const CONTROLLER_MANAGER_READY: &str = "ControllerManagerReady";
 
+/// Condition on the NestedControlPlane: True while a rotation runs (reason: the phase).
+pub const CA_ROTATION: &str = "CertificateAuthorityRotation";
+/// Condition type on the NestedControlPlane: a stepped upgrade is in progress (True), or
+/// why none moves (False: `UpToDate`, `Completed`, `UpgradeNotAllowed`,
+/// `WaitingForPreflight`, `UpgradeHeld`, `UpgradeStepFailed`).
+pub const UPGRADING: &str = "Upgrading";
+/// Condition type on the NestedControlPlane: the last preflight before an upgrade step
+/// (reasons: [`crate::upgrade::preflight_reason`]).
+pub const UPGRADE_PREFLIGHT: &str = "UpgradePreflight";
+/// Condition type on NestedEtcd: the members etcd lists are the desired ones (False: the
+/// step under way, or why no step may be taken).
+pub const MEMBERS_SYNCED: &str = "MembersSynced";
+/// Condition type on the NestedControlPlane.
+pub const PUBLIC_CRDS_SYNCED: &str = "PublicCRDsSynced";
+
 /// Phases shown by `kubectl get` (`status.phase`).
 pub mod phase {
     pub const PENDING: &str = "Pending";

@@ -352,7 +352,7 @@ pub async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Crds => {
-            print!("{}", crate::api::crds_yaml()?);
+            print!("{}", crate::crds::crds_yaml()?);
             Ok(())
         }
         Command::PriorityClass => {

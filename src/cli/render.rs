@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::channel::ChannelRegistry;
 use crate::controllers::component::ComponentResource;
-use crate::controllers::read::{CAPI_GROUP, cluster_settings, controller_reference};
+use crate::controllers::shared::read::{CAPI_GROUP, cluster_settings, controller_reference};
 use crate::pki::{SECRET_TYPE, SecretNames};
 use crate::plan::{ClusterSettings, ComponentRequest, Plan, Running, Upstream, check_control_plane, plan, resolve};
 
@@ -209,7 +209,7 @@ const OBJECT_META_FIELDS: &[&str] = &[
 fn unknown_fields(doc: &Value) -> Vec<String> {
     let (api_version, kind) = kind_of(doc);
     let group = api_version.split_once('/').map(|(g, _)| g).unwrap_or_default();
-    let Some(crd) = crate::api::crds()
+    let Some(crd) = crate::crds::crds()
         .into_iter()
         .find(|c| c.spec.names.kind == kind && c.spec.group == group)
     else {

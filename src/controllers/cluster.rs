@@ -11,11 +11,11 @@ use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
-use super::component::Now;
-use super::read::cluster_name;
-use super::{Context, ReconcileError, events};
 use crate::api::{InfrastructureInitialization, NestedCluster, NestedControlPlane};
 use crate::apply::{apply_params, update_params};
+use crate::controllers::round::Now;
+use crate::controllers::shared::read::cluster_name;
+use crate::controllers::{Context, ReconcileError, events};
 use crate::status::{ConditionUpdate, READY, set_condition};
 
 /// Runs the NestedCluster controller until the stream ends. It reads the control planes
@@ -43,7 +43,7 @@ pub async fn run(ctx: Arc<Context>, control_planes: Option<ReflectHandle<NestedC
             let (store, writer) = reflector::store();
             let changes = watcher(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config())
                 .default_backoff()
-                .modify(super::cache::strip)
+                .modify(crate::controllers::shared::cache::strip)
                 .reflect(writer)
                 .touched_objects();
             (store, controller.watches_stream(changes, |ncp| nested_cluster_of(&ncp)))
@@ -54,7 +54,7 @@ pub async fn run(ctx: Arc<Context>, control_planes: Option<ReflectHandle<NestedC
         .run(
             move |nc, ctx| {
                 let store = store.clone();
-                async move { super::instrumented(&ctx.clone(), "cluster", reconcile(nc, ctx, store)).await }
+                async move { crate::controllers::instrumented(&ctx.clone(), "cluster", reconcile(nc, ctx, store)).await }
             },
             error_policy,
             ctx.clone(),

@@ -1,33 +1,27 @@
-//! The reconcilers (docs/design.md §5, §7), one per kind, on kube-runtime. Each follows
-//! read → plan (pure, [`crate::plan`]) → apply (the only writer) → report status.
+//! The reconcilers (docs/design.md §5, §7), on kube-runtime. Each follows read → plan (pure,
+//! [`crate::plan`]) → apply (the only writer) → report status. By concern
+//! (docs/developer/modules.md):
 //!
 //! - [`control_plane`]: NestedControlPlane — CAs, component resources, endpoint,
-//!   `<cluster>-kubeconfig`, aggregated status.
+//!   `<cluster>-kubeconfig`, aggregated status; its CA [`control_plane::rotation`] and stepped
+//!   [`control_plane::upgrade`].
 //! - [`component`]: NestedEtcd, NestedAPIServer, NestedControllerManager — one generic
-//!   reconciler; the per-kind steps (prerequisites, certificates) live in [`etcd`],
-//!   [`apiserver`] and [`controller_manager`].
+//!   reconciler behind the [`component::ComponentResource`] trait; each kind's steps in
+//!   [`component::etcd`] (with its membership and backups), [`component::apiserver`] and
+//!   [`component::controller_manager`].
 //! - [`cluster`]: NestedCluster — the CAPI infrastructure object.
-//! - [`upgrade`]: the NestedControlPlane's stepped upgrade (path, preflight, progress),
-//!   called from [`control_plane`].
+//! - [`public_crds`]: the super cluster's public CRDs, copied into every tenant.
+//! - [`shared`]: what every reconciler uses (watch caches, certificate Secrets, Events,
+//!   reads, the status memo); [`round`]: what every step of a pass shares (the clock, the
+//!   gate, the recheck schedule). Neither imports a reconciler.
 
-pub mod apiserver;
-pub mod backup;
-pub mod cache;
-pub mod cached;
-pub mod certificates;
 pub mod cluster;
 pub mod component;
 pub mod control_plane;
-pub mod controller_manager;
 mod error;
-pub mod etcd;
-pub mod events;
-pub mod membership;
 pub mod public_crds;
-pub mod read;
-pub mod rotation;
-pub mod status_memo;
-pub mod upgrade;
+pub mod round;
+pub mod shared;
 
 use std::sync::Arc;
 
@@ -38,6 +32,8 @@ pub use error::ReconcileError;
 use crate::apply::Applier;
 use crate::channel::ChannelRegistry;
 use crate::telemetry::Metrics;
+use component::etcd::backup;
+use shared::{cache, certificates, events, status_memo};
 
 /// Which controllers run. Each can be switched off so that an out-of-tree controller can
 /// replace it (docs/design.md §7).

@@ -5,13 +5,14 @@
 //!
 //! Pure: no client, no clock, no randomness. Nothing is applied unless the whole set planned.
 
+mod channel_check;
 mod context;
 mod digest;
 mod labels;
 pub mod policy;
 mod rules;
-mod validate;
 
+pub use channel_check::validate_channel;
 pub use context::*;
 pub use digest::{
     CERTIFICATES_DIGEST_ANNOTATION, DIGEST_PLACEHOLDER, certificates_digest, mounted_secrets, stamp_certificates_digest,
@@ -19,7 +20,6 @@ pub use digest::{
 pub use labels::{MANAGED_BY, selector_labels, standard_labels};
 pub use policy::{CapnPods, NetworkPolicySettings};
 pub use rules::{Resolved, Running, SkewError, check, check_members, resolve};
-pub use validate::validate_channel;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use semver::Version;

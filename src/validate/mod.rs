@@ -3,7 +3,7 @@
 //! Every spec field with a syntax (ports, hosts, CIDRs, DNS domains, `certSANs`, quantities,
 //! versions, channel names, `extraArgs` keys, replica bounds, the cluster name) has one entry
 //! in [`RULES`]. The entry is used
-//! 1. by [`crate::api::crds`], which turns it into OpenAPI constraints and CEL
+//! 1. by [`crate::crds::crds`], which turns it into OpenAPI constraints and CEL
 //!    `x-kubernetes-validations` in the generated CRDs, so the API server refuses bad input
 //!    at admission;
 //! 2. by the controllers, which check the same rules before planning (a CRD installed by an
@@ -793,7 +793,7 @@ fn validations(schema: &mut Value) -> &mut Vec<Value> {
 }
 
 /// The schema node of `path` (see [`Rule::path`]).
-fn schema_at<'a>(schema: &'a mut Value, path: &str) -> Option<&'a mut Value> {
+pub(crate) fn schema_at<'a>(schema: &'a mut Value, path: &str) -> Option<&'a mut Value> {
     let mut node = schema;
     for segment in path.split('.') {
         let (field, each) = if let Some(f) = segment.strip_suffix("[]") {

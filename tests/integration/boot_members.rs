@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use capn::api::{NestedAPIServer, NestedEtcd};
-use capn::controllers::membership::MEMBERS_SYNCED;
 use capn::etcd::EtcdClients;
 use capn::pki::CertificateAuthority;
+use capn::status::MEMBERS_SYNCED;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -744,7 +744,7 @@ async fn the_cluster_cache_keeps_only_the_clusters_the_watch_filter_selects() {
     }
     let primary = kube::runtime::watcher::Config::default().labels(&format!("{filter}=a"));
     let (caches, _subscriptions, _drivers) =
-        capn::controllers::cache::Caches::start(&client, Some(&ns), primary, true).await;
+        capn::controllers::shared::cache::Caches::start(&client, Some(&ns), primary, true).await;
     let clusters = caches.clusters.as_ref().expect("Cluster API's Cluster is served");
     wait_until("the Cluster of shard a is cached", Duration::from_secs(30), || async {
         clusters.get(&ns, "in-shard").map(|_| ())

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use capn::controllers::Settings;
-use capn::controllers::rotation::ROTATE_ANNOTATION;
+use capn::controllers::control_plane::rotation::ROTATE_ANNOTATION;
 use capn::plan::CERTIFICATES_DIGEST_ANNOTATION;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, Secret};

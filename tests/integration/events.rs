@@ -1,7 +1,7 @@
 //! capn's Event recorder against the real API server: a repeat is patched as a series, and
 //! a series whose Event is gone starts over with a create.
 
-use capn::controllers::events::{Occurrence, Recorder};
+use capn::controllers::shared::events::{Occurrence, Recorder};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};

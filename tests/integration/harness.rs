@@ -186,7 +186,7 @@ pub async fn request_rotation(client: &Client, ns: &str, name: &str, value: &str
             name,
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                capn::controllers::rotation::ROTATE_ANNOTATION: value
+                capn::controllers::control_plane::rotation::ROTATE_ANNOTATION: value
             }}})),
         )
         .await

@@ -146,7 +146,7 @@ async fn capn_crds_are_established_and_served() {
         .await
         .unwrap();
     assert!(is_established(&crd), "{:?}", crd.status);
-    for expected in capn::api::crds() {
+    for expected in capn::crds::crds() {
         let name = expected.metadata.name.unwrap();
         let installed = api.get(&name).await.unwrap();
         assert!(is_established(&installed), "{name}: {:?}", installed.status);

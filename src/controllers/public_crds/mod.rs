@@ -20,15 +20,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
-use super::component::Now;
-use super::read::cluster_name;
-use super::{Context, ReconcileError, events};
 use crate::api::{NestedControlPlane, PublicCrdsStatus};
+use crate::controllers::round::Now;
+use crate::controllers::shared::read::cluster_name;
+use crate::controllers::{Context, ReconcileError, events};
 use crate::pki::{SecretNames, kubeconfig_from_secret};
-use crate::status::{ConditionUpdate, set_condition};
-
-/// Condition type on the NestedControlPlane.
-pub const PUBLIC_CRDS_SYNCED: &str = "PublicCRDsSynced";
+use crate::status::{ConditionUpdate, PUBLIC_CRDS_SYNCED, set_condition};
 
 /// Runs the sync until the stream ends: every ready control plane is reconciled when it
 /// changes and when any public CRD changes.
@@ -51,7 +48,9 @@ pub async fn run(ctx: Arc<Context>) {
         )
         .shutdown_on_signal()
         .run(
-            |ncp, ctx| async move { super::instrumented(&ctx.clone(), "public-crds", reconcile(ncp, ctx)).await },
+            |ncp, ctx| async move {
+                crate::controllers::instrumented(&ctx.clone(), "public-crds", reconcile(ncp, ctx)).await
+            },
             |_, error, _| {
                 tracing::info!(error = %error, "public CRD sync failed; backing off");
                 Action::requeue(Duration::from_secs(15))

@@ -411,11 +411,11 @@ async fn wait_for_readyz(apiserver: &mut Process, client: &kube::Client) -> Resu
     }
 }
 
-/// Server-side applies `capn::api::crds()` and waits until each one is Established.
+/// Server-side applies `capn::crds::crds()` and waits until each one is Established.
 async fn install_crds(client: &kube::Client) -> Result<(), String> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let crds = capn::api::crds();
+    let crds = capn::crds::crds();
     for crd in &crds {
         let name = crd.metadata.name.as_deref().unwrap_or_default();
         api.patch(name, &params, &Patch::Apply(crd))

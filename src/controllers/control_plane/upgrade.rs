@@ -8,28 +8,21 @@ use std::time::Duration;
 use kube::{Resource, ResourceExt};
 use semver::Version;
 
-use super::component::{ComponentResource, Now};
-use super::{Context, events};
 use crate::api::{
     NestedAPIServer, NestedControlPlane, NestedControlPlaneStatus, NestedControllerManager, NestedEtcd, PreflightCheck,
     PreflightStatus, RemovedApi,
 };
 use crate::channel::DEFAULT_CHANNEL;
+use crate::controllers::component::ComponentResource;
+use crate::controllers::round::Now;
+use crate::controllers::{Context, events};
 use crate::plan::{ClusterSettings, resolve};
-use crate::status::{ConditionUpdate, SYNCED, set_condition};
+use crate::status::{ConditionUpdate, SYNCED, UPGRADE_PREFLIGHT, UPGRADING, set_condition};
 use crate::upgrade::preflight::{certificate_blocker, deprecated_apis, removed_by};
 use crate::upgrade::{
     ACKNOWLEDGE_ANNOTATION, ComponentProgress, HOLD_ANNOTATION, Next, RETRY_ANNOTATION, RunningReleases, acknowledged,
     advance, phase, plan_path, preflight_reason, record, record_preflight, start_step,
 };
-
-/// Condition type on the NestedControlPlane: a stepped upgrade is in progress (True), or
-/// why none moves (False: `UpToDate`, `Completed`, `UpgradeNotAllowed`,
-/// `WaitingForPreflight`, `UpgradeHeld`, `UpgradeStepFailed`).
-pub const UPGRADING: &str = "Upgrading";
-/// Condition type on the NestedControlPlane: the last preflight before an upgrade step
-/// (reasons: [`crate::upgrade::preflight_reason`]).
-pub const UPGRADE_PREFLIGHT: &str = "UpgradePreflight";
 
 /// How often a failing preflight looks again (it reads the tenant's `/metrics`, not the
 /// super cluster).
@@ -458,7 +451,7 @@ fn preflight_summary(p: &PreflightStatus) -> String {
 /// host; through the kubeconfig's server when the slice lists none.
 async fn tenant_metrics(ctx: &Context, ncp: &NestedControlPlane, ns: &str) -> Result<Vec<String>, String> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
-    let config = super::public_crds::tenant_config(ctx, ncp, ns)
+    let config = crate::controllers::public_crds::tenant_config(ctx, ncp, ns)
         .await
         .map_err(|e| e.to_string())?;
     let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;

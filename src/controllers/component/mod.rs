@@ -3,8 +3,12 @@
 //! read (owning NestedControlPlane, cluster settings, upstream outputs: all from the watch
 //! caches) → plan (pure) → apply (Services, then certificates, then the workloads stamped
 //! with the certificates digest) → report status. What differs per kind (the gate, the
-//! certificates) is behind [`ComponentResource`], implemented in [`super::etcd`],
-//! [`super::apiserver`] and [`super::controller_manager`].
+//! certificates) is behind [`ComponentResource`], implemented in [`crate::controllers::component::etcd`],
+//! [`crate::controllers::component::apiserver`] and [`crate::controllers::component::controller_manager`].
+
+pub mod apiserver;
+pub mod controller_manager;
+pub mod etcd;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -14,7 +18,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
@@ -22,14 +25,6 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::cache::{Caches, Subscriptions};
-use super::certificates::CertificateStore;
-use super::membership::Membership;
-use super::read::{
-    cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane, renewal_policy,
-};
-use super::status_memo;
-use super::{Context, ReconcileError, events};
 use crate::api::{
     AppliedCertificates, ComponentSpec, ComponentStatus, EtcdStorage, InventoryEntry, NestedAPIServer,
     NestedControlPlane, NestedControllerManager, ServiceOutput,
@@ -39,8 +34,17 @@ use crate::apply::applyset::{
 };
 use crate::apply::{apply_params, apply_rank, readiness};
 use crate::component::ComponentKind;
+use crate::controllers::component::etcd::membership::Membership;
+use crate::controllers::round::{Gate, Now, recheck_after};
+use crate::controllers::shared::cache::{Caches, Subscriptions};
+use crate::controllers::shared::certificates::CertificateStore;
+use crate::controllers::shared::read::{
+    cluster_settings, controller_reference, is_paused, owning_cluster, owning_control_plane, renewal_policy,
+};
+use crate::controllers::shared::status_memo;
+use crate::controllers::{Context, ReconcileError, events};
 use crate::plan::{
-    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, certificates_digest, check, check_input,
+    ClusterSettings, ComponentRequest, Plan, PlanError, Running, certificates_digest, check, check_input,
     check_members, component_applyset_id, plan, resolve, stamp_certificates_digest,
 };
 use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, is_true, phase, set_condition};
@@ -108,7 +112,7 @@ pub trait ComponentResource:
     }
 
     /// What must be settled before the members are planned (etcd: a pending restore, see
-    /// [`super::backup`]), decided against the resolved channel and release. Default:
+    /// [`crate::controllers::component::etcd::backup`]), decided against the resolved channel and release. Default:
     /// nothing.
     fn prepare(
         _ctx: &Context,
@@ -116,11 +120,12 @@ pub trait ComponentResource:
         _ns: &str,
         _channel: &crate::channel::Channel,
         _version: &semver::Version,
-    ) -> impl Future<Output = Result<super::backup::RestorePlan, ReconcileError>> + Send {
-        async { Ok(super::backup::RestorePlan::None) }
+    ) -> impl Future<Output = Result<crate::controllers::component::etcd::backup::RestorePlan, ReconcileError>> + Send
+    {
+        async { Ok(crate::controllers::component::etcd::backup::RestorePlan::None) }
     }
 
-    /// What follows a successful apply (etcd: backups, see [`super::backup::backup_step`]),
+    /// What follows a successful apply (etcd: backups, see [`crate::controllers::component::etcd::backup::backup_step`]),
     /// with the round's certificate store, whether the component is ready and the etcd
     /// client URLs. Default: nothing.
     #[allow(clippy::too_many_arguments)]
@@ -134,8 +139,9 @@ pub trait ComponentResource:
         _ready: bool,
         _endpoints: &[String],
         _now: k8s_openapi::jiff::Timestamp,
-    ) -> impl Future<Output = Result<super::backup::BackupReport, ReconcileError>> + Send {
-        async { Ok(super::backup::BackupReport::default()) }
+    ) -> impl Future<Output = Result<crate::controllers::component::etcd::backup::BackupReport, ReconcileError>> + Send
+    {
+        async { Ok(crate::controllers::component::etcd::backup::BackupReport::default()) }
     }
 
     /// The Service this component publishes in its status (the apiserver's), from the
@@ -167,23 +173,17 @@ macro_rules! component_accessors {
         fn with_defaults(name: &str) -> Self {
             Self::new(name, Default::default())
         }
-        fn cache(caches: &$crate::controllers::cache::Caches) -> &kube::runtime::reflector::Store<Self> {
+        fn cache(caches: &$crate::controllers::shared::cache::Caches) -> &kube::runtime::reflector::Store<Self> {
             &caches.$cache
         }
         fn subscription(
-            subscriptions: &$crate::controllers::cache::Subscriptions,
+            subscriptions: &$crate::controllers::shared::cache::Subscriptions,
         ) -> kube::runtime::reflector::ReflectHandle<Self> {
             subscriptions.$cache.clone()
         }
     };
 }
 pub(crate) use component_accessors;
-
-/// Whether a component may proceed, and with which upstream outputs.
-pub enum Gate {
-    Open(Upstream),
-    Wait { reason: &'static str, message: String },
-}
 
 /// The status of the control plane's component of kind `P` when it is ready on the release
 /// it should run (docs/design.md §5: each component waits for its predecessor, and during an upgrade
@@ -257,7 +257,7 @@ enum Outcome {
         /// The restore status to report (etcd), when a restore is pending or completed.
         restore: Option<crate::api::RestoreStatus>,
         /// Backups (etcd): status, condition, when to look again.
-        backup: super::backup::BackupReport,
+        backup: crate::controllers::component::etcd::backup::BackupReport,
         plan: Plan,
         ready: bool,
         desired: i32,
@@ -273,42 +273,6 @@ enum Outcome {
     },
 }
 
-/// The longest a component or control plane waits before it looks at its certificates
-/// again, when none is due earlier.
-pub const CERTIFICATE_RECHECK: Duration = Duration::from_secs(3600);
-
-/// When to look again: at the next renewal, at most [`CERTIFICATE_RECHECK`] from now, plus
-/// a spread of up to a tenth derived from `name`, so that a thousand control planes created
-/// together do not all look at the same moment. The look is served from the caches unless
-/// something is due.
-pub fn recheck_after(name: &str, next_renewal: Option<time::OffsetDateTime>, now: time::OffsetDateTime) -> Duration {
-    let until_renewal = next_renewal
-        .map(|at| Duration::try_from(at - now).unwrap_or(Duration::ZERO))
-        .unwrap_or(CERTIFICATE_RECHECK);
-    let base = until_renewal.min(CERTIFICATE_RECHECK);
-    let spread = name
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
-        % 1000;
-    // A renewal that is due waits a second at least (a pod's clock skew, a Secret in flight).
-    base.max(Duration::from_secs(1)) + base * u32::try_from(spread).unwrap_or(0) / 10_000
-}
-
-/// One clock reading per pass, in the two shapes the code needs.
-pub struct Now {
-    pub time: time::OffsetDateTime,
-    pub k8s: Time,
-}
-
-impl Now {
-    pub fn take() -> Self {
-        Self {
-            time: time::OffsetDateTime::now_utc(),
-            k8s: Time(k8s_openapi::jiff::Timestamp::now()),
-        }
-    }
-}
-
 /// The controller of component kind `K`, ready to be spawned: woken by its own changes,
 /// its StatefulSets and Services, its control plane, its predecessor and its Secrets.
 pub fn run<K: ComponentResource>(
@@ -319,7 +283,7 @@ pub fn run<K: ComponentResource>(
         .caches
         .secret_triggers(|ncp: &NestedControlPlane| reference_of::<K>(ncp));
     let mut controller = Controller::for_shared_stream(K::subscription(subscriptions), K::cache(&ctx.caches).clone())
-        .with_config(super::controller_config())
+        .with_config(crate::controllers::controller_config())
         .owns_shared_stream(subscriptions.statefulsets.clone())
         .owns_shared_stream(subscriptions.services.clone())
         // A control plane's spec or status change (a new version, a sibling's status) wakes
@@ -335,7 +299,7 @@ pub fn run<K: ComponentResource>(
             .shutdown_on_signal()
             .run(
                 |object, ctx| async move {
-                    super::instrumented(&ctx.clone(), K::KIND.as_str(), reconcile(object, ctx)).await
+                    crate::controllers::instrumented(&ctx.clone(), K::KIND.as_str(), reconcile(object, ctx)).await
                 },
                 error_policy::<K>,
                 ctx.clone(),
@@ -594,9 +558,9 @@ async fn drive<K: ComponentResource>(
         Err(e) => return Ok(Outcome::Invalid(e)),
     };
     let (restore_vars, restore_status) = match restore_plan {
-        super::backup::RestorePlan::None => (None, None),
-        super::backup::RestorePlan::Pending(vars, status) => (Some(vars), Some(status)),
-        super::backup::RestorePlan::Refused { reason, message } => {
+        crate::controllers::component::etcd::backup::RestorePlan::None => (None, None),
+        crate::controllers::component::etcd::backup::RestorePlan::Pending(vars, status) => (Some(vars), Some(status)),
+        crate::controllers::component::etcd::backup::RestorePlan::Refused { reason, message } => {
             return Ok(Outcome::Refused { reason, message });
         }
     };
@@ -734,7 +698,7 @@ async fn drive<K: ComponentResource>(
             )
             .await?
         }
-        Err(_) => super::backup::BackupReport::default(),
+        Err(_) => crate::controllers::component::etcd::backup::BackupReport::default(),
     };
     Ok(Outcome::Applied {
         restore: restore_status,

@@ -8,8 +8,8 @@ use kube::{Resource, ResourceExt};
 
 use std::sync::Arc;
 
-use super::{Context, ReconcileError};
 use crate::api::{CLUSTER_NAME_LABEL, CONTROL_PLANE_GROUP, NestedControlPlane};
+use crate::controllers::{Context, ReconcileError};
 use crate::pki::RenewalPolicy;
 use crate::plan::{
     ClusterSettings, DEFAULT_DNS_DOMAIN, DEFAULT_IMAGE_REPOSITORY, DEFAULT_SERVICE_CIDR, NetworkPolicySettings,
@@ -108,7 +108,7 @@ pub fn is_paused(ncp: &NestedControlPlane, cluster: Option<&DynamicObject>) -> b
 }
 
 /// Reads the CAPI Cluster that owns `ncp`, when one does: from the watch cache
-/// ([`super::cache::ClusterCache`], trimmed to the spec fields capn reads), or with a GET
+/// ([`crate::controllers::shared::cache::ClusterCache`], trimmed to the spec fields capn reads), or with a GET
 /// when the cache does not hold it or Cluster API was not served as capn started. A
 /// Cluster that cannot be found (deleted, or Cluster API not installed) reads as `None`.
 ///

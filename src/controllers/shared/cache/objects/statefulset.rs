@@ -55,7 +55,7 @@ mod tests {
             },
         });
         let cached: CachedStatefulSet = serde_json::from_value(full.clone()).unwrap();
-        let json = crate::controllers::cached::api_json(&cached).unwrap();
+        let json = crate::controllers::shared::cache::objects::api_json(&cached).unwrap();
         assert!(json.pointer("/spec/template").is_none());
         assert_eq!(json.pointer("/spec/replicas"), Some(&serde_json::json!(3)));
         assert_eq!(readiness(&json), readiness(&full));

@@ -22,8 +22,8 @@ use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::{Context, ReconcileError};
 use crate::apply::{apply_params, create_params};
+use crate::controllers::{Context, ReconcileError};
 use crate::pki::{
     CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, RenewalPolicy, check_leaf,
     key_pair_from_secret, kubeconfig, kubeconfig_from_secret, kubeconfig_secret, service_account_key_pair, tls_secret,
@@ -773,8 +773,8 @@ fn parse_kubeconfig(text: &str) -> Option<ParsedKubeconfig> {
 }
 
 /// The wait of a component whose CA is not there yet.
-pub fn waiting_for_ca(name: &str) -> super::component::Gate {
-    super::component::Gate::Wait {
+pub fn waiting_for_ca(name: &str) -> crate::controllers::round::Gate {
+    crate::controllers::round::Gate::Wait {
         reason: "WaitingForCertificates",
         message: format!("secret {name} (a certificate authority) does not exist yet"),
     }

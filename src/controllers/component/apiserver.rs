@@ -8,11 +8,12 @@ use std::sync::Arc;
 use futures::stream::BoxStream;
 use kube::runtime::reflector::ObjectRef;
 
-use super::certificates::{CertificateStore, waiting_for_ca};
-use super::component::{ComponentResource, Gate, component_accessors, predecessor_ready, successor_of};
-use super::{Context, ReconcileError};
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedEtcd, ServiceOutput};
 use crate::component::ComponentKind;
+use crate::controllers::component::{ComponentResource, component_accessors, predecessor_ready, successor_of};
+use crate::controllers::round::Gate;
+use crate::controllers::shared::certificates::{CertificateStore, waiting_for_ca};
+use crate::controllers::{Context, ReconcileError};
 use crate::pki::{
     ApiServerSanInput, SecretNames, apiserver_etcd_client_leaf, apiserver_kubelet_client_leaf, apiserver_leaf,
     front_proxy_client_leaf,
@@ -53,7 +54,7 @@ impl ComponentResource for NestedAPIServer {
 
     fn predecessor_changes(
         ctx: &Arc<Context>,
-        subscriptions: &super::cache::Subscriptions,
+        subscriptions: &crate::controllers::shared::cache::Subscriptions,
     ) -> Option<BoxStream<'static, ObjectRef<Self>>> {
         Some(successor_of::<NestedEtcd, Self>(ctx, subscriptions))
     }

@@ -9,27 +9,26 @@
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::certificates::CertificateStore;
-use super::component::{ComponentResource, Now};
-use super::{Context, ReconcileError};
 use crate::api::{
     CertificateAuthorityRotation, NestedAPIServer, NestedControlPlane, NestedControlPlaneStatus,
     NestedControllerManager, NestedEtcd, RotationPhaseRecord,
 };
+use crate::controllers::component::ComponentResource;
+use crate::controllers::round::Now;
+use crate::controllers::shared::certificates::CertificateStore;
+use crate::controllers::{Context, ReconcileError};
 use crate::pki::rotation::{Authority, ComponentObservation, Phase, converged, desired_content, parse_request};
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, CertificateAuthority, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, KeyAlgorithm,
     SecretNames, service_account_key_pair,
 };
 use crate::plan::certificates_digest;
-use crate::status::{ConditionUpdate, set_condition};
+use crate::status::{CA_ROTATION, ConditionUpdate, set_condition};
 
 /// Annotation on a NestedControlPlane that requests a rotation: `ca`, `etcd`,
 /// `front-proxy` or `sa`, optionally followed by `/<id>` so that the same authority can be
 /// rotated again later (a value equal to the last completed request does nothing).
 pub const ROTATE_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/rotate-certificate-authority";
-/// Condition on the NestedControlPlane: True while a rotation runs (reason: the phase).
-pub const CA_ROTATION: &str = "CertificateAuthorityRotation";
 
 fn secret_of(names: &SecretNames, authority: Authority) -> &str {
     match authority {

@@ -37,13 +37,13 @@ use kube::ResourceExt;
 use kube::api::Api;
 use semver::Version;
 
-use super::{Context, ReconcileError};
 use crate::api::{BackupDestination, BackupStatus, NestedEtcd, RestoreStatus, SnapshotStatus};
 use crate::backup::naming::{LATEST, normalize_prefix};
 use crate::backup::store::{Destination, Store, StoreError};
 use crate::backup::{ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN};
 use crate::channel::Channel;
 use crate::component::ComponentKind;
+use crate::controllers::{Context, ReconcileError};
 use crate::plan::RestoreVars;
 
 /// Region used to sign requests when a destination names none.
@@ -385,7 +385,7 @@ pub async fn backup_step(
     ctx: &Context,
     etcd: &NestedEtcd,
     ns: &str,
-    certificates: &super::certificates::CertificateStore<'_>,
+    certificates: &crate::controllers::shared::certificates::CertificateStore<'_>,
     cluster: &str,
     channel: &Channel,
     ready: bool,

@@ -2,6 +2,9 @@
 //! re-minted), the three component resources (created or adopted), the control plane
 //! endpoint, the admin `<cluster>-kubeconfig`, and the aggregated status (CAPI contract).
 
+pub mod rotation;
+pub mod upgrade;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,11 +16,6 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use super::cache::Subscriptions;
-use super::certificates::CertificateStore;
-use super::component::{ComponentResource, Now, recheck_after};
-use super::read::{cluster_settings, controller_reference, is_paused, owning_cluster, renewal_policy};
-use super::{Context, ReconcileError, WATCH_FILTER_LABEL, events};
 use crate::api::{
     ApiEndpoint, CLUSTER_NAME_LABEL, CertificateRenewal, ComponentSummary, ComponentsStatus,
     ControlPlaneInitialization, NestedAPIServer, NestedControlPlane, NestedControlPlaneStatus, NestedControllerManager,
@@ -25,6 +23,14 @@ use crate::api::{
 };
 use crate::apply::applyset::{CONTAINS_GROUP_KINDS_ANNOTATION, ID_LABEL, TOOLING_ANNOTATION, tooling};
 use crate::apply::{apply_params, create_params, update_params};
+use crate::controllers::component::ComponentResource;
+use crate::controllers::round::{Now, recheck_after};
+use crate::controllers::shared::cache::Subscriptions;
+use crate::controllers::shared::certificates::CertificateStore;
+use crate::controllers::shared::read::{
+    cluster_settings, controller_reference, is_paused, owning_cluster, renewal_policy,
+};
+use crate::controllers::{Context, ReconcileError, WATCH_FILTER_LABEL, events};
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, SecretNames, admin_leaf, admin_user,
     apiserver_service_host, server_url,
@@ -51,7 +57,7 @@ pub fn run(ctx: Arc<Context>, subscriptions: &Subscriptions) -> impl Future<Outp
         Controller::for_shared_stream(subscriptions.control_planes.clone(), ctx.caches.control_planes.clone())
             // A burst of component changes (three components provisioning) becomes one
             // reconcile and one status write.
-            .with_config(super::controller_config().debounce(Duration::from_millis(250)))
+            .with_config(crate::controllers::controller_config().debounce(Duration::from_millis(250)))
             .owns_shared_stream(subscriptions.etcds.clone())
             .owns_shared_stream(subscriptions.apiservers.clone())
             .owns_shared_stream(subscriptions.controller_managers.clone())
@@ -63,7 +69,9 @@ pub fn run(ctx: Arc<Context>, subscriptions: &Subscriptions) -> impl Future<Outp
         controller
             .shutdown_on_signal()
             .run(
-                |ncp, ctx| async move { super::instrumented(&ctx.clone(), "control-plane", reconcile(ncp, ctx)).await },
+                |ncp, ctx| async move {
+                    crate::controllers::instrumented(&ctx.clone(), "control-plane", reconcile(ncp, ctx)).await
+                },
                 error_policy,
                 ctx.clone(),
             )
@@ -140,12 +148,11 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
         generation = Some(patched);
     }
     status.observed_generation = generation;
-    let observed = super::status_memo::Observed::of("NestedControlPlane", &*ncp, &old);
+    let observed = crate::controllers::shared::status_memo::Observed::of("NestedControlPlane", &*ncp, &old);
     if status != old && !ctx.status_memo.already_written(&observed, &status) {
         // The public CRD sync owns its condition and counts; leave them out of this apply.
         let mut own = status.clone();
-        own.conditions
-            .retain(|c| c.type_ != super::public_crds::PUBLIC_CRDS_SYNCED);
+        own.conditions.retain(|c| c.type_ != crate::status::PUBLIC_CRDS_SYNCED);
         own.public_crds = None;
         let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), &ns);
         let patch = serde_json::json!({
@@ -196,7 +203,7 @@ async fn drive(
     let store = CertificateStore::new(ctx, ns, &cluster.name, &owner, now.time, policy);
 
     // 0. A CA rotation requested or in progress moves first: it may bring back a lost CA.
-    super::rotation::step(ctx, ncp, &store, &names, status, now).await?;
+    crate::controllers::control_plane::rotation::step(ctx, ncp, &store, &names, status, now).await?;
 
     // 1. CAs and the service-account key: created once; after that a missing one is an
     //    error for a human, never a silent re-mint (docs/design.md §6).
@@ -446,12 +453,13 @@ async fn drive(
     set_condition(&mut status.conditions, rolling_out, generation, &now.k8s);
     status.components = Some(components);
     // 6. A stepped upgrade moves once the components are summarized (docs/design.md §10).
-    let parts = super::upgrade::Components {
+    let parts = crate::controllers::control_plane::upgrade::Components {
         etcd: etcd.as_ref(),
         apiserver: apiserver.as_ref(),
         controller_manager: controller_manager.as_ref(),
     };
-    let upgrade_again = super::upgrade::step(ctx, ncp, ns, cluster, &parts, status, now).await;
+    let upgrade_again =
+        crate::controllers::control_plane::upgrade::step(ctx, ncp, ns, cluster, &parts, status, now).await;
     // Look again when the admin kubeconfig is due (the components watch their own).
     let again = recheck_after(&ncp.name_any(), store.next_renewal(), now.time);
     Ok(Action::requeue(upgrade_again.map_or(again, |u| u.min(again))))

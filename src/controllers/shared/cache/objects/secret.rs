@@ -14,7 +14,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::api::NestedControlPlane;
-use crate::controllers::certificates::{NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTATION};
+use crate::controllers::shared::certificates::{NOT_AFTER_ANNOTATION, RENEW_AFTER_ANNOTATION};
 
 /// A Secret as the metadata watch cache holds it (`v1`).
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use futures::stream::BoxStream;
 use kube::runtime::reflector::ObjectRef;
 
-use super::certificates::{CertificateStore, waiting_for_ca};
-use super::component::{ComponentResource, Gate, component_accessors, predecessor_ready, successor_of};
-use super::{Context, ReconcileError};
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager};
 use crate::component::ComponentKind;
+use crate::controllers::component::{ComponentResource, component_accessors, predecessor_ready, successor_of};
+use crate::controllers::round::Gate;
+use crate::controllers::shared::certificates::{CertificateStore, waiting_for_ca};
+use crate::controllers::{Context, ReconcileError};
 use crate::pki::{CONTROLLER_MANAGER_USER, SecretNames, apiserver_service_host, controller_manager_leaf, server_url};
 use crate::plan::{APISERVER_PORT, ClusterSettings, Plan, Upstream};
 
@@ -37,7 +38,7 @@ impl ComponentResource for NestedControllerManager {
 
     fn predecessor_changes(
         ctx: &Arc<Context>,
-        subscriptions: &super::cache::Subscriptions,
+        subscriptions: &crate::controllers::shared::cache::Subscriptions,
     ) -> Option<BoxStream<'static, ObjectRef<Self>>> {
         Some(successor_of::<NestedAPIServer, Self>(ctx, subscriptions))
     }

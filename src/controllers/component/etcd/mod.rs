@@ -1,17 +1,21 @@
 //! NestedEtcd specifics: the first component (no gate), and the etcd server/peer
 //! certificate, whose SANs follow the member count (docs/reference.md "etcd certificate").
 
+pub mod backup;
+pub mod membership;
+
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use kube::runtime::reflector::ObjectRef;
 
-use super::certificates::{CertificateStore, waiting_for_ca};
-use super::component::{ComponentResource, Gate, Now, component_accessors};
-use super::membership::{Membership, reconcile_members};
-use super::{Context, ReconcileError};
 use crate::api::{NestedControlPlane, NestedEtcd};
 use crate::component::ComponentKind;
+use crate::controllers::component::etcd::membership::{Membership, reconcile_members};
+use crate::controllers::component::{ComponentResource, component_accessors};
+use crate::controllers::round::{Gate, Now};
+use crate::controllers::shared::certificates::{CertificateStore, waiting_for_ca};
+use crate::controllers::{Context, ReconcileError};
 use crate::pki::{SecretNames, etcd_server_leaf};
 use crate::plan::{ClusterSettings, Plan, Upstream};
 
@@ -25,7 +29,7 @@ impl ComponentResource for NestedEtcd {
 
     fn predecessor_changes(
         _ctx: &Arc<Context>,
-        _subscriptions: &super::cache::Subscriptions,
+        _subscriptions: &crate::controllers::shared::cache::Subscriptions,
     ) -> Option<BoxStream<'static, ObjectRef<Self>>> {
         None
     }
@@ -37,11 +41,11 @@ impl ComponentResource for NestedEtcd {
         ns: &str,
         channel: &crate::channel::Channel,
         version: &semver::Version,
-    ) -> Result<super::backup::RestorePlan, ReconcileError> {
-        super::backup::plan_restore(ctx, object, ns, channel, version).await
+    ) -> Result<crate::controllers::component::etcd::backup::RestorePlan, ReconcileError> {
+        crate::controllers::component::etcd::backup::plan_restore(ctx, object, ns, channel, version).await
     }
 
-    /// Scheduled and on-demand snapshots ([`super::backup::backup_step`]).
+    /// Scheduled and on-demand snapshots ([`crate::controllers::component::etcd::backup::backup_step`]).
     #[allow(clippy::too_many_arguments)]
     async fn after_apply(
         ctx: &Context,
@@ -53,8 +57,19 @@ impl ComponentResource for NestedEtcd {
         ready: bool,
         endpoints: &[String],
         now: k8s_openapi::jiff::Timestamp,
-    ) -> Result<super::backup::BackupReport, ReconcileError> {
-        super::backup::backup_step(ctx, object, ns, certificates, cluster, channel, ready, endpoints, now).await
+    ) -> Result<crate::controllers::component::etcd::backup::BackupReport, ReconcileError> {
+        crate::controllers::component::etcd::backup::backup_step(
+            ctx,
+            object,
+            ns,
+            certificates,
+            cluster,
+            channel,
+            ready,
+            endpoints,
+            now,
+        )
+        .await
     }
 
     /// Issues `<c>-etcd-server` (server and client usage; every member's names) before the
@@ -77,7 +92,7 @@ impl ComponentResource for NestedEtcd {
     }
 
     /// Reads the members through etcd and takes at most one step toward `spec.replicas`
-    /// ([`super::membership`]), when the channel's provider declares membership changes.
+    /// ([`crate::controllers::component::etcd::membership`]), when the channel's provider declares membership changes.
     async fn membership(
         ctx: &Context,
         object: &Self,

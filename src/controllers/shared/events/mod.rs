@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Resource, ResourceExt};
 
 pub use self::recorder::{Occurrence, Recorder};
-use super::Context;
+use crate::controllers::Context;
 
 mod recorder;
 
@@ -90,7 +90,7 @@ where
             Some(b) => b.status != c.status,
             None => c.status == "True",
         };
-        let notable = c.type_ == super::rotation::CA_ROTATION || (NOTABLE.contains(&c.type_.as_str()) && flipped);
+        let notable = c.type_ == crate::status::CA_ROTATION || (NOTABLE.contains(&c.type_.as_str()) && flipped);
         if !(warning || recovered || notable) {
             continue;
         }

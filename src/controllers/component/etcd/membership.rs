@@ -18,20 +18,17 @@ use kube::runtime::reflector::ObjectRef;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::certificates::CertificateStore;
-use super::component::Now;
-use super::{Context, events};
 use crate::api::{EtcdClusterStatus, EtcdMemberStatus, MemberRemediation, NestedEtcd};
 use crate::component::ComponentKind;
+use crate::controllers::round::Now;
+use crate::controllers::shared::certificates::CertificateStore;
+use crate::controllers::{Context, events};
 use crate::etcd::members::{MemberView, Observed, Refusal, Step, even_warning, next_step, ordinal_of};
 use crate::etcd::{EtcdCluster, ListedMember, MemberStatus};
 use crate::pki::SecretNames;
 use crate::plan::{ClusterSettings, EtcdMember, EtcdMembership, InitialClusterState, etcd_members};
-use crate::status::ConditionUpdate;
+use crate::status::{ConditionUpdate, MEMBERS_SYNCED};
 
-/// Condition type on NestedEtcd: the members etcd lists are the desired ones (False: the
-/// step under way, or why no step may be taken).
-pub const MEMBERS_SYNCED: &str = "MembersSynced";
 /// How soon the next step is looked at after one was taken or while one is under way.
 pub const STEP_RECHECK: Duration = Duration::from_secs(2);
 
@@ -64,7 +61,7 @@ pub async fn reconcile_members(
     cluster: &ClusterSettings,
     supported: bool,
     now: &Now,
-) -> Result<Membership, super::ReconcileError> {
+) -> Result<Membership, crate::controllers::ReconcileError> {
     let status = object.status.as_ref();
     let applied = status.is_some_and(|s| s.version.is_some());
     if !applied || !supported {

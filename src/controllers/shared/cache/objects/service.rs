@@ -62,7 +62,7 @@ mod tests {
             service("LoadBalancer", serde_json::json!([{"ip": "192.0.2.1"}])),
         ] {
             let cached: CachedService = serde_json::from_value(full.clone()).unwrap();
-            let json = crate::controllers::cached::api_json(&cached).unwrap();
+            let json = crate::controllers::shared::cache::objects::api_json(&cached).unwrap();
             assert!(json.pointer("/spec/ports").is_none());
             assert_eq!(json.pointer("/spec/clusterIP"), full.pointer("/spec/clusterIP"));
             assert_eq!(json.pointer("/spec/type"), full.pointer("/spec/type"));

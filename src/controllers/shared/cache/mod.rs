@@ -18,6 +18,8 @@
 //! Cached objects keep what reconciles read: `managedFields` and the last-applied
 //! annotation are stripped as they arrive.
 
+pub mod objects;
+
 use std::future::ready;
 use std::sync::Arc;
 
@@ -32,10 +34,12 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use super::cached::{CachedSecret, CachedService, CachedStatefulSet, api_json, owned_metadata};
-use super::read::{CAPI_GROUP, capi_cluster_owner, cluster_name};
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::apply::Live;
+use crate::controllers::shared::cache::objects::{
+    CachedSecret, CachedService, CachedStatefulSet, api_json, owned_metadata,
+};
+use crate::controllers::shared::read::{CAPI_GROUP, capi_cluster_owner, cluster_name};
 use crate::pki::SecretNames;
 
 /// Events a shared reflector buffers per subscriber before it waits for the slowest one.
@@ -49,7 +53,7 @@ const CLUSTER_CHANGES: usize = 1024;
 /// Annotation `kubectl apply` leaves on objects: never read, never cached.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// The caches, readable from every reconcile through [`super::Context::caches`].
+/// The caches, readable from every reconcile through [`crate::controllers::Context::caches`].
 pub struct Caches {
     pub control_planes: Store<NestedControlPlane>,
     pub etcds: Store<NestedEtcd>,
@@ -140,7 +144,7 @@ impl Drop for Drivers {
 }
 
 /// Strips what no reconcile reads from a cached object as it arrives.
-pub(super) fn strip<K: Resource>(object: &mut K) {
+pub(in crate::controllers) fn strip<K: Resource>(object: &mut K) {
     object.managed_fields_mut().clear();
     object.annotations_mut().remove(LAST_APPLIED);
 }
@@ -535,8 +539,8 @@ mod tests {
         assert!(cluster.metadata.labels.is_none());
         // What reconciles read of it reads the same as from the whole Cluster.
         let ncp = NestedControlPlane::new("cp", Default::default());
-        assert!(super::super::read::is_paused(&ncp, Some(&cluster)));
-        let settings = super::super::read::cluster_settings(&ncp, Some(&cluster), "cluster.local");
+        assert!(crate::controllers::shared::read::is_paused(&ncp, Some(&cluster)));
+        let settings = crate::controllers::shared::read::cluster_settings(&ncp, Some(&cluster), "cluster.local");
         assert_eq!(
             (settings.service_cidr.as_str(), settings.dns_domain.as_str()),
             ("10.96.0.0/12", "tenant.local")
