@@ -1,5 +1,6 @@
 //! Conditions and readiness words in one place (docs/design.md §2, CAPI contract), so that no
-//! reconciler invents its own.
+//! reconciler invents its own: the condition types, the typed [`Reason`]s with whether each
+//! is a failure (which decides an Event's type), and [`set_condition`].
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -26,8 +27,7 @@ pub const CONTROLLER_MANAGER_READY: &str = "ControllerManagerReady";
 /// Condition on the NestedControlPlane: True while a rotation runs (reason: the phase).
 pub const CA_ROTATION: &str = "CertificateAuthorityRotation";
 /// Condition type on the NestedControlPlane: a stepped upgrade is in progress (True), or
-/// why none moves (False: `UpToDate`, `Completed`, `UpgradeNotAllowed`,
-/// `WaitingForPreflight`, `UpgradeHeld`, `UpgradeStepFailed`).
+/// why none moves (False: see the reasons whose [`Reason::conditions`] name it).
 pub const UPGRADING: &str = "Upgrading";
 /// Condition type on the NestedControlPlane: the last preflight before an upgrade step
 /// (reasons: [`crate::upgrade::preflight_reason`]).
@@ -46,6 +46,163 @@ pub mod phase {
     pub const FAILED: &str = "Failed";
 }
 
+/// Declares [`Reason`]: each reason once, with whether it reports a failure, the condition
+/// types it is set on, and what it means (the book's table, docs/reference/conditions.md, is
+/// generated from these). A reason cannot be added without saying whether it is a failure.
+macro_rules! reasons {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident: $severity:ident, [$($condition:expr),* $(,)?], $meaning:literal;
+    )+) => {
+        /// Why a condition has its status: the `reason` word of capn's own conditions, and of
+        /// the Events that report them. Errors carry reasons of their own (each error enum's
+        /// `reason()`), which are always failures; see [`ConditionUpdate::error`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $name,)+
+        }
+
+        impl Reason {
+            /// Every reason, in declaration order.
+            pub const ALL: &[Reason] = &[$(Reason::$name),+];
+
+            /// The reason's word in conditions and Events (`WaitingForEtcd`).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$name => stringify!($name),)+
+                }
+            }
+
+            /// Whether the reason reports a failure someone must look at (Warning Event), as
+            /// opposed to waiting, progress or success (Normal Event, or none).
+            pub const fn is_failure(self) -> bool {
+                match self {
+                    $(Reason::$name => reasons!(@failure $severity),)+
+                }
+            }
+
+            /// The condition types this reason is set on (none: it names Events only).
+            pub fn conditions(self) -> &'static [&'static str] {
+                match self {
+                    $(Reason::$name => &[$($condition),*],)+
+                }
+            }
+
+            /// One sentence: what the reason means and, for a failure, what to do.
+            pub const fn meaning(self) -> &'static str {
+                match self {
+                    $(Reason::$name => $meaning,)+
+                }
+            }
+        }
+    };
+    (@failure failure) => { true };
+    (@failure progress) => { false };
+    (@failure success) => { false };
+}
+
+reasons! {
+    // Ready (components, NestedCluster), Available and the control plane's component mirrors.
+    Ready: success, [READY, ETCD_READY, APISERVER_READY, CONTROLLER_MANAGER_READY],
+        "The component serves with every replica ready.";
+    Available: success, [AVAILABLE], "etcd, apiserver and controller-manager are ready.";
+    Provisioned: success, [READY], "The NestedCluster's control plane endpoint is known.";
+    Provisioning: progress, [READY], "The component was applied; its pods are not all ready yet.";
+    NotReady: progress, [ETCD_READY, APISERVER_READY, CONTROLLER_MANAGER_READY],
+        "The component is on its way; its own Ready condition tells the progress.";
+    ComponentsNotReady: progress, [AVAILABLE, UPGRADE_PREFLIGHT],
+        "Not every component is ready yet; the message names which.";
+    ComponentMissing: failure, [ETCD_READY, APISERVER_READY, CONTROLLER_MANAGER_READY],
+        "The component resource named in the NestedControlPlane's spec does not exist: create it or remove the reference.";
+    WaitingForEtcd: progress, [READY, ROLLING_OUT, SYNCED], "The component waits for etcd to be ready.";
+    WaitingForAPIServer: progress, [READY, ROLLING_OUT], "The controller-manager waits for the apiserver to be ready.";
+    WaitingForService: progress, [READY, ROLLING_OUT], "The apiserver waits for its Service to have an address.";
+    WaitingForCertificates: progress, [READY, ROLLING_OUT, MEMBERS_SYNCED],
+        "The component waits for the control plane's CAs and Secrets.";
+    WaitingForControlPlane: progress, [READY], "The NestedCluster waits for a NestedControlPlane with an endpoint.";
+    // Paused
+    Paused: success, [PAUSED], "Reconciliation is paused (cluster.x-k8s.io/paused or the Cluster's spec.paused).";
+    NotPaused: success, [PAUSED], "Reconciliation runs.";
+    // RollingOut
+    RollingOut: progress, [ROLLING_OUT], "Pods that served are being replaced with the new spec or release.";
+    RolledOut: success, [ROLLING_OUT], "The component runs its desired spec and release.";
+    NotRollingOut: success, [ROLLING_OUT], "Every component runs its desired release.";
+    // Synced, CertificatesAvailable
+    Applied: success, [SYNCED], "The latest spec was rendered from the channel and applied.";
+    Valid: success, [SYNCED], "The NestedControlPlane's spec follows every field rule.";
+    CertificatesAvailable: success, [CERTIFICATES_AVAILABLE], "The CAs and the service-account key exist.";
+    // Upgrading, UpgradePreflight
+    UpToDate: success, [UPGRADING], "The control plane runs the release its spec asks for.";
+    Upgrading: progress, [UPGRADING], "An upgrade step is rolling out.";
+    Preflight: progress, [UPGRADING], "The checks before the next upgrade step run.";
+    WaitingForPreflight: progress, [UPGRADING], "The next upgrade step waits for its preflight to pass.";
+    UpgradeHeld: progress, [UPGRADING], "The upgrade waits for an acknowledgement or a change of spec; the message says which.";
+    UpgradeStepFailed: failure, [UPGRADING], "An upgrade step did not complete in time: see the message and the components' conditions.";
+    Completed: success, [UPGRADING, CA_ROTATION], "The upgrade or rotation finished.";
+    PreflightPassed: success, [UPGRADE_PREFLIGHT], "Every check before the next upgrade step passed.";
+    CertificateRenewalDue: failure, [UPGRADE_PREFLIGHT],
+        "A certificate expires or renews within the upgrade step timeout: let the renewal finish first.";
+    DeprecatedAPIUsageUnknown: failure, [UPGRADE_PREFLIGHT],
+        "The tenant apiserver's deprecated-API metric could not be read, so removed APIs cannot be ruled out.";
+    RemovedAPIsInUse: failure, [UPGRADE_PREFLIGHT],
+        "Clients of the tenant still use APIs the next release removes: migrate them, or acknowledge the upgrade.";
+    // MembersSynced (NestedEtcd)
+    MembersSynced: success, [MEMBERS_SYNCED], "etcd lists exactly the desired members.";
+    AddingLearner: progress, [MEMBERS_SYNCED], "A member is being added as a learner.";
+    ScalingStatefulSet: progress, [MEMBERS_SYNCED], "The etcd StatefulSet is being scaled to the next member count.";
+    WaitingForLearner: progress, [MEMBERS_SYNCED], "A learner is starting and catching up.";
+    PromotingLearner: progress, [MEMBERS_SYNCED], "A caught-up learner is being promoted to a voting member.";
+    RemovingMember: progress, [MEMBERS_SYNCED], "A member is being removed (scale down).";
+    ReplacingLostMember: progress, [MEMBERS_SYNCED], "A member that lost its data is being removed, to come back as a learner.";
+    EtcdUnreachable: failure, [MEMBERS_SYNCED], "No etcd member answered; nothing is changed until etcd answers.";
+    // CertificateAuthorityRotation: the phases while it runs, then Completed.
+    NewAuthority: progress, [CA_ROTATION], "Rotation phase: the new authority was created.";
+    TrustBoth: progress, [CA_ROTATION], "Rotation phase: every component trusts the old and the new authority.";
+    SignWithNew: progress, [CA_ROTATION], "Rotation phase: every certificate is signed by the new authority.";
+    DropOld: progress, [CA_ROTATION], "Rotation phase: the old authority is being dropped.";
+    InvalidRotationRequest: failure, [CA_ROTATION], "The rotation annotation names no known authority: use ca, etcd, front-proxy or sa.";
+    UserSuppliedAuthority: failure, [CA_ROTATION], "The authority was supplied by the user; capn does not rotate it.";
+    RotationStateLost: failure, [CA_ROTATION], "The rotation's saved state was lost; the rotation starts again from its first phase.";
+    // BackupSucceeded (NestedEtcd with spec.backup)
+    SnapshotVerified: success, [BACKUP_SUCCEEDED], "The last snapshot was uploaded and verified.";
+    BackupsNotSupported: failure, [BACKUP_SUCCEEDED], "The channel's etcd provider does not declare backups.";
+    BackupCredentialsMissing: failure, [BACKUP_SUCCEEDED, SYNCED], "The Secret with the object store's credentials does not exist.";
+    RestoreNotAllowed: failure, [SYNCED, READY], "A restore was asked for where it cannot run; the message says why.";
+    SnapshotVersionUnsupported: failure, [SYNCED, READY], "The snapshot was taken by an etcd this channel cannot restore.";
+    // PublicCRDsSynced
+    Synced: success, [PUBLIC_CRDS_SYNCED], "Every public CRD of the super cluster is installed in the tenant.";
+    TenantOwnsCRD: failure, [PUBLIC_CRDS_SYNCED], "The tenant has its own CRD of a public CRD's name; that one is left alone.";
+    TenantUnreachable: failure, [PUBLIC_CRDS_SYNCED], "The tenant apiserver could not be reached.";
+    // Events of steps taken, with no condition of their own.
+    UpgradePlanned: success, [], "A stepped upgrade was planned; the message lists its steps.";
+    UpgradeStepStarted: progress, [], "An upgrade step started.";
+    UpgradeCompleted: success, [], "The stepped upgrade reached its target release.";
+    AddedLearner: progress, [], "An etcd member was added as a learner.";
+    PromotedLearner: progress, [], "An etcd learner was promoted to a voting member.";
+    RemovedMember: progress, [], "An etcd member was removed (scale down).";
+    RemovedLostMember: progress, [], "An etcd member that lost its data was removed, to come back as a learner.";
+}
+
+impl Reason {
+    /// The reason whose word is `word`, if it is one of capn's own (errors' reasons are not).
+    pub fn parse(word: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|r| r.as_str() == word)
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether `reason` (any condition's, read back from the API or just decided) reports a
+/// failure: one of capn's own failure reasons, or an error's reason, which is not one of
+/// [`Reason::ALL`].
+pub fn is_failure_reason(reason: &str) -> bool {
+    Reason::parse(reason).is_none_or(Reason::is_failure)
+}
+
 /// A condition as a reconciler decides it, before it meets the clock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConditionUpdate {
@@ -56,14 +213,43 @@ pub struct ConditionUpdate {
 }
 
 impl ConditionUpdate {
-    pub fn new(type_: &'static str, status: bool, reason: impl Into<String>, message: impl Into<String>) -> Self {
+    /// A condition with one of capn's own reasons.
+    pub fn new(type_: &'static str, status: bool, reason: Reason, message: impl Into<String>) -> Self {
+        Self::with_word(type_, status, reason.as_str().to_string(), message.into())
+    }
+
+    /// A condition that reports an error: the error's own `reason()` word (a failure unless
+    /// it names one of [`Reason::ALL`], as `PlanError::NoEtcdEndpoints` names
+    /// `WaitingForEtcd`) and its message.
+    pub fn error(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self::with_word(type_, status, reason.to_string(), message.into())
+    }
+
+    /// A condition that repeats another object's condition reason word for word (the
+    /// control plane mirroring a failing component).
+    pub fn mirrored(type_: &'static str, status: bool, reason: String, message: impl Into<String>) -> Self {
+        Self::with_word(type_, status, reason, message.into())
+    }
+
+    fn with_word(type_: &'static str, status: bool, reason: String, message: String) -> Self {
         Self {
             type_,
             status,
-            reason: reason.into(),
-            message: message.into(),
+            reason,
+            message,
         }
     }
+
+    /// Whether this condition reports a failure (status False with a failure reason).
+    pub fn failing(&self) -> bool {
+        !self.status && is_failure_reason(&self.reason)
+    }
+}
+
+/// Whether `condition` reports a failure: not True, with a failure reason
+/// ([`is_failure_reason`]). Waiting, progress and success never are.
+pub fn failing(condition: &Condition) -> bool {
+    condition.status != "True" && is_failure_reason(&condition.reason)
 }
 
 /// Sets `update` in `conditions`, keeping `lastTransitionTime` when the status did not
@@ -107,28 +293,124 @@ mod tests {
         let mut cs = Vec::new();
         set_condition(
             &mut cs,
-            ConditionUpdate::new(READY, false, "Waiting", "a"),
+            ConditionUpdate::new(READY, false, Reason::WaitingForEtcd, "a"),
             Some(1),
             &t("2026-01-01T00:00:00Z"),
         );
         set_condition(
             &mut cs,
-            ConditionUpdate::new(READY, false, "StillWaiting", "b"),
+            ConditionUpdate::new(READY, false, Reason::Provisioning, "b"),
             Some(2),
             &t("2026-01-02T00:00:00Z"),
         );
         assert_eq!(cs.len(), 1);
         assert_eq!(cs[0].last_transition_time, t("2026-01-01T00:00:00Z"));
-        assert_eq!(cs[0].reason, "StillWaiting");
+        assert_eq!(cs[0].reason, "Provisioning");
         assert_eq!(cs[0].observed_generation, Some(2));
         set_condition(
             &mut cs,
-            ConditionUpdate::new(READY, true, "Ready", "c"),
+            ConditionUpdate::new(READY, true, Reason::Ready, "c"),
             Some(2),
             &t("2026-01-03T00:00:00Z"),
         );
         assert_eq!(cs[0].last_transition_time, t("2026-01-03T00:00:00Z"));
         assert!(is_true(&cs, READY));
         assert!(!is_true(&cs, AVAILABLE));
+    }
+
+    fn condition(status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: READY.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: t("2026-01-01T00:00:00Z"),
+        }
+    }
+
+    #[test]
+    fn waiting_progress_and_success_are_not_failures_and_errors_are() {
+        for progress in [
+            "WaitingForEtcd",
+            "Provisioning",
+            "NotReady",
+            "AddingLearner",
+            "UpgradeHeld",
+            "RollingOut",
+        ] {
+            assert!(!failing(&condition("False", progress)), "{progress}");
+        }
+        for failure in [
+            "ComponentMissing",
+            "UpgradeStepFailed",
+            "InvalidVersion",
+            "ApplyFailed",
+            "TenantUnreachable",
+        ] {
+            assert!(failing(&condition("False", failure)), "{failure}");
+            assert!(!failing(&condition("True", failure)), "{failure} with status True");
+        }
+        assert!(ConditionUpdate::error(SYNCED, false, "InvalidVersion", "m").failing());
+        assert!(!ConditionUpdate::error(SYNCED, false, "WaitingForEtcd", "m").failing());
+        assert!(!ConditionUpdate::new(READY, false, Reason::Provisioning, "m").failing());
+    }
+
+    #[test]
+    fn every_reason_has_one_word_and_a_meaning() {
+        let mut words = std::collections::BTreeSet::new();
+        for reason in Reason::ALL {
+            assert!(words.insert(reason.as_str()), "{reason} is declared twice");
+            assert_eq!(Reason::parse(reason.as_str()), Some(*reason));
+            assert!(reason.meaning().ends_with('.'), "{reason}: {}", reason.meaning());
+        }
+        assert_eq!(Reason::parse("NoSuchReason"), None);
+    }
+
+    /// The book's table of conditions and reasons (docs/reference/conditions.md) is generated
+    /// from [`Reason`]; regenerate with `UPDATE_DOCS=1 cargo test --lib conditions_table`.
+    #[test]
+    fn conditions_table_in_the_book_is_current() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/conditions.md");
+        let text = conditions_table();
+        if std::env::var_os("UPDATE_DOCS").is_some() {
+            std::fs::write(&path, &text).unwrap();
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == text,
+            "{} is stale; run UPDATE_DOCS=1 cargo test --lib conditions_table",
+            path.display()
+        );
+    }
+
+    fn conditions_table() -> String {
+        let mut out = String::from(
+            "# Conditions and reasons\n\n\
+             Generated from `Reason` in `src/status.rs` (`UPDATE_DOCS=1 cargo test --lib conditions_table`).\n\
+             A condition whose status is not True and whose reason is a failure makes a Warning Event; \
+             every other change worth telling makes a Normal one. A reason not listed here is an \
+             error's own (for example `InvalidVersion`, `ApplyFailed`): always a failure, its \
+             message says what is wrong.\n\n\
+             | reason | failure | conditions | meaning |\n|---|---|---|---|\n",
+        );
+        for reason in Reason::ALL {
+            let conditions = if reason.conditions().is_empty() {
+                "(Events only)".to_string()
+            } else {
+                reason
+                    .conditions()
+                    .iter()
+                    .map(|c| format!("`{c}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            out.push_str(&format!(
+                "| `{reason}` | {} | {conditions} | {} |\n",
+                if reason.is_failure() { "yes" } else { "no" },
+                reason.meaning()
+            ));
+        }
+        out
     }
 }

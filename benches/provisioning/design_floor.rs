@@ -33,7 +33,7 @@ use capn::api::{
     ComponentStatus, ComponentSummary, ComponentsStatus, ControlPlaneInitialization, InventoryEntry,
     NestedControlPlane, NestedControlPlaneStatus,
 };
-use capn::status::{self, ConditionUpdate};
+use capn::status::{self, ConditionUpdate, Reason};
 
 /// Field manager of the status writes.
 const FIELD_MANAGER: &str = "bench-design-floor";
@@ -246,12 +246,12 @@ fn component_status(objects: &[Value]) -> ComponentStatus {
     let now = Time(Timestamp::now());
     let mut conditions = Vec::new();
     for (type_, value, reason, message) in [
-        (status::READY, true, "Ready", "1/1 members ready"),
-        (status::SYNCED, true, "Applied", "every object applied"),
+        (status::READY, true, Reason::Ready, "1/1 members ready"),
+        (status::SYNCED, true, Reason::Applied, "every object applied"),
         (
             status::ROLLING_OUT,
             false,
-            "NotRollingOut",
+            Reason::NotRollingOut,
             "every member runs the current spec",
         ),
     ] {
@@ -295,14 +295,14 @@ fn control_plane_status(summaries: Vec<ComponentSummary>) -> NestedControlPlaneS
     let now = Time(Timestamp::now());
     let mut conditions = Vec::new();
     for (type_, value, reason) in [
-        (status::READY, true, "Ready"),
-        (status::AVAILABLE, true, "Available"),
-        (status::ROLLING_OUT, false, "NotRollingOut"),
-        (status::PAUSED, false, "NotPaused"),
-        (status::CERTIFICATES_AVAILABLE, true, "Issued"),
-        (status::ETCD_READY, true, "Ready"),
-        (status::APISERVER_READY, true, "Ready"),
-        (status::CONTROLLER_MANAGER_READY, true, "Ready"),
+        (status::READY, true, Reason::Ready),
+        (status::AVAILABLE, true, Reason::Available),
+        (status::ROLLING_OUT, false, Reason::NotRollingOut),
+        (status::PAUSED, false, Reason::NotPaused),
+        (status::CERTIFICATES_AVAILABLE, true, Reason::CertificatesAvailable),
+        (status::ETCD_READY, true, Reason::Ready),
+        (status::APISERVER_READY, true, Reason::Ready),
+        (status::CONTROLLER_MANAGER_READY, true, Reason::Ready),
     ] {
         status::set_condition(
             &mut conditions,

@@ -16,7 +16,7 @@ use crate::apply::{apply_params, update_params};
 use crate::controllers::round::Now;
 use crate::controllers::shared::read::cluster_name;
 use crate::controllers::{Context, ReconcileError, events};
-use crate::status::{ConditionUpdate, READY, set_condition};
+use crate::status::{ConditionUpdate, READY, Reason, set_condition};
 
 /// Runs the NestedCluster controller until the stream ends. It reads the control planes
 /// from a cache and is woken by their changes: the process-wide one through
@@ -106,12 +106,12 @@ pub async fn reconcile(
     status.initialization = Some(InfrastructureInitialization { provisioned });
     status.observed_generation = nc.meta().generation;
     let update = if provisioned {
-        ConditionUpdate::new(READY, true, "Provisioned", "the control plane endpoint is known")
+        ConditionUpdate::new(READY, true, Reason::Provisioned, "the control plane endpoint is known")
     } else {
         ConditionUpdate::new(
             READY,
             false,
-            "WaitingForControlPlane",
+            Reason::WaitingForControlPlane,
             format!("no NestedControlPlane of cluster {name} has an endpoint yet"),
         )
     };

@@ -7,11 +7,12 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::plan::Upstream;
+use crate::status::Reason;
 
 /// Whether a component may proceed, and with which upstream outputs.
 pub enum Gate {
     Open(Upstream),
-    Wait { reason: &'static str, message: String },
+    Wait { reason: Reason, message: String },
 }
 
 /// The longest a component or control plane waits before it looks at its certificates

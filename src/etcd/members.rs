@@ -16,6 +16,7 @@
 //! - fewer than one member is refused; an even count is allowed with a warning (etcd's
 //!   guidance: an even count tolerates no more failures than the odd count below it).
 
+use crate::status::Reason;
 use std::fmt;
 
 /// One member as the planner sees it.
@@ -71,15 +72,15 @@ pub enum Step {
 
 impl Step {
     /// A short stable reason for the condition and the Event of this step.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Step::AddLearner { .. } => "AddingLearner",
-            Step::ScaleStatefulSet { .. } => "ScalingStatefulSet",
-            Step::WaitForLearner { .. } => "WaitingForLearner",
-            Step::Promote { .. } => "PromotingLearner",
-            Step::Remove { lost: true, .. } => "ReplacingLostMember",
-            Step::Remove { lost: false, .. } => "RemovingMember",
-            Step::Done => "MembersSynced",
+            Step::AddLearner { .. } => Reason::AddingLearner,
+            Step::ScaleStatefulSet { .. } => Reason::ScalingStatefulSet,
+            Step::WaitForLearner { .. } => Reason::WaitingForLearner,
+            Step::Promote { .. } => Reason::PromotingLearner,
+            Step::Remove { lost: true, .. } => Reason::ReplacingLostMember,
+            Step::Remove { lost: false, .. } => Reason::RemovingMember,
+            Step::Done => Reason::MembersSynced,
         }
     }
 }

@@ -11,6 +11,7 @@
 pub mod path;
 pub mod preflight;
 
+use crate::status::Reason;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{NestedControlPlane, PreflightStatus, UpgradeStatus, UpgradeStepStatus};
@@ -294,13 +295,13 @@ pub fn record_preflight(upgrade: &mut UpgradeStatus, mut result: PreflightStatus
 /// `CertificateRenewalDue`, `RemovedAPIsInUse` (findings listed) or
 /// `DeprecatedAPIUsageUnknown` (the metric could not be read). A distinct reason per cause
 /// makes a new cause a new Event (docs/design.md §7: Events on change only).
-pub fn preflight_reason(preflight: &PreflightStatus) -> &'static str {
+pub fn preflight_reason(preflight: &PreflightStatus) -> Reason {
     match preflight.checks.iter().find(|c| !c.passed).map(|c| c.name.as_str()) {
-        None => "PreflightPassed",
-        Some("ComponentsReady") => "ComponentsNotReady",
-        Some("Certificates") => "CertificateRenewalDue",
-        Some(_) if preflight.removed_apis.is_empty() => "DeprecatedAPIUsageUnknown",
-        Some(_) => "RemovedAPIsInUse",
+        None => Reason::PreflightPassed,
+        Some("ComponentsReady") => Reason::ComponentsNotReady,
+        Some("Certificates") => Reason::CertificateRenewalDue,
+        Some(_) if preflight.removed_apis.is_empty() => Reason::DeprecatedAPIUsageUnknown,
+        Some(_) => Reason::RemovedAPIsInUse,
     }
 }
 

@@ -288,9 +288,9 @@ fn the_preflight_reason_names_the_first_failing_cause() {
         passed: true,
         ..Default::default()
     };
-    assert_eq!(preflight_reason(&p), "PreflightPassed");
+    assert_eq!(preflight_reason(&p), crate::status::Reason::PreflightPassed);
     p.checks[2].passed = false;
-    assert_eq!(preflight_reason(&p), "DeprecatedAPIUsageUnknown");
+    assert_eq!(preflight_reason(&p), crate::status::Reason::DeprecatedAPIUsageUnknown);
     p.removed_apis.push(crate::api::RemovedApi {
         group: "networking.k8s.io".into(),
         version: "v1beta1".into(),
@@ -298,11 +298,11 @@ fn the_preflight_reason_names_the_first_failing_cause() {
         subresource: String::new(),
         removed_release: "1.37".into(),
     });
-    assert_eq!(preflight_reason(&p), "RemovedAPIsInUse");
+    assert_eq!(preflight_reason(&p), crate::status::Reason::RemovedAPIsInUse);
     p.checks[1].passed = false;
-    assert_eq!(preflight_reason(&p), "CertificateRenewalDue");
+    assert_eq!(preflight_reason(&p), crate::status::Reason::CertificateRenewalDue);
     p.checks[0].passed = false;
-    assert_eq!(preflight_reason(&p), "ComponentsNotReady");
+    assert_eq!(preflight_reason(&p), crate::status::Reason::ComponentsNotReady);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! endpoints it published; issues the serving certificate once the Service has its
 //! ClusterIP, plus the apiserver's client certificates (etcd, kubelet, front proxy).
 
+use crate::status::Reason;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -42,11 +43,11 @@ impl ComponentResource for NestedAPIServer {
                 ..Upstream::default()
             }),
             Ok(_) => Gate::Wait {
-                reason: "WaitingForEtcd",
+                reason: Reason::WaitingForEtcd,
                 message: "NestedEtcd has published no endpoints".into(),
             },
             Err(message) => Gate::Wait {
-                reason: "WaitingForEtcd",
+                reason: Reason::WaitingForEtcd,
                 message,
             },
         }
@@ -83,7 +84,7 @@ impl ComponentResource for NestedAPIServer {
         let service_ip: Option<IpAddr> = cluster_ip(applied, &service).and_then(|ip| ip.parse().ok());
         if service_ip.is_none() {
             return Ok(Gate::Wait {
-                reason: "WaitingForService",
+                reason: Reason::WaitingForService,
                 message: format!("Service {service} has no ClusterIP yet"),
             });
         }

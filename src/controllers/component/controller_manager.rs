@@ -2,6 +2,7 @@
 //! controller-manager its own kubeconfig identity (`system:kube-controller-manager`,
 //! never the admin one) pointing at the apiserver Service.
 
+use crate::status::Reason;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
@@ -30,7 +31,7 @@ impl ComponentResource for NestedControllerManager {
         match predecessor_ready::<NestedAPIServer>(ctx, ncp, cluster, ns) {
             Ok(_) => Gate::Open(Upstream::default()),
             Err(message) => Gate::Wait {
-                reason: "WaitingForAPIServer",
+                reason: Reason::WaitingForAPIServer,
                 message,
             },
         }

@@ -47,7 +47,7 @@ use crate::plan::{
     ClusterSettings, ComponentRequest, Plan, PlanError, Running, certificates_digest, check, check_input,
     check_members, component_applyset_id, plan, resolve, stamp_certificates_digest,
 };
-use crate::status::{ConditionUpdate, READY, ROLLING_OUT, SYNCED, is_true, phase, set_condition};
+use crate::status::{ConditionUpdate, READY, ROLLING_OUT, Reason, SYNCED, is_true, phase, set_condition};
 
 /// A component custom resource, and what its reconcile does differently from the others.
 pub trait ComponentResource:
@@ -244,7 +244,7 @@ enum Outcome {
     /// to: the control plane created it); no status is written.
     Unreferenced,
     Waiting {
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
     Invalid(PlanError),
@@ -358,18 +358,18 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
         }
         Ok(Outcome::Invalid(err)) => {
             // Bad input: nothing was applied; wait for the spec (or channel) to change.
-            set(ConditionUpdate::new(SYNCED, false, err.reason(), err.to_string()));
+            set(ConditionUpdate::error(SYNCED, false, err.reason(), err.to_string()));
             if !running {
-                set(ConditionUpdate::new(READY, false, err.reason(), err.to_string()));
+                set(ConditionUpdate::error(READY, false, err.reason(), err.to_string()));
                 status.ready = false;
                 status.phase = Some(phase::FAILED.into());
             }
             (Action::await_change(), Ok(()))
         }
         Ok(Outcome::Refused { reason, message }) => {
-            set(ConditionUpdate::new(SYNCED, false, reason, message.clone()));
+            set(ConditionUpdate::error(SYNCED, false, reason, message.clone()));
             if !running {
-                set(ConditionUpdate::new(READY, false, reason, message));
+                set(ConditionUpdate::error(READY, false, reason, message));
                 status.ready = false;
                 status.phase = Some(phase::FAILED.into());
             }
@@ -393,25 +393,30 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             set(ConditionUpdate::new(
                 SYNCED,
                 true,
-                "Applied",
+                Reason::Applied,
                 format!("{} {} from channel {}", K::KIND, plan.version, plan.channel),
             ));
             set(if ready {
-                ConditionUpdate::new(READY, true, "Ready", members.clone())
+                ConditionUpdate::new(READY, true, Reason::Ready, members.clone())
             } else {
-                ConditionUpdate::new(READY, false, "Provisioning", members.clone())
+                ConditionUpdate::new(READY, false, Reason::Provisioning, members.clone())
             });
             // Rolling out means replacing pods that served: a first provisioning is not
             // one, even after its first apply recorded a version (saying so for a moment
             // cost a status write, issue 11).
             let served = is_true(&old.conditions, READY) || is_true(&old.conditions, ROLLING_OUT);
             set(if ready {
-                ConditionUpdate::new(ROLLING_OUT, false, "RolledOut", format!("running {}", plan.version))
+                ConditionUpdate::new(
+                    ROLLING_OUT,
+                    false,
+                    Reason::RolledOut,
+                    format!("running {}", plan.version),
+                )
             } else {
                 ConditionUpdate::new(
                     ROLLING_OUT,
                     served,
-                    "RollingOut",
+                    Reason::RollingOut,
                     format!("rolling out {}: {members}", plan.version),
                 )
             });
@@ -468,9 +473,9 @@ pub async fn reconcile<K: ComponentResource>(object: Arc<K>, ctx: Arc<Context>) 
             (Action::requeue(again), Ok(()))
         }
         Err(e) => {
-            set(ConditionUpdate::new(SYNCED, false, e.reason(), e.to_string()));
+            set(ConditionUpdate::error(SYNCED, false, e.reason(), e.to_string()));
             if !running {
-                set(ConditionUpdate::new(READY, false, e.reason(), e.to_string()));
+                set(ConditionUpdate::error(READY, false, e.reason(), e.to_string()));
                 status.ready = false;
             }
             (Action::requeue(Duration::from_secs(5)), Err(e))
@@ -518,7 +523,7 @@ async fn drive<K: ComponentResource>(
     // read
     let Some(ncp) = owning_control_plane(ctx, object, ns) else {
         return Ok(Outcome::Waiting {
-            reason: "WaitingForControlPlane",
+            reason: Reason::WaitingForControlPlane,
             message: "no NestedControlPlane owns this resource yet; reference it from one".into(),
         });
     };
@@ -596,7 +601,7 @@ async fn drive<K: ComponentResource>(
         Ok(p) => p,
         Err(PlanError::NoEtcdEndpoints) => {
             return Ok(Outcome::Waiting {
-                reason: "WaitingForEtcd",
+                reason: Reason::WaitingForEtcd,
                 message: PlanError::NoEtcdEndpoints.to_string(),
             });
         }
@@ -631,7 +636,7 @@ async fn drive<K: ComponentResource>(
         Ok(certificates) => certificates,
         Err(missing) => {
             return Ok(Outcome::Waiting {
-                reason: "WaitingForCertificates",
+                reason: Reason::WaitingForCertificates,
                 message: format!("secret {missing} does not exist yet"),
             });
         }

@@ -40,12 +40,8 @@ use crate::plan::{
 };
 use crate::status::{
     APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ConditionUpdate, ETCD_READY, PAUSED,
-    READY, ROLLING_OUT, SYNCED, is_true, set_condition,
+    READY, ROLLING_OUT, Reason, SYNCED, is_true, set_condition,
 };
-
-/// Reason of a component condition (`EtcdReady`, ...) while that component is on its way:
-/// not ready, and nothing failing.
-const NOT_READY: &str = "NotReady";
 
 /// The NestedControlPlane controller, ready to be spawned: woken by its own changes, its
 /// components', its Secrets' (a deleted CA is noticed within a moment) and its Cluster's spec.
@@ -110,11 +106,11 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
         ConditionUpdate::new(
             PAUSED,
             true,
-            "Paused",
+            Reason::Paused,
             "reconciliation is paused (cluster.x-k8s.io/paused or Cluster spec.paused)",
         )
     } else {
-        ConditionUpdate::new(PAUSED, false, "NotPaused", "")
+        ConditionUpdate::new(PAUSED, false, Reason::NotPaused, "")
     };
     set_condition(&mut status.conditions, pause, generation, &now.k8s);
     // The generation of capn's own spec patch this pass (the component references, the
@@ -129,9 +125,9 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
     if let Err(e) = &result {
         let update = match e {
             ReconcileError::CertificateAuthorityMissing(_) => {
-                ConditionUpdate::new(CERTIFICATES_AVAILABLE, false, e.reason(), e.to_string())
+                ConditionUpdate::error(CERTIFICATES_AVAILABLE, false, e.reason(), e.to_string())
             }
-            _ => ConditionUpdate::new(AVAILABLE, status.ready, e.reason(), e.to_string()),
+            _ => ConditionUpdate::error(AVAILABLE, status.ready, e.reason(), e.to_string()),
         };
         set_condition(&mut status.conditions, update, generation, &now.k8s);
     }
@@ -190,8 +186,8 @@ async fn drive(
     // Bad input stops here, before anything is created or a kubeconfig points at it; the
     // same check as admission and `capn render` (crate::validate).
     let valid = match crate::plan::check_control_plane(&serde_json::to_value(ncp).unwrap_or_default(), cluster) {
-        Ok(()) => ConditionUpdate::new(SYNCED, true, "Valid", "the spec follows every field rule"),
-        Err(e) => ConditionUpdate::new(SYNCED, false, e.reason(), e.to_string()),
+        Ok(()) => ConditionUpdate::new(SYNCED, true, Reason::Valid, "the spec follows every field rule"),
+        Err(e) => ConditionUpdate::error(SYNCED, false, e.reason(), e.to_string()),
     };
     let invalid = !valid.status;
     set_condition(&mut status.conditions, valid, generation, &now.k8s);
@@ -220,7 +216,7 @@ async fn drive(
         ConditionUpdate::new(
             CERTIFICATES_AVAILABLE,
             true,
-            "CertificatesAvailable",
+            Reason::CertificatesAvailable,
             "CAs and service-account key exist",
         ),
         generation,
@@ -414,14 +410,14 @@ async fn drive(
         ConditionUpdate::new(
             AVAILABLE,
             true,
-            "Available",
+            Reason::Available,
             "etcd, apiserver and controller-manager are ready",
         )
     } else {
         ConditionUpdate::new(
             AVAILABLE,
             false,
-            "ComponentsNotReady",
+            Reason::ComponentsNotReady,
             format!("not ready: {}", not_ready.join(", ")),
         )
     };
@@ -444,11 +440,11 @@ async fn drive(
         ConditionUpdate::new(
             ROLLING_OUT,
             false,
-            "NotRollingOut",
+            Reason::NotRollingOut,
             "every component runs its desired release",
         )
     } else {
-        ConditionUpdate::new(ROLLING_OUT, true, "RollingOut", rolling.join("; "))
+        ConditionUpdate::new(ROLLING_OUT, true, Reason::RollingOut, rolling.join("; "))
     };
     set_condition(&mut status.conditions, rolling_out, generation, &now.k8s);
     status.components = Some(components);
@@ -501,8 +497,10 @@ fn component_condition(
 ) -> ConditionUpdate {
     let ready_condition = status.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
     match (component, ready_condition) {
-        (Some(c), _) if c.ready => ConditionUpdate::new(type_, true, "Ready", format!("{kind} {} is ready", c.name)),
-        (Some(c), Some(rc)) if events::failing(rc) => ConditionUpdate::new(
+        (Some(c), _) if c.ready => {
+            ConditionUpdate::new(type_, true, Reason::Ready, format!("{kind} {} is ready", c.name))
+        }
+        (Some(c), Some(rc)) if crate::status::failing(rc) => ConditionUpdate::mirrored(
             type_,
             false,
             rc.reason.clone(),
@@ -511,7 +509,7 @@ fn component_condition(
         (Some(c), _) => ConditionUpdate::new(
             type_,
             false,
-            NOT_READY,
+            Reason::NotReady,
             format!(
                 "{kind} {} is not ready yet; its Ready condition tells its progress",
                 c.name
@@ -520,7 +518,7 @@ fn component_condition(
         (None, _) => ConditionUpdate::new(
             type_,
             false,
-            "ComponentMissing",
+            Reason::ComponentMissing,
             format!("the {kind} named in spec does not exist"),
         ),
     }
@@ -778,7 +776,7 @@ mod tests {
             mirror(Some(&with_ready("WaitingForEtcd", "NestedEtcd demo-etcd is not ready"))),
             mirror(Some(&with_ready("Provisioning", "0/1 members ready"))),
         ];
-        assert!(steps.iter().all(|s| !s.status && s.reason == NOT_READY));
+        assert!(steps.iter().all(|s| !s.status && s.reason == Reason::NotReady.as_str()));
         assert!(steps.iter().all(|s| s.message == steps[0].message), "{steps:?}");
         let failed = mirror(Some(&with_ready(
             "InvalidVersion",

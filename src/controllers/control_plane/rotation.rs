@@ -23,7 +23,7 @@ use crate::pki::{
     SecretNames, service_account_key_pair,
 };
 use crate::plan::certificates_digest;
-use crate::status::{CA_ROTATION, ConditionUpdate, set_condition};
+use crate::status::{CA_ROTATION, ConditionUpdate, Reason, set_condition};
 
 /// Annotation on a NestedControlPlane that requests a rotation: `ca`, `etcd`,
 /// `front-proxy` or `sa`, optionally followed by `/<id>` so that the same authority can be
@@ -95,7 +95,7 @@ pub async fn step(
             Err(message) => {
                 set(
                     status,
-                    ConditionUpdate::new(CA_ROTATION, false, "InvalidRotationRequest", message),
+                    ConditionUpdate::new(CA_ROTATION, false, Reason::InvalidRotationRequest, message),
                 );
                 return Ok(false);
             }
@@ -107,7 +107,7 @@ pub async fn step(
             );
             set(
                 status,
-                ConditionUpdate::new(CA_ROTATION, false, "UserSuppliedAuthority", message),
+                ConditionUpdate::new(CA_ROTATION, false, Reason::UserSuppliedAuthority, message),
             );
             return Ok(false);
         }
@@ -149,7 +149,7 @@ pub async fn step(
                 );
                 set(
                     status,
-                    ConditionUpdate::new(CA_ROTATION, true, "RotationStateLost", message),
+                    ConditionUpdate::new(CA_ROTATION, true, Reason::RotationStateLost, message),
                 );
                 return Ok(true);
             };
@@ -184,7 +184,7 @@ pub async fn step(
         ConditionUpdate::new(
             CA_ROTATION,
             true,
-            phase.as_str(),
+            phase_reason(phase),
             format!(
                 "rotating the {authority} authority ({secret}), phase {}: {}",
                 phase.as_str(),
@@ -199,13 +199,24 @@ pub async fn step(
         ConditionUpdate::new(
             CA_ROTATION,
             false,
-            "Completed",
+            Reason::Completed,
             format!("the {authority} authority ({secret}) was rotated; only the new one is trusted"),
         )
     };
     set(status, update);
     status.certificate_authority_rotation = Some(rotation);
     Ok(running)
+}
+
+/// The CertificateAuthorityRotation reason of a running rotation: its phase.
+fn phase_reason(phase: Phase) -> Reason {
+    match phase {
+        Phase::NewAuthority => Reason::NewAuthority,
+        Phase::TrustBoth => Reason::TrustBoth,
+        Phase::SignWithNew => Reason::SignWithNew,
+        Phase::DropOld => Reason::DropOld,
+        Phase::Completed => Reason::Completed,
+    }
 }
 
 /// Each component that mounts `secret`: ready, and on the digest of its Secrets as they

@@ -17,7 +17,7 @@ use crate::controllers::component::ComponentResource;
 use crate::controllers::round::Now;
 use crate::controllers::{Context, events};
 use crate::plan::{ClusterSettings, resolve};
-use crate::status::{ConditionUpdate, SYNCED, UPGRADE_PREFLIGHT, UPGRADING, set_condition};
+use crate::status::{ConditionUpdate, Reason, SYNCED, UPGRADE_PREFLIGHT, UPGRADING, set_condition};
 use crate::upgrade::preflight::{certificate_blocker, deprecated_apis, removed_by};
 use crate::upgrade::{
     ACKNOWLEDGE_ANNOTATION, ComponentProgress, HOLD_ANNOTATION, Next, RETRY_ANNOTATION, RunningReleases, acknowledged,
@@ -78,7 +78,7 @@ pub(super) async fn step(
             // components keep their release.
             set(
                 status,
-                ConditionUpdate::new(UPGRADING, false, e.reason(), e.to_string()),
+                ConditionUpdate::error(UPGRADING, false, e.reason(), e.to_string()),
             );
             return None;
         }
@@ -100,9 +100,9 @@ pub(super) async fn step(
                 // recorded path (or what runs).
                 set(
                     status,
-                    ConditionUpdate::new(UPGRADING, false, e.reason(), e.to_string()),
+                    ConditionUpdate::error(UPGRADING, false, e.reason(), e.to_string()),
                 );
-                set(status, ConditionUpdate::new(SYNCED, false, e.reason(), e.to_string()));
+                set(status, ConditionUpdate::error(SYNCED, false, e.reason(), e.to_string()));
                 return None;
             }
             Ok(path) if path.steps.is_empty() => status.upgrade = None,
@@ -113,8 +113,7 @@ pub(super) async fn step(
                     ctx,
                     ncp,
                     None,
-                    false,
-                    "UpgradePlanned",
+                    Reason::UpgradePlanned,
                     format!("upgrade planned: {}", path.summary()),
                     "Upgrade",
                 )
@@ -126,7 +125,7 @@ pub(super) async fn step(
     let Some(mut upgrade) = status.upgrade.take() else {
         set(
             status,
-            ConditionUpdate::new(UPGRADING, false, "UpToDate", format!("runs {target}")),
+            ConditionUpdate::new(UPGRADING, false, Reason::UpToDate, format!("runs {target}")),
         );
         return None;
     };
@@ -161,8 +160,7 @@ pub(super) async fn step(
                 ctx,
                 ncp,
                 None,
-                false,
-                "UpgradeStepStarted",
+                Reason::UpgradeStepStarted,
                 format!(
                     "step {}/{total} to Kubernetes {step} started; preflight: {summary}",
                     index + 1
@@ -180,8 +178,7 @@ pub(super) async fn step(
                 ctx,
                 ncp,
                 None,
-                false,
-                "UpgradeCompleted",
+                Reason::UpgradeCompleted,
                 format!("upgrade from {} to {} completed", upgrade.from, upgrade.target),
                 "Upgrade",
             )
@@ -189,15 +186,15 @@ pub(super) async fn step(
         }
     }
     let condition = match upgrade.phase.as_str() {
-        phase::UPGRADING => ConditionUpdate::new(UPGRADING, true, "Upgrading", upgrade.message.clone()),
-        phase::PREFLIGHT => ConditionUpdate::new(UPGRADING, true, "Preflight", upgrade.message.clone()),
+        phase::UPGRADING => ConditionUpdate::new(UPGRADING, true, Reason::Upgrading, upgrade.message.clone()),
+        phase::PREFLIGHT => ConditionUpdate::new(UPGRADING, true, Reason::Preflight, upgrade.message.clone()),
         // The UpgradePreflight condition carries the warning; this one waits.
         phase::PREFLIGHT_FAILED => {
-            ConditionUpdate::new(UPGRADING, false, "WaitingForPreflight", upgrade.message.clone())
+            ConditionUpdate::new(UPGRADING, false, Reason::WaitingForPreflight, upgrade.message.clone())
         }
-        phase::HELD => ConditionUpdate::new(UPGRADING, false, "UpgradeHeld", upgrade.message.clone()),
-        phase::FAILED => ConditionUpdate::new(UPGRADING, false, "UpgradeStepFailed", upgrade.message.clone()),
-        _ => ConditionUpdate::new(UPGRADING, false, "Completed", upgrade.message.clone()),
+        phase::HELD => ConditionUpdate::new(UPGRADING, false, Reason::UpgradeHeld, upgrade.message.clone()),
+        phase::FAILED => ConditionUpdate::new(UPGRADING, false, Reason::UpgradeStepFailed, upgrade.message.clone()),
+        _ => ConditionUpdate::new(UPGRADING, false, Reason::Completed, upgrade.message.clone()),
     };
     set(status, condition);
     if let Some(p) = &upgrade.preflight {
@@ -259,7 +256,7 @@ fn component_progress(
             // waits, within a step, for the apiserver to run the new minor first.
             .filter(|c| {
                 !matches!(c.reason.as_str(), "APIError" | "ApplyFailed" | "SkewNotAllowed")
-                    && !c.reason.starts_with("Waiting")
+                    && crate::status::is_failure_reason(&c.reason)
             })
             .filter(|c| since.is_none_or(|since| c.last_transition_time >= *since))
             .map(|c| format!("{}: {}", c.reason, c.message));

@@ -25,7 +25,7 @@ use crate::controllers::round::Now;
 use crate::controllers::shared::read::cluster_name;
 use crate::controllers::{Context, ReconcileError, events};
 use crate::pki::{SecretNames, kubeconfig_from_secret};
-use crate::status::{ConditionUpdate, PUBLIC_CRDS_SYNCED, set_condition};
+use crate::status::{ConditionUpdate, PUBLIC_CRDS_SYNCED, Reason, set_condition};
 
 /// Runs the sync until the stream ends: every ready control plane is reconciled when it
 /// changes and when any public CRD changes.
@@ -134,7 +134,7 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
             ConditionUpdate::new(
                 PUBLIC_CRDS_SYNCED,
                 true,
-                "Synced",
+                Reason::Synced,
                 format!("{} public CRDs installed", plan.synced),
             ),
             PublicCrdsStatus {
@@ -146,7 +146,7 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
             ConditionUpdate::new(
                 PUBLIC_CRDS_SYNCED,
                 false,
-                "TenantOwnsCRD",
+                Reason::TenantOwnsCRD,
                 format!(
                     "{} public CRDs installed; left alone because the tenant has its own CRD of that name: {}",
                     plan.synced,
@@ -162,7 +162,7 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
             ConditionUpdate::new(
                 PUBLIC_CRDS_SYNCED,
                 false,
-                "TenantUnreachable",
+                Reason::TenantUnreachable,
                 format!("syncing public CRDs failed: {e}"),
             ),
             ncp.status

@@ -7,6 +7,7 @@
 //! or when the certificate it holds is due for renewal. What was verified is remembered per
 //! process in [`Verified`].
 
+use crate::status::Reason;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -775,7 +776,7 @@ fn parse_kubeconfig(text: &str) -> Option<ParsedKubeconfig> {
 /// The wait of a component whose CA is not there yet.
 pub fn waiting_for_ca(name: &str) -> crate::controllers::round::Gate {
     crate::controllers::round::Gate::Wait {
-        reason: "WaitingForCertificates",
+        reason: Reason::WaitingForCertificates,
         message: format!("secret {name} (a certificate authority) does not exist yet"),
     }
 }

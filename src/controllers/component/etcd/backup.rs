@@ -37,6 +37,8 @@ use kube::ResourceExt;
 use kube::api::Api;
 use semver::Version;
 
+use crate::status::Reason;
+
 use crate::api::{BackupDestination, BackupStatus, NestedEtcd, RestoreStatus, SnapshotStatus};
 use crate::backup::naming::{LATEST, normalize_prefix};
 use crate::backup::store::{Destination, Store, StoreError};
@@ -86,7 +88,7 @@ pub async fn plan_restore(
     // new etcd only.
     if status.is_some_and(|s| s.version.is_some()) && previous.snapshot.is_none() {
         return Ok(RestorePlan::Refused {
-            reason: "RestoreNotAllowed",
+            reason: Reason::RestoreNotAllowed.as_str(),
             message: "spec.restore applies only when the etcd is first created; this etcd already runs with its own data, which a restore would never replace".into(),
         });
     }
@@ -95,7 +97,7 @@ pub async fn plan_restore(
         .is_some_and(|c| c.capabilities.backups)
     {
         return Ok(RestorePlan::Refused {
-            reason: "BackupsNotSupported",
+            reason: Reason::BackupsNotSupported.as_str(),
             message: format!(
                 "channel {} does not declare that its etcd provider supports backups and restore (channel.yaml: components.etcd.capabilities.backups); use a channel that does, like stable, or remove spec.restore",
                 channel.name
@@ -139,7 +141,7 @@ pub async fn plan_restore(
     };
     if let Some(message) = version_refusal(&record.etcd_version, version, channel) {
         return Ok(RestorePlan::Refused {
-            reason: "SnapshotVersionUnsupported",
+            reason: Reason::SnapshotVersionUnsupported.as_str(),
             message: format!("snapshot {key}: {message}"),
         });
     }
@@ -226,7 +228,7 @@ pub async fn connect(
     };
     let (Some(access_key_id), Some(secret_access_key)) = (value(ACCESS_KEY_ID), value(SECRET_ACCESS_KEY)) else {
         return Ok(Err(RestorePlan::Refused {
-            reason: "BackupCredentialsMissing",
+            reason: Reason::BackupCredentialsMissing.as_str(),
             message: format!(
                 "secret {ns}/{name} must exist with the keys {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY} (and optionally {SESSION_TOKEN})"
             ),
@@ -393,7 +395,7 @@ pub async fn backup_step(
     now: Timestamp,
 ) -> Result<BackupReport, ReconcileError> {
     use crate::backup::due::{Due, Trigger, due};
-    use crate::status::ConditionUpdate;
+    use crate::status::{ConditionUpdate, Reason};
     let Some(backup) = etcd.spec.backup.as_ref() else {
         return Ok(BackupReport::default());
     };
@@ -404,13 +406,15 @@ pub async fn backup_step(
         .and_then(|s| s.backup.as_deref().cloned())
         .unwrap_or_default();
     let mut report = BackupReport::default();
-    let refuse = |reason: &str, message: String| ConditionUpdate::new(BACKUP_SUCCEEDED, false, reason, message);
+    // Every refusal is a failure: capn's own reasons and the snapshot's and store's errors alike.
+    let refuse =
+        |reason: &'static str, message: String| ConditionUpdate::error(BACKUP_SUCCEEDED, false, reason, message);
     if !channel
         .component(ComponentKind::Etcd)
         .is_some_and(|c| c.capabilities.backups)
     {
         report.condition = Some(refuse(
-            "BackupsNotSupported",
+            Reason::BackupsNotSupported.as_str(),
             format!(
                 "channel {} does not declare that its etcd provider supports backups (channel.yaml: components.etcd.capabilities.backups); no snapshot is taken",
                 channel.name
@@ -434,7 +438,7 @@ pub async fn backup_step(
                 report.condition = Some(ConditionUpdate::new(
                     BACKUP_SUCCEEDED,
                     true,
-                    "SnapshotVerified",
+                    Reason::SnapshotVerified,
                     format!(
                         "snapshot {} ({} bytes, etcd revision {}, sha256 {}) uploaded and verified; {retention}",
                         record.key, record.size, record.revision, record.sha256
@@ -534,7 +538,7 @@ pub async fn backup_step(
     let client = match client {
         Ok(client) => client,
         Err(e) => {
-            report.condition = Some(refuse("EtcdUnreachable", e.to_string()));
+            report.condition = Some(refuse(Reason::EtcdUnreachable.as_str(), e.to_string()));
             report.status = Some(status);
             return Ok(report);
         }

@@ -27,7 +27,7 @@ use crate::etcd::members::{MemberView, Observed, Refusal, Step, even_warning, ne
 use crate::etcd::{EtcdCluster, ListedMember, MemberStatus};
 use crate::pki::SecretNames;
 use crate::plan::{ClusterSettings, EtcdMember, EtcdMembership, InitialClusterState, etcd_members};
-use crate::status::{ConditionUpdate, MEMBERS_SYNCED};
+use crate::status::{ConditionUpdate, MEMBERS_SYNCED, Reason};
 
 /// How soon the next step is looked at after one was taken or while one is under way.
 pub const STEP_RECHECK: Duration = Duration::from_secs(2);
@@ -107,8 +107,12 @@ pub async fn reconcile_members(
             ns,
             statefulset_replicas,
             &previous,
-            "WaitingForCertificates",
-            format!("secret {} does not exist", names.etcd_ca),
+            ConditionUpdate::new(
+                MEMBERS_SYNCED,
+                false,
+                Reason::WaitingForCertificates,
+                format!("secret {} does not exist", names.etcd_ca),
+            ),
         ));
     };
     let ca = store.load_ca(&ca).await?;
@@ -120,8 +124,7 @@ pub async fn reconcile_members(
                 ns,
                 statefulset_replicas,
                 &previous,
-                e.reason(),
-                e.to_string(),
+                ConditionUpdate::error(MEMBERS_SYNCED, false, e.reason(), e.to_string()),
             ));
         }
     };
@@ -152,8 +155,12 @@ pub async fn reconcile_members(
                 ns,
                 statefulset_replicas,
                 &previous,
-                "EtcdUnreachable",
-                format!("no member answered ({e}); capn changes nothing until etcd answers again"),
+                ConditionUpdate::new(
+                    MEMBERS_SYNCED,
+                    false,
+                    Reason::EtcdUnreachable,
+                    format!("no member answered ({e}); capn changes nothing until etcd answers again"),
+                ),
             );
             outcome.requeue = Some(Duration::from_secs(10));
             return Ok(outcome);
@@ -309,8 +316,7 @@ async fn take_step(
                 ctx,
                 object,
                 Some(member_pod(ns, &member.name)),
-                false,
-                "AddedLearner",
+                Reason::AddedLearner,
                 note,
                 "MemberAdd",
             )
@@ -330,8 +336,7 @@ async fn take_step(
                 ctx,
                 object,
                 Some(member_pod(ns, name)),
-                false,
-                "PromotedLearner",
+                Reason::PromotedLearner,
                 note,
                 "MemberPromote",
             )
@@ -351,25 +356,16 @@ async fn take_step(
             }
             let (reason, note) = if *lost {
                 (
-                    "RemovedLostMember",
+                    Reason::RemovedLostMember,
                     format!("removed lost member {name} (ID {id:x}); it is added back as a learner"),
                 )
             } else {
                 (
-                    "RemovedMember",
+                    Reason::RemovedMember,
                     format!("removed member {name} (ID {id:x}); its pod goes next"),
                 )
             };
-            events::publish(
-                ctx,
-                object,
-                Some(member_pod(ns, name)),
-                false,
-                reason,
-                note,
-                "MemberRemove",
-            )
-            .await;
+            events::publish(ctx, object, Some(member_pod(ns, name)), reason, note, "MemberRemove").await;
             Ok(())
         }
     }
@@ -519,20 +515,6 @@ fn render(c: &str, ns: &str, statefulset_replicas: i32, members: &[MemberView]) 
 
 /// The render of the last known members at the StatefulSet's current size.
 fn unchanged_render(c: &str, ns: &str, statefulset_replicas: i32, previous: &EtcdClusterStatus) -> EtcdMembership {
-    unchanged(c, ns, statefulset_replicas, previous, "", String::new())
-        .render
-        .unwrap_or_default()
-}
-
-/// Renders the last known members again and reports why nothing was changed.
-fn unchanged(
-    c: &str,
-    ns: &str,
-    statefulset_replicas: i32,
-    previous: &EtcdClusterStatus,
-    reason: &str,
-    message: String,
-) -> Membership {
     let views: Vec<MemberView> = previous
         .members
         .iter()
@@ -547,7 +529,7 @@ fn unchanged(
             lost: false,
         })
         .collect();
-    let render = if views.is_empty() {
+    if views.is_empty() {
         // Never listed: the members as first rendered.
         let members = etcd_members(c, ns, statefulset_replicas);
         EtcdMembership {
@@ -557,16 +539,27 @@ fn unchanged(
         }
     } else {
         render(c, ns, statefulset_replicas, &views)
-    };
+    }
+}
+
+/// Renders the last known members again and reports why nothing was changed (`condition`,
+/// a False MembersSynced).
+fn unchanged(
+    c: &str,
+    ns: &str,
+    statefulset_replicas: i32,
+    previous: &EtcdClusterStatus,
+    condition: ConditionUpdate,
+) -> Membership {
     Membership {
-        render: Some(render),
+        render: Some(unchanged_render(c, ns, statefulset_replicas, previous)),
         status: None,
-        condition: Some(ConditionUpdate::new(MEMBERS_SYNCED, false, reason.to_string(), message)),
+        condition: Some(condition),
         settled: false,
         requeue: Some(Duration::from_secs(5)),
     }
 }
 
 fn refused(refusal: &Refusal, warning: &str) -> ConditionUpdate {
-    ConditionUpdate::new(MEMBERS_SYNCED, false, refusal.reason(), format!("{refusal}{warning}"))
+    ConditionUpdate::error(MEMBERS_SYNCED, false, refusal.reason(), format!("{refusal}{warning}"))
 }

@@ -6,14 +6,39 @@ use kube::{Resource, ResourceExt};
 
 pub use self::recorder::{Occurrence, Recorder};
 use crate::controllers::Context;
+use crate::status::Reason;
 
 mod recorder;
 
-/// Publishes one Event on `object` through capn's [`Recorder`] (a repeat within six minutes
-/// is patched as a series), with `secondary` as its `related` object (for example the Pod
-/// of the etcd member a membership step changed). Failures are logged, never fatal: an
-/// Event is a courtesy, the status is the record.
+/// Publishes one Event on `object` for a step capn took, with `secondary` as its `related`
+/// object (for example the Pod of the etcd member a membership step changed). The Event is
+/// a Warning when `reason` is a failure ([`Reason::is_failure`]).
 pub(crate) async fn publish<K>(
+    ctx: &Context,
+    object: &K,
+    secondary: Option<ObjectReference>,
+    reason: Reason,
+    note: String,
+    action: &str,
+) where
+    K: Resource<DynamicType = ()>,
+{
+    send(
+        ctx,
+        object,
+        secondary,
+        reason.is_failure(),
+        reason.as_str(),
+        note,
+        action,
+    )
+    .await;
+}
+
+/// Sends one Event through capn's [`Recorder`] (a repeat within six minutes is patched as a
+/// series). Failures are logged, never fatal: an Event is a courtesy, the status is the
+/// record.
+async fn send<K>(
     ctx: &Context,
     object: &K,
     secondary: Option<ObjectReference>,
@@ -40,33 +65,6 @@ pub(crate) async fn publish<K>(
 /// The milestones a user waits for: an Event when they flip.
 const NOTABLE: &[&str] = &[crate::status::READY, crate::status::AVAILABLE];
 
-/// Whether a condition reports a failure (as opposed to waiting or progress).
-pub(crate) fn failing(c: &Condition) -> bool {
-    c.status != "True"
-        && !c.reason.starts_with("Waiting")
-        && !matches!(
-            c.reason.as_str(),
-            "Provisioning"
-                | "Pending"
-                // The control plane's word for a component still on its way (control_plane.rs).
-                | "NotReady"
-                | "ComponentsNotReady"
-                | "NotPaused"
-                | "NotRollingOut"
-                | "RolledOut"
-                | "Completed"
-                | "UpToDate"
-                | "UpgradeHeld"
-                // Membership steps in progress (issue 10): each change made has an Event of its own.
-                | "AddingLearner"
-                | "ScalingStatefulSet"
-                | "PromotingLearner"
-                | "RemovingMember"
-                | "ReplacingLostMember"
-        )
-        && c.type_ != crate::status::ROLLING_OUT
-}
-
 /// Publishes an Event for the condition changes between `old` and `new` that a user would
 /// want told about: a Warning for every failure that appears, and a Normal Event when a
 /// milestone ([`NOTABLE`]) flips, a CA rotation moves, or a condition recovers from a failure.
@@ -82,8 +80,8 @@ where
         if before.is_some_and(|b| b.status == c.status && b.reason == c.reason) {
             continue;
         }
-        let warning = failing(c);
-        let recovered = before.is_some_and(failing) && !warning;
+        let warning = crate::status::failing(c);
+        let recovered = before.is_some_and(crate::status::failing) && !warning;
         // A milestone is news when it flips (or first appears True); a rotation with every
         // phase.
         let flipped = match before {
@@ -95,6 +93,6 @@ where
             continue;
         }
         let note = format!("{} is {}: {}", c.type_, c.status, c.message);
-        publish(ctx, object, None, warning, &c.reason, note, "Reconcile").await;
+        send(ctx, object, None, warning, &c.reason, note, "Reconcile").await;
     }
 }
