@@ -45,6 +45,7 @@ use crate::backup::store::{Destination, Store, StoreError};
 use crate::backup::{ACCESS_KEY_ID, SECRET_ACCESS_KEY, SESSION_TOKEN};
 use crate::channel::Channel;
 use crate::component::ComponentKind;
+use crate::controllers::component::Round;
 use crate::controllers::{Context, ReconcileError};
 use crate::plan::RestoreVars;
 
@@ -382,18 +383,21 @@ pub const JOB_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1800
 ///
 /// # Errors
 /// Transient API errors (the credentials Secret, the etcd CA).
-#[allow(clippy::too_many_arguments)]
 pub async fn backup_step(
-    ctx: &Context,
-    etcd: &NestedEtcd,
-    ns: &str,
-    certificates: &crate::controllers::shared::certificates::CertificateStore<'_>,
-    cluster: &str,
+    round: &Round<'_, NestedEtcd>,
     channel: &Channel,
     ready: bool,
     endpoints: &[String],
-    now: Timestamp,
 ) -> Result<BackupReport, ReconcileError> {
+    let Round {
+        ctx,
+        object: etcd,
+        ns,
+        store: certificates,
+        ..
+    } = *round;
+    let cluster = round.cluster.name.as_str();
+    let now = round.now.k8s.0;
     use crate::backup::due::{Due, Trigger, due};
     use crate::status::{ConditionUpdate, Reason};
     let Some(backup) = etcd.spec.backup.as_ref() else {

@@ -20,13 +20,12 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::api::{EtcdClusterStatus, EtcdMemberStatus, MemberRemediation, NestedEtcd};
 use crate::component::ComponentKind;
-use crate::controllers::round::Now;
-use crate::controllers::shared::certificates::CertificateStore;
+use crate::controllers::component::Round;
 use crate::controllers::{Context, events};
 use crate::etcd::members::{MemberView, Observed, Refusal, Step, even_warning, next_step, ordinal_of};
 use crate::etcd::{EtcdCluster, ListedMember, MemberStatus};
 use crate::pki::SecretNames;
-use crate::plan::{ClusterSettings, EtcdMember, EtcdMembership, InitialClusterState, etcd_members};
+use crate::plan::{EtcdMember, EtcdMembership, InitialClusterState, etcd_members};
 use crate::status::{ConditionUpdate, MEMBERS_SYNCED, Reason};
 
 /// How soon the next step is looked at after one was taken or while one is under way.
@@ -55,13 +54,17 @@ pub struct Membership {
 /// # Errors
 /// API errors reading the etcd CA.
 pub async fn reconcile_members(
-    ctx: &Context,
-    object: &NestedEtcd,
-    store: &CertificateStore<'_>,
-    cluster: &ClusterSettings,
+    round: &Round<'_, NestedEtcd>,
     supported: bool,
-    now: &Now,
 ) -> Result<Membership, crate::controllers::ReconcileError> {
+    let Round {
+        ctx,
+        object,
+        store,
+        cluster,
+        now,
+        ..
+    } = *round;
     let status = object.status.as_ref();
     let applied = status.is_some_and(|s| s.version.is_some());
     if !applied || !supported {

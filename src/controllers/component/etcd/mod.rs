@@ -12,8 +12,8 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::{NestedControlPlane, NestedEtcd};
 use crate::component::ComponentKind;
 use crate::controllers::component::etcd::membership::{Membership, reconcile_members};
-use crate::controllers::component::{ComponentResource, component_accessors};
-use crate::controllers::round::{Gate, Now};
+use crate::controllers::component::{ComponentResource, Round, component_accessors};
+use crate::controllers::round::Gate;
 use crate::controllers::shared::certificates::{CertificateStore, waiting_for_ca};
 use crate::controllers::{Context, ReconcileError};
 use crate::pki::{SecretNames, etcd_server_leaf};
@@ -41,35 +41,18 @@ impl ComponentResource for NestedEtcd {
         ns: &str,
         channel: &crate::channel::Channel,
         version: &semver::Version,
-    ) -> Result<crate::controllers::component::etcd::backup::RestorePlan, ReconcileError> {
-        crate::controllers::component::etcd::backup::plan_restore(ctx, object, ns, channel, version).await
+    ) -> Result<backup::RestorePlan, ReconcileError> {
+        backup::plan_restore(ctx, object, ns, channel, version).await
     }
 
-    /// Scheduled and on-demand snapshots ([`crate::controllers::component::etcd::backup::backup_step`]).
-    #[allow(clippy::too_many_arguments)]
+    /// Scheduled and on-demand snapshots ([`backup::backup_step`]).
     async fn after_apply(
-        ctx: &Context,
-        object: &Self,
-        ns: &str,
-        certificates: &CertificateStore<'_>,
-        cluster: &str,
+        round: &Round<'_, Self>,
         channel: &crate::channel::Channel,
         ready: bool,
         endpoints: &[String],
-        now: k8s_openapi::jiff::Timestamp,
-    ) -> Result<crate::controllers::component::etcd::backup::BackupReport, ReconcileError> {
-        crate::controllers::component::etcd::backup::backup_step(
-            ctx,
-            object,
-            ns,
-            certificates,
-            cluster,
-            channel,
-            ready,
-            endpoints,
-            now,
-        )
-        .await
+    ) -> Result<backup::BackupReport, ReconcileError> {
+        backup::backup_step(round, channel, ready, endpoints).await
     }
 
     /// Issues `<c>-etcd-server` (server and client usage; every member's names) before the
@@ -92,22 +75,21 @@ impl ComponentResource for NestedEtcd {
     }
 
     /// Reads the members through etcd and takes at most one step toward `spec.replicas`
-    /// ([`crate::controllers::component::etcd::membership`]), when the channel's provider declares membership changes.
-    async fn membership(
-        ctx: &Context,
-        object: &Self,
-        store: &CertificateStore<'_>,
-        cluster: &ClusterSettings,
-        now: &Now,
-    ) -> Result<Membership, ReconcileError> {
-        let supported = crate::plan::resolve(&ctx.channels, cluster, ComponentKind::Etcd, &object.spec.component)
-            .ok()
-            .and_then(|r| {
-                r.channel
-                    .component(ComponentKind::Etcd)
-                    .map(|c| c.capabilities.membership_changes)
-            })
-            .unwrap_or(false);
-        reconcile_members(ctx, object, store, cluster, supported, now).await
+    /// ([`membership`]), when the channel's provider declares membership changes.
+    async fn membership(round: &Round<'_, Self>) -> Result<Membership, ReconcileError> {
+        let supported = crate::plan::resolve(
+            &round.ctx.channels,
+            round.cluster,
+            ComponentKind::Etcd,
+            &round.object.spec.component,
+        )
+        .ok()
+        .and_then(|r| {
+            r.channel
+                .component(ComponentKind::Etcd)
+                .map(|c| c.capabilities.membership_changes)
+        })
+        .unwrap_or(false);
+        reconcile_members(round, supported).await
     }
 }
