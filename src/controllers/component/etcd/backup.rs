@@ -37,7 +37,8 @@ use kube::ResourceExt;
 use kube::api::Api;
 use semver::Version;
 
-use crate::status::Reason;
+use crate::backup::due::{Due, Trigger, due};
+use crate::status::{ConditionUpdate, Reason};
 
 use crate::api::{BackupDestination, BackupStatus, NestedEtcd, RestoreStatus, SnapshotStatus};
 use crate::backup::naming::{LATEST, normalize_prefix};
@@ -389,35 +390,22 @@ pub async fn backup_step(
     ready: bool,
     endpoints: &[String],
 ) -> Result<BackupReport, ReconcileError> {
-    let Round {
-        ctx,
-        object: etcd,
-        ns,
-        store: certificates,
-        ..
-    } = *round;
-    let cluster = round.cluster.name.as_str();
-    let now = round.now.k8s.0;
-    use crate::backup::due::{Due, Trigger, due};
-    use crate::status::{ConditionUpdate, Reason};
+    let etcd = round.object;
     let Some(backup) = etcd.spec.backup.as_ref() else {
         return Ok(BackupReport::default());
     };
-    let key = format!("{ns}/{}", etcd.name_any());
+    let key = format!("{}/{}", round.ns, etcd.name_any());
     let mut status = etcd
         .status
         .as_ref()
         .and_then(|s| s.backup.as_deref().cloned())
         .unwrap_or_default();
     let mut report = BackupReport::default();
-    // Every refusal is a failure: capn's own reasons and the snapshot's and store's errors alike.
-    let refuse =
-        |reason: &'static str, message: String| ConditionUpdate::error(BACKUP_SUCCEEDED, false, reason, message);
     if !channel
         .component(ComponentKind::Etcd)
         .is_some_and(|c| c.capabilities.backups)
     {
-        report.condition = Some(refuse(
+        report.condition = Some(refusal(
             Reason::BackupsNotSupported.as_str(),
             format!(
                 "channel {} does not declare that its etcd provider supports backups (channel.yaml: components.etcd.capabilities.backups); no snapshot is taken",
@@ -427,38 +415,75 @@ pub async fn backup_step(
         report.status = Some(status);
         return Ok(report);
     }
-    if let Some(finished) = ctx.backups.take_finished(&key) {
-        if let Trigger::OnDemand(request) = &finished.trigger {
-            // Served either way: a failed request is not retried behind the user's back;
-            // the condition says it failed, and a new value asks again.
-            status.last_request = Some(request.clone());
-        }
-        match finished.result {
-            Ok(record) => {
-                let retention = match finished.retention {
-                    Ok(deleted) => format!("retention deleted {deleted} object(s)"),
-                    Err(e) => format!("retention failed, nothing was deleted: {e}"),
-                };
-                report.condition = Some(ConditionUpdate::new(
-                    BACKUP_SUCCEEDED,
-                    true,
-                    Reason::SnapshotVerified,
-                    format!(
-                        "snapshot {} ({} bytes, etcd revision {}, sha256 {}) uploaded and verified; {retention}",
-                        record.key, record.size, record.revision, record.sha256
-                    ),
-                ));
-                status.last_snapshot = Some(SnapshotStatus {
-                    time: record.taken_at.clone(),
-                    revision: record.revision,
-                    size_bytes: i64::try_from(record.size).unwrap_or(i64::MAX),
-                    key: record.key.clone(),
-                    sha256: record.sha256.clone(),
-                });
+    report.condition = record_finished(round.ctx, &key, &mut status);
+    match schedule(round, backup, &key, &mut status, ready) {
+        Err(condition) => report.condition = Some(condition),
+        Ok((requeue, trigger)) => {
+            report.requeue = requeue;
+            if let Some(trigger) = trigger
+                && let Some(condition) = start_snapshot(round, backup, endpoints, key, trigger).await?
+            {
+                report.condition = Some(condition);
             }
-            Err((reason, message)) => report.condition = Some(refuse(reason, message)),
         }
     }
+    report.status = Some(status);
+    Ok(report)
+}
+
+/// A `BackupSucceeded` False. Every refusal is a failure: capn's own reasons and the
+/// snapshot's and store's errors alike.
+fn refusal(reason: &'static str, message: String) -> ConditionUpdate {
+    ConditionUpdate::error(BACKUP_SUCCEEDED, false, reason, message)
+}
+
+/// The condition of a snapshot that finished since the last look, if one did; records it
+/// (and the on-demand request it served) in `status`.
+fn record_finished(ctx: &Context, key: &str, status: &mut BackupStatus) -> Option<ConditionUpdate> {
+    let finished = ctx.backups.take_finished(key)?;
+    if let Trigger::OnDemand(request) = &finished.trigger {
+        // Served either way: a failed request is not retried behind the user's back; the
+        // condition says it failed, and a new value asks again.
+        status.last_request = Some(request.clone());
+    }
+    Some(match finished.result {
+        Ok(record) => {
+            let retention = match finished.retention {
+                Ok(deleted) => format!("retention deleted {deleted} object(s)"),
+                Err(e) => format!("retention failed, nothing was deleted: {e}"),
+            };
+            status.last_snapshot = Some(SnapshotStatus {
+                time: record.taken_at.clone(),
+                revision: record.revision,
+                size_bytes: i64::try_from(record.size).unwrap_or(i64::MAX),
+                key: record.key.clone(),
+                sha256: record.sha256.clone(),
+            });
+            ConditionUpdate::new(
+                BACKUP_SUCCEEDED,
+                true,
+                Reason::SnapshotVerified,
+                format!(
+                    "snapshot {} ({} bytes, etcd revision {}, sha256 {}) uploaded and verified; {retention}",
+                    record.key, record.size, record.revision, record.sha256
+                ),
+            )
+        }
+        Err((reason, message)) => refusal(reason, message),
+    })
+}
+
+/// When the next snapshot is due (recorded in `status`), when to look again, and the
+/// trigger of a snapshot to start now: only when one is due, the etcd is ready, none runs
+/// and the last did not just fail. `Err`: the schedule or request is invalid.
+fn schedule(
+    round: &Round<'_, NestedEtcd>,
+    backup: &crate::api::EtcdBackup,
+    key: &str,
+    status: &mut BackupStatus,
+    ready: bool,
+) -> Result<(Option<std::time::Duration>, Option<Trigger>), ConditionUpdate> {
+    let (ctx, etcd, now) = (round.ctx, round.object, round.now.k8s.0);
     let request = etcd
         .annotations()
         .get(crate::api::BACKUP_NOW_ANNOTATION)
@@ -468,70 +493,64 @@ pub async fn backup_step(
         .as_ref()
         .and_then(|s| s.time.parse::<Timestamp>().ok());
     let created = etcd.creation_timestamp().map(|t| t.0).unwrap_or(now);
-    let decision = match due(
+    let decision = due(
         backup.schedule.as_deref(),
         request,
         status.last_request.as_deref(),
         last_snapshot,
         created,
         now,
-    ) {
-        Ok(decision) => decision,
-        Err(e) => {
-            report.condition = Some(refuse(e.reason(), e.to_string()));
-            report.status = Some(status);
-            return Ok(report);
-        }
-    };
+    )
+    .map_err(|e| refusal(e.reason(), e.to_string()))?;
     status.next_scheduled = match &decision {
         Due::At(at) => Some(at.to_string()),
         _ => None,
     };
-    let running = ctx.backups.running(&key);
-    report.requeue = match &decision {
+    let running = ctx.backups.running(key);
+    let backing_off = ctx.backups.backing_off(key);
+    let requeue = match &decision {
         _ if running => Some(JOB_POLL),
         Due::At(at) => Some(std::time::Duration::from_secs(
             u64::try_from(at.as_second() - now.as_second()).unwrap_or(0).max(1),
         )),
         Due::Never => None,
         Due::Now(_) if !ready => Some(std::time::Duration::from_secs(30)),
-        Due::Now(_) if ctx.backups.backing_off(&key) => Some(RETRY_AFTER_FAILURE),
+        Due::Now(_) if backing_off => Some(RETRY_AFTER_FAILURE),
         Due::Now(_) => Some(JOB_POLL),
     };
     let trigger = match decision {
-        Due::Now(trigger) if ready && !running && !ctx.backups.backing_off(&key) => trigger,
-        _ => {
-            report.status = Some(status);
-            return Ok(report);
-        }
+        Due::Now(trigger) if ready && !running && !backing_off => Some(trigger),
+        _ => None,
     };
-    let store = match connect(
-        ctx,
-        ns,
-        &backup.destination,
-        Some(&crate::backup::naming::default_prefix(ns, &etcd.name_any())),
-    )
-    .await?
-    {
-        Ok(store) => store,
-        Err(RestorePlan::Refused { reason, message }) => {
-            report.condition = Some(refuse(reason, message));
-            report.status = Some(status);
-            return Ok(report);
-        }
+    Ok((requeue, trigger))
+}
+
+/// Starts a snapshot in the background: one member's snapshot is the cluster's (every
+/// member holds the whole keyspace); the first listed member that capn can dial serves it.
+/// Returns the condition when it cannot start (the store or etcd unreachable); nothing when
+/// the etcd CA or an endpoint is not there yet.
+async fn start_snapshot(
+    round: &Round<'_, NestedEtcd>,
+    backup: &crate::api::EtcdBackup,
+    endpoints: &[String],
+    key: String,
+    trigger: Trigger,
+) -> Result<Option<ConditionUpdate>, ReconcileError> {
+    let Round { ctx, ns, store, .. } = *round;
+    let cluster = round.cluster.name.as_str();
+    let prefix = crate::backup::naming::default_prefix(ns, &round.object.name_any());
+    let objects = match connect(ctx, ns, &backup.destination, Some(&prefix)).await? {
+        Ok(objects) => objects,
+        Err(RestorePlan::Refused { reason, message }) => return Ok(Some(refusal(reason, message))),
         Err(_) => unreachable!("connect refuses or connects"),
     };
-    // One member's snapshot is the cluster's (every member holds the whole keyspace); the
-    // first listed member that capn can dial serves it.
     let names = crate::pki::SecretNames::new(cluster);
-    let Some(ca) = certificates.require_ca(&names.etcd_ca).await? else {
-        report.status = Some(status);
-        return Ok(report);
+    let Some(ca) = store.require_ca(&names.etcd_ca).await? else {
+        return Ok(None);
     };
-    let ca = certificates.load_ca(&ca).await?;
+    let ca = store.load_ca(&ca).await?;
     let Some(endpoint) = endpoints.first() else {
-        report.status = Some(status);
-        return Ok(report);
+        return Ok(None);
     };
     let client = ctx
         .etcd
@@ -541,16 +560,12 @@ pub async fn backup_step(
         .await;
     let client = match client {
         Ok(client) => client,
-        Err(e) => {
-            report.condition = Some(refuse(Reason::EtcdUnreachable.as_str(), e.to_string()));
-            report.status = Some(status);
-            return Ok(report);
-        }
+        Err(e) => return Ok(Some(refusal(Reason::EtcdUnreachable.as_str(), e.to_string()))),
     };
     let retention = usize::try_from(backup.retention.unwrap_or(crate::api::DEFAULT_RETENTION)).unwrap_or(1);
-    ctx.backups.start(key, snapshot_job(client, store, retention, trigger));
-    report.status = Some(status);
-    Ok(report)
+    ctx.backups
+        .start(key, snapshot_job(client, objects, retention, trigger));
+    Ok(None)
 }
 
 pub use crate::status::BACKUP_SUCCEEDED;

@@ -57,88 +57,124 @@ pub async fn reconcile_members(
     round: &Round<'_, NestedEtcd>,
     supported: bool,
 ) -> Result<Membership, crate::controllers::ReconcileError> {
-    let Round {
-        ctx,
-        object,
-        store,
-        cluster,
-        now,
-        ..
-    } = *round;
-    let status = object.status.as_ref();
-    let applied = status.is_some_and(|s| s.version.is_some());
+    let applied = round.object.status.as_ref().is_some_and(|s| s.version.is_some());
     if !applied || !supported {
         return Ok(Membership::default());
     }
-    let ns = &cluster.namespace;
-    let c = &cluster.name;
-    let desired = object.spec.component.replicas.unwrap_or(1);
-    let statefulset = ComponentKind::Etcd.object_name(c);
-    let live = ctx.caches.statefulsets.get(&ObjectRef::new(&statefulset).within(ns));
-    let statefulset_replicas = live
-        .as_ref()
-        .and_then(|s| s.spec.as_ref().and_then(|s| s.replicas))
-        .or_else(|| status.and_then(|s| s.replicas))
-        .unwrap_or(desired)
-        .max(1);
-    let all_ready = live
-        .as_ref()
-        .and_then(|s| s.status.as_ref())
-        .is_some_and(|s| s.ready_replicas.unwrap_or(0) >= statefulset_replicas);
-    let previous_status = status.and_then(|s| s.etcd.clone());
-    let previous = previous_status.clone().unwrap_or_default();
-    let synced = status.is_some_and(|s| crate::status::is_true(&s.conditions, MEMBERS_SYNCED));
-    let change_pending = desired != statefulset_replicas || previous.members.iter().any(|m| m.learner);
+    let known = Known::read(round);
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
     // Every member ready, the members as last listed and nothing asked: etcd is not called
     // (a lost member's pod is not ready, which wakes this reconcile through the StatefulSet).
-    if !change_pending && all_ready && synced && previous_status.is_some() {
+    if !known.change_pending && known.all_ready && known.synced && known.listed_before {
         // Nor kept connected: a cluster's clients cost about 100 KiB (tonic channels, TLS
-        // state), and a settled etcd needs none until something changes (issue 11).
-        ctx.etcd.forget(ns, c);
+        // state), and a settled etcd needs none until something changes.
+        round.ctx.etcd.forget(ns, c);
         return Ok(Membership {
-            render: Some(unchanged_render(c, ns, statefulset_replicas, &previous)),
+            render: Some(unchanged_render(c, ns, known.statefulset_replicas, &known.previous)),
             status: None,
             condition: None,
             settled: true,
             requeue: None,
         });
     }
+    let (etcd, listed) = match connect(round, &known).await? {
+        Ok(connected) => connected,
+        Err(membership) => return Ok(membership),
+    };
+    let read = read_members(round, &known, &etcd, &listed).await;
+    Ok(step(round, &known, &etcd, read).await)
+}
+
+/// What the caches and the NestedEtcd's status say about the members, before etcd is asked.
+struct Known {
+    desired: i32,
+    /// The StatefulSet's replicas (at least 1).
+    statefulset_replicas: i32,
+    all_ready: bool,
+    /// The members as last listed (empty when never listed).
+    previous: EtcdClusterStatus,
+    listed_before: bool,
+    /// `MembersSynced` is True.
+    synced: bool,
+    /// A size change or a learner is under way.
+    change_pending: bool,
+}
+
+impl Known {
+    fn read(round: &Round<'_, NestedEtcd>) -> Self {
+        let status = round.object.status.as_ref();
+        let desired = round.object.spec.component.replicas.unwrap_or(1);
+        let statefulset = ComponentKind::Etcd.object_name(&round.cluster.name);
+        let live = round
+            .ctx
+            .caches
+            .statefulsets
+            .get(&ObjectRef::new(&statefulset).within(&round.cluster.namespace));
+        let statefulset_replicas = live
+            .as_ref()
+            .and_then(|s| s.spec.as_ref().and_then(|s| s.replicas))
+            .or_else(|| status.and_then(|s| s.replicas))
+            .unwrap_or(desired)
+            .max(1);
+        let all_ready = live
+            .as_ref()
+            .and_then(|s| s.status.as_ref())
+            .is_some_and(|s| s.ready_replicas.unwrap_or(0) >= statefulset_replicas);
+        let previous_status = status.and_then(|s| s.etcd.clone());
+        let listed_before = previous_status.is_some();
+        let previous = previous_status.unwrap_or_default();
+        let change_pending = desired != statefulset_replicas || previous.members.iter().any(|m| m.learner);
+        Known {
+            desired,
+            statefulset_replicas,
+            all_ready,
+            listed_before,
+            synced: status.is_some_and(|s| crate::status::is_true(&s.conditions, MEMBERS_SYNCED)),
+            change_pending,
+            previous,
+        }
+    }
+}
+
+/// The etcd client and the member list, or (`Err`) the membership to report when etcd
+/// cannot be asked: its CA missing, no client, no member answering.
+async fn connect<'r>(
+    round: &'r Round<'_, NestedEtcd>,
+    known: &Known,
+) -> Result<Result<(EtcdCluster<'r>, Vec<ListedMember>), Membership>, crate::controllers::ReconcileError> {
+    let Round { ctx, store, now, .. } = *round;
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
+    let unchanged = |condition| unchanged(c, ns, known.statefulset_replicas, &known.previous, condition);
     let names = SecretNames::new(c);
     let Some(ca) = store.require_ca(&names.etcd_ca).await? else {
-        return Ok(unchanged(
-            c,
-            ns,
-            statefulset_replicas,
-            &previous,
-            ConditionUpdate::new(
-                MEMBERS_SYNCED,
-                false,
-                Reason::WaitingForCertificates,
-                format!("secret {} does not exist", names.etcd_ca),
-            ),
-        ));
+        return Ok(Err(unchanged(ConditionUpdate::new(
+            MEMBERS_SYNCED,
+            false,
+            Reason::WaitingForCertificates,
+            format!("secret {} does not exist", names.etcd_ca),
+        ))));
     };
     let ca = store.load_ca(&ca).await?;
     let etcd = match ctx.etcd.cluster(ns, c, &ca, now.time) {
         Ok(etcd) => etcd,
         Err(e) => {
-            return Ok(unchanged(
-                c,
-                ns,
-                statefulset_replicas,
-                &previous,
-                ConditionUpdate::error(MEMBERS_SYNCED, false, e.reason(), e.to_string()),
-            ));
+            return Ok(Err(unchanged(ConditionUpdate::error(
+                MEMBERS_SYNCED,
+                false,
+                e.reason(),
+                e.to_string(),
+            ))));
         }
     };
-    let highest = previous
+    let highest = known
+        .previous
         .members
         .iter()
         .filter_map(|m| ordinal_of(&m.peer_url, c))
         .map(|o| i32::try_from(o).unwrap_or(0) + 1)
         .max()
         .unwrap_or(0);
-    let candidates: Vec<String> = etcd_members(c, ns, statefulset_replicas.max(desired).max(highest))
+    let candidates: Vec<String> = etcd_members(c, ns, known.statefulset_replicas.max(known.desired).max(highest))
         .into_iter()
         .map(|m| m.client_url)
         .collect();
@@ -146,37 +182,51 @@ pub async fn reconcile_members(
         Ok(listed) => listed,
         // No member answered: keep no clients for it either (the next call dials anew, as
         // tonic would have); an unreachable etcd then costs no memory while it is away.
-        Err(_) if previous_status.is_none() && !change_pending => {
+        Err(_) if !known.listed_before && !known.change_pending => {
             // Never reached and nothing asked (a new etcd still starting): render as created.
             ctx.etcd.forget(ns, c);
-            return Ok(Membership::default());
+            return Ok(Err(Membership::default()));
         }
         Err(e) => {
             ctx.etcd.forget(ns, c);
-            let mut outcome = unchanged(
-                c,
-                ns,
-                statefulset_replicas,
-                &previous,
-                ConditionUpdate::new(
-                    MEMBERS_SYNCED,
-                    false,
-                    Reason::EtcdUnreachable,
-                    format!("no member answered ({e}); capn changes nothing until etcd answers again"),
-                ),
-            );
+            let mut outcome = unchanged(ConditionUpdate::new(
+                MEMBERS_SYNCED,
+                false,
+                Reason::EtcdUnreachable,
+                format!("no member answered ({e}); capn changes nothing until etcd answers again"),
+            ));
             outcome.requeue = Some(Duration::from_secs(10));
-            return Ok(outcome);
+            return Ok(Err(outcome));
         }
     };
-    let health = read_health(&etcd, c, ns, &listed).await;
-    let timeout = MemberRemediation::unreachable_timeout(object.spec.member_remediation.as_ref());
-    let replace_lost = MemberRemediation::enabled(object.spec.member_remediation.as_ref());
-    let (views, members_status) = views(c, &listed, &health, &previous, now.time, timeout);
+    Ok(Ok((etcd, listed)))
+}
+
+/// What etcd said: each member's view, the status to show and the observation the next
+/// step is planned from.
+struct Read {
+    views: Vec<MemberView>,
+    status: EtcdClusterStatus,
+    observed: Observed,
+}
+
+/// Each listed member's health (asked in parallel) and the leader.
+async fn read_members(
+    round: &Round<'_, NestedEtcd>,
+    known: &Known,
+    etcd: &EtcdCluster<'_>,
+    listed: &[ListedMember],
+) -> Read {
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
+    let spec = &round.object.spec;
+    let health = read_health(etcd, c, ns, listed).await;
+    let timeout = MemberRemediation::unreachable_timeout(spec.member_remediation.as_ref());
+    let replace_lost = MemberRemediation::enabled(spec.member_remediation.as_ref());
+    let (views, members_status) = views(c, listed, &health, &known.previous, round.now.time, timeout);
     let observed = Observed {
         members: views.clone(),
-        statefulset_replicas: u32::try_from(statefulset_replicas).unwrap_or(1),
-        desired,
+        statefulset_replicas: u32::try_from(known.statefulset_replicas).unwrap_or(1),
+        desired: known.desired,
         replace_lost,
     };
     let leader = health
@@ -186,13 +236,32 @@ pub async fn reconcile_members(
         .find(|l| *l != 0)
         .and_then(|id| listed.iter().find(|m| m.id == id))
         .map(|m| m.name.clone());
-    let cluster_status = EtcdClusterStatus {
-        members: members_status,
-        leader,
+    Read {
+        views,
+        status: EtcdClusterStatus {
+            members: members_status,
+            leader,
+        },
+        observed,
+    }
+}
+
+/// Plans the next step from what etcd said, takes it (at most one), and says what to
+/// render and report.
+async fn step(round: &Round<'_, NestedEtcd>, known: &Known, etcd: &EtcdCluster<'_>, read: Read) -> Membership {
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
+    let Read {
+        views,
+        status: cluster_status,
+        observed,
+    } = read;
+    let warning = even_warning(known.desired)
+        .map(|w| format!(" ({w})"))
+        .unwrap_or_default();
+    let mut proposed = Proposed {
+        members: views.clone(),
+        statefulset_replicas: known.statefulset_replicas,
     };
-    let warning = even_warning(desired).map(|w| format!(" ({w})")).unwrap_or_default();
-    let mut after = views.clone();
-    let mut sts = statefulset_replicas;
     let (condition, requeue) = match next_step(&observed) {
         Err(refusal) => (
             refused(&refusal, &warning),
@@ -217,7 +286,7 @@ pub async fn reconcile_members(
         }
         Ok(step) => {
             let via = via(c, ns, &views, &cluster_status, &step);
-            let taken = take_step(ctx, object, &etcd, &step, via.as_deref(), c, ns, &mut after, &mut sts).await;
+            let taken = take_step(round, etcd, &step, via.as_deref(), &mut proposed).await;
             let stuck = match &step {
                 Step::WaitForLearner { ordinal, .. } => {
                     views.iter().any(|m| m.learner && m.ordinal == Some(*ordinal) && m.lost)
@@ -240,13 +309,19 @@ pub async fn reconcile_members(
         }
     };
     let settled = condition.status;
-    Ok(Membership {
-        render: Some(render(c, ns, sts, &after)),
+    Membership {
+        render: Some(render(c, ns, proposed.statefulset_replicas, &proposed.members)),
         status: Some(cluster_status),
         condition: Some(condition),
         settled,
         requeue,
-    })
+    }
+}
+
+/// What this round renders after its step: the members and the StatefulSet's size.
+struct Proposed {
+    members: Vec<MemberView>,
+    statefulset_replicas: i32,
 }
 
 /// The member capn asks for a change: the leader if it is healthy and not the target, else
@@ -271,22 +346,19 @@ fn via(c: &str, ns: &str, views: &[MemberView], status: &EtcdClusterStatus, step
 /// Takes one step through etcd, updating the member list and StatefulSet size to render.
 /// `Err` is why the step did not happen (it is tried again at the next look); a Normal
 /// Event records each change made.
-#[allow(clippy::too_many_arguments)]
 async fn take_step(
-    ctx: &Context,
-    object: &NestedEtcd,
+    round: &Round<'_, NestedEtcd>,
     etcd: &EtcdCluster<'_>,
     step: &Step,
     via: Option<&str>,
-    c: &str,
-    ns: &str,
-    after: &mut Vec<MemberView>,
-    sts: &mut i32,
+    proposed: &mut Proposed,
 ) -> Result<(), String> {
+    let Round { ctx, object, .. } = *round;
+    let (ns, c) = (round.cluster.namespace.as_str(), round.cluster.name.as_str());
     let need_via = || via.ok_or_else(|| "no healthy voting member to ask".to_string());
     match step {
         Step::ScaleStatefulSet { replicas } => {
-            *sts = i32::try_from(*replicas).unwrap_or(1);
+            proposed.statefulset_replicas = i32::try_from(*replicas).unwrap_or(1);
             Ok(())
         }
         Step::WaitForLearner { .. } | Step::Done => Ok(()),
@@ -304,7 +376,7 @@ async fn take_step(
             // ConfigMap applied after this step names it, a restarted pod stops at once
             // ("couldn't find local name"), before writing anything.
             clear_data(ctx, ns, &member.name).await?;
-            after.push(MemberView {
+            proposed.members.push(MemberView {
                 id,
                 ordinal: Some(*ordinal),
                 name: member.name.clone(),
@@ -331,7 +403,7 @@ async fn take_step(
             etcd.promote(need_via()?, *id)
                 .await
                 .map_err(|e| format!("not yet: {e}"))?;
-            if let Some(m) = after.iter_mut().find(|m| m.id == *id) {
+            if let Some(m) = proposed.members.iter_mut().find(|m| m.id == *id) {
                 m.learner = false;
             }
             let note = format!("promoted learner {name} (ID {id:x}) to a voting member");
@@ -348,7 +420,7 @@ async fn take_step(
         }
         Step::Remove { id, name, lost } => {
             etcd.remove(need_via()?, *id).await.map_err(|e| e.to_string())?;
-            after.retain(|m| m.id != *id);
+            proposed.members.retain(|m| m.id != *id);
 
             if let Some(url) = etcd_members(c, ns, 64)
                 .into_iter()
