@@ -17,7 +17,7 @@
 
 // Output must never crash the demo: Ctrl-C in `hack/demo.sh | tee log` kills `tee` first,
 // and a failed print must not stop the cleanup that follows. These shadow std's macros for
-// this file and the support code it includes.
+// this file; the kit's own messages follow `capn_testkit::ignore_stderr_errors` (`run_demo`).
 macro_rules! println {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
@@ -31,11 +31,6 @@ macro_rules! eprintln {
     }};
 }
 
-// The test support is shared with the integration tests; the demo uses part of it.
-#[allow(dead_code)]
-#[path = "../tests/integration/support/mod.rs"]
-mod support;
-
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -43,14 +38,13 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use capn_testkit::runner::Runner;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use tokio::signal::unix::{SignalKind, signal};
-
-use support::runner::Runner;
 
 /// Where the demo's control plane lives in the super cluster (as in the README's quickstart).
 const NAMESPACE: &str = "tenant-a";
@@ -153,6 +147,7 @@ fn step(n: u32, what: &str) {
 }
 
 fn run_demo() -> ExitCode {
+    capn_testkit::ignore_stderr_errors();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -214,11 +209,13 @@ struct Running {
 
 async fn boot() -> Result<Running, String> {
     let started = Instant::now();
+    // Before anything starts: `capn run` runs it, and the runner for capn's own image.
+    let binary = capn_binary()?;
     step(
         1,
         "Starting a local super cluster: etcd, kube-apiserver and kube-controller-manager from $KUBEBUILDER_ASSETS",
     );
-    let cluster = tokio::task::spawn_blocking(support::cluster)
+    let cluster = tokio::task::spawn_blocking(capn_testkit::cluster)
         .await
         .map_err(|e| match e.try_into_panic() {
             Ok(panic) => panic
@@ -245,7 +242,7 @@ async fn boot() -> Result<Running, String> {
         "Starting the runner: it plays the kubelet for capn's StatefulSets (each pod in its own network and mount namespaces)",
     );
     create_namespace(&client).await?;
-    let runner = Runner::start(&client, NAMESPACE).await?;
+    let runner = Runner::start(&client, NAMESPACE, &binary).await?;
 
     step(
         3,
@@ -253,6 +250,7 @@ async fn boot() -> Result<Running, String> {
     );
     // capn dials the tenant's etcd members by name: the runner's hosts file maps them.
     let capn = start_capn(
+        &binary,
         cluster.kubeconfig_path(),
         &dir.path().join("capn.log"),
         &runner.hosts_file(),
@@ -503,11 +501,10 @@ fn capn_binary() -> Result<PathBuf, String> {
 
 /// Starts `capn run` for the demo's namespace against the super cluster. It dies with the
 /// demo (PR_SET_PDEATHSIG); its health and metrics endpoints listen on loopback only.
-fn start_capn(kubeconfig: &Path, log: &Path, etcd_hosts: &Path) -> Result<CapnProcess, String> {
-    let binary = capn_binary()?;
+fn start_capn(binary: &Path, kubeconfig: &Path, log: &Path, etcd_hosts: &Path) -> Result<CapnProcess, String> {
     let out = std::fs::File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
-    let mut command = Command::new(&binary);
+    let mut command = Command::new(binary);
     command
         .args([
             "run",

@@ -70,7 +70,7 @@ impl CapnProcess {
         // the benchmark aborts on a panic (the release profile's `panic = "abort"`), which
         // runs no `kill_on_drop`.
         unsafe {
-            command.pre_exec(move || crate::support::process::die_with_parent(parent));
+            command.pre_exec(move || capn_testkit::process::die_with_parent(parent));
         }
         let child = command
             .args(["run", "--namespace", namespace, "--controllers=*,-public-crds"])
@@ -134,7 +134,7 @@ impl CapnProcess {
     /// `/metrics` does not answer 200.
     pub async fn reconciles(&self) -> Result<Vec<Reconciles>, String> {
         let address = self.metrics;
-        let (status, body) = tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, "/metrics"))
+        let (status, body) = tokio::task::spawn_blocking(move || capn_testkit::capi::http_get(address, "/metrics"))
             .await
             .map_err(|e| format!("scraping capn's /metrics panicked: {e}"))?
             .map_err(|e| format!("scraping capn's /metrics: {e}"))?;
@@ -226,7 +226,7 @@ fn free_address() -> Result<SocketAddr, String> {
 
 /// Whether `GET /readyz` on `address` answers 200.
 async fn answers_ready(address: SocketAddr) -> bool {
-    tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, "/readyz"))
+    tokio::task::spawn_blocking(move || capn_testkit::capi::http_get(address, "/readyz"))
         .await
         .is_ok_and(|answer| answer.is_ok_and(|(status, _)| status == 200))
 }

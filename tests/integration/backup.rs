@@ -10,13 +10,13 @@ use bytes::Bytes;
 use capn::api::NestedEtcd;
 use capn::backup::naming::snapshot_key;
 use capn::backup::store::{Destination, Store};
+use capn_testkit::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
+use capn_testkit::{mark_statefulset_ready, wait_until};
 use futures::stream;
 use kube::api::Api;
 use serde_json::json;
 
 use crate::harness::{Fixture, STEP, statefulset};
-use crate::support::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
-use crate::support::{mark_statefulset_ready, wait_until};
 
 const CREDENTIALS: &str = "s3-credentials";
 

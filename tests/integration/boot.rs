@@ -1,6 +1,6 @@
 //! Issue "The rendered control plane boots for real": the etcd, kube-apiserver and
 //! kube-controller-manager capn renders run with capn's own arguments and certificates (the
-//! runner in `support::runner` plays the kubelet), become ready through their own probes, and
+//! runner in `capn_testkit::runner` plays the kubelet), become ready through their own probes, and
 //! the admin kubeconfig capn generated talks to the result.
 //!
 //! Timings (apply → NestedControlPlane ready) are printed, not asserted.
@@ -10,6 +10,8 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use capn::api::NestedControlPlane;
+use capn_testkit::runner::Runner;
+use capn_testkit::{cluster, test_namespace};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
@@ -18,9 +20,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::harness::{Capn, CapnProcess, apply_doc, apply_example, pem_to_der, secret, secret_value};
-use crate::support::runner::Runner;
-use crate::support::{cluster, test_namespace};
+use crate::harness::{Capn, CapnProcess, apply_doc, apply_example, capn_binary, pem_to_der, secret, secret_value};
 
 /// From apply to a ready control plane: generous, the tests share two cores with the others.
 const BOOT: Duration = Duration::from_secs(360);
@@ -84,7 +84,7 @@ async fn boot(test: &str, docs: Option<Vec<serde_json::Value>>) -> Booted {
 pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, start: StartCapn) -> Booted {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let runner = Runner::start(&client, &ns)
+    let runner = Runner::start(&client, &ns, capn_binary())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     // capn dials the tenant's etcd members by name through the runner's hosts file.
@@ -392,7 +392,7 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
         .forward(&format!("demo-apiserver.{ns}.svc"), 6443)
         .unwrap_or_else(|e| panic!("{e}"));
     let host_kubeconfig =
-        crate::support::runner::forward::host_kubeconfig(&kubeconfig, &forward).unwrap_or_else(|e| panic!("{e}"));
+        capn_testkit::runner::forward::host_kubeconfig(&kubeconfig, &forward).unwrap_or_else(|e| panic!("{e}"));
     let verbatim = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::from_yaml(&host_kubeconfig).unwrap(),
         &Default::default(),
@@ -1013,7 +1013,7 @@ async fn the_runner_refuses_an_image_whose_release_is_not_the_local_binary() {
         .to_owned();
     std::fs::create_dir(cache.path().join("etcd-v3.5.21")).unwrap();
     std::os::unix::fs::symlink(&real_etcd, cache.path().join("etcd-v3.5.21/etcd")).unwrap();
-    let runner = Runner::start_with_cache(&client, &ns, cache.path())
+    let runner = Runner::start_with_cache(&client, &ns, cache.path(), capn_binary())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);

@@ -15,6 +15,7 @@
 use std::time::{Duration, Instant};
 
 use capn::api::{BACKUP_NOW_ANNOTATION, NestedControlPlane, NestedEtcd};
+use capn_testkit::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -24,7 +25,6 @@ use sha2::Digest as _;
 
 use crate::boot::{STEP, StartCapn, boot_with, say};
 use crate::harness::{apply_doc, secret};
-use crate::support::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 
 /// ConfigMaps written into the tenant before the backup.
 const CONFIG_MAPS: usize = 1000;

@@ -11,13 +11,13 @@ use std::time::Duration;
 use capn::controllers::Settings;
 use capn::controllers::control_plane::rotation::ROTATE_ANNOTATION;
 use capn::plan::CERTIFICATES_DIGEST_ANNOTATION;
+use capn_testkit::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use crate::harness::*;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 /// The certificates digest on each StatefulSet's pod template.
 async fn digests(client: &Client, ns: &str) -> BTreeMap<String, String> {

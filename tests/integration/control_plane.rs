@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use capn_testkit::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::ResourceExt;
@@ -11,7 +12,6 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::harness::*;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 #[tokio::test]
 async fn standalone_example_comes_up_in_order_and_reports_ready() {
@@ -371,7 +371,7 @@ async fn every_field_capn_writes_is_managed_by_capn() {
     let allowed = [
         capn::apply::FIELD_MANAGER,
         "kubectl",
-        crate::support::STATEFULSET_STATUS_MANAGER,
+        capn_testkit::STATEFULSET_STATUS_MANAGER,
     ];
     let mut objects = Vec::new();
     objects.extend(metas::<NestedControlPlane>(&client, &ns).await);

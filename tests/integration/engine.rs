@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use capn::api::{NestedAPIServer, NestedControllerManager, NestedEtcd};
+use capn_testkit::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
@@ -11,7 +12,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::harness::*;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 fn image(sts: &StatefulSet) -> String {
     sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use capn::channel::ChannelRegistry;
 use capn::controllers::{Settings, run};
+use capn_testkit::wait_until;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
@@ -15,7 +16,11 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use x509_parser::prelude::*;
 
-use crate::support::wait_until;
+/// The `capn` binary cargo built for this test binary. The kit (a library, where
+/// `CARGO_BIN_EXE_capn` does not exist) takes it from its caller.
+pub fn capn_binary() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_capn"))
+}
 
 /// How long a test waits for one step of the controllers.
 pub const STEP: Duration = Duration::from_secs(30);
@@ -93,7 +98,7 @@ impl CapnProcess {
             ])
             .args(["--log-format", "json"])
             .args(args)
-            .env("KUBECONFIG", crate::support::cluster().kubeconfig_path())
+            .env("KUBECONFIG", capn_testkit::cluster().kubeconfig_path())
             .env("RUST_LOG", "debug")
             .stdout(file.try_clone().expect("capn's log file"))
             .stderr(file)
@@ -141,8 +146,8 @@ impl Fixture {
 
     /// A new namespace; capn is not running (start it with [`Fixture::start_capn`]).
     pub async fn without_capn() -> Self {
-        let client = crate::support::cluster().client();
-        let ns = crate::support::test_namespace(&client).await;
+        let client = capn_testkit::cluster().client();
+        let ns = capn_testkit::test_namespace(&client).await;
         Self { client, ns, capn: None }
     }
 
@@ -245,7 +250,7 @@ pub async fn make_ready(client: &Client, ns: &str, name: &str) {
         statefulset(client, ns, name).await.map(|_| ())
     })
     .await;
-    crate::support::mark_statefulset_ready(client, ns, name).await.unwrap();
+    capn_testkit::mark_statefulset_ready(client, ns, name).await.unwrap();
 }
 
 /// A namespaced kind a typed `Api` can read: what the generic helpers here need.
@@ -426,7 +431,7 @@ pub fn free_loopback_address() -> std::net::SocketAddr {
 /// Connection failures and answers that are not HTTP.
 pub async fn http_get(address: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let path = path.to_owned();
-    tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, &path))
+    tokio::task::spawn_blocking(move || capn_testkit::capi::http_get(address, &path))
         .await
         .expect("the HTTP request task")
 }

@@ -17,6 +17,7 @@ use capn::controllers::Settings;
 use capn::plan::{
     CapnPods, ClusterSettings, ComponentRequest, DEFAULT_IMAGE_REPOSITORY, Running, Upstream, etcd_members, plan,
 };
+use capn_testkit::{cluster, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -27,7 +28,6 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::harness::*;
-use crate::support::{cluster, test_namespace, wait_until};
 
 fn capn_pods() -> CapnPods {
     CapnPods {

@@ -11,6 +11,7 @@ use capn::api::{NestedCluster, NestedEtcd};
 use capn::channel::ChannelRegistry;
 use capn::cli::{Cli, Command, LeaderElection, RunArgs};
 use capn::controllers::Settings;
+use capn_testkit::{cluster, test_namespace, wait_until};
 use clap::Parser as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -20,7 +21,6 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use serde_json::{Value, json};
 
 use crate::harness::*;
-use crate::support::{cluster, test_namespace, wait_until};
 
 /// A `capn run` in this test's runtime, stopped (like a killed pod) when dropped.
 struct Instance {

@@ -5,13 +5,13 @@
 //! the resource. Valid edge cases must pass all three.
 
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use capn_testkit::{mark_statefulset_ready, wait_until};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::harness::*;
-use crate::support::{mark_statefulset_ready, wait_until};
 
 const API_VERSION: &str = "controlplane.cluster.x-k8s.io/v1beta1";
 

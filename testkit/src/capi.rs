@@ -150,9 +150,9 @@ pub fn assets_dir() -> Result<PathBuf, String> {
     let dir = match std::env::var_os(ASSETS_VARIABLE).filter(|d| !d.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/capi-assets.sh");
+            let script = super::repository().join("hack/capi-assets.sh");
             let output = Command::new(&script)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .current_dir(super::repository())
                 .output()
                 .map_err(|e| format!("{ASSETS_VARIABLE} is not set and {} cannot run: {e}", script.display()))?;
             if !output.status.success() {
@@ -401,6 +401,12 @@ pub struct ProviderRepository {
     dir: tempfile::TempDir,
     providers: Vec<String>,
     cert_manager: Option<(String, String)>,
+}
+
+impl Default for ProviderRepository {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl ProviderRepository {
