@@ -62,7 +62,7 @@ impl CapnProcess {
         let stderr = stdout
             .try_clone()
             .map_err(|e| format!("cannot duplicate {}: {e}", log.display()))?;
-        let [metrics, probes] = [free_address()?, free_address()?];
+        let [metrics, probes] = capn_testkit::free_ports()?.map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_capn"));
         let parent = std::process::id();
         // SAFETY: the hook runs between fork and exec and only calls async-signal-safe
@@ -134,9 +134,8 @@ impl CapnProcess {
     /// `/metrics` does not answer 200.
     pub async fn reconciles(&self) -> Result<Vec<Reconciles>, String> {
         let address = self.metrics;
-        let (status, body) = tokio::task::spawn_blocking(move || capn_testkit::capi::http_get(address, "/metrics"))
+        let (status, body) = capn_testkit::http_get(address, "/metrics")
             .await
-            .map_err(|e| format!("scraping capn's /metrics panicked: {e}"))?
             .map_err(|e| format!("scraping capn's /metrics: {e}"))?;
         if status != 200 {
             return Err(format!("capn's /metrics answered {status}"));
@@ -218,17 +217,11 @@ fn status_bytes(status: &str, field: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn free_address() -> Result<SocketAddr, String> {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .map_err(|e| format!("cannot find a free loopback port: {e}"))
-}
-
 /// Whether `GET /readyz` on `address` answers 200.
 async fn answers_ready(address: SocketAddr) -> bool {
-    tokio::task::spawn_blocking(move || capn_testkit::capi::http_get(address, "/readyz"))
+    capn_testkit::http_get(address, "/readyz")
         .await
-        .is_ok_and(|answer| answer.is_ok_and(|(status, _)| status == 200))
+        .is_ok_and(|(status, _)| status == 200)
 }
 
 /// The per-controller reconcile counts and summed durations in an OpenMetrics text, by

@@ -53,6 +53,7 @@ macro_rules! eprintln {
 pub mod audit;
 pub mod capi;
 pub mod counting;
+pub mod net;
 pub mod process;
 pub mod requests;
 pub mod runner;
@@ -60,6 +61,7 @@ pub mod s3;
 pub mod stand_in;
 mod start;
 
+pub use net::{free_ports, http_get};
 pub use start::StartOptions;
 
 /// How often [`wait_until`] asks again.

@@ -15,8 +15,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::net::free_ports;
 use super::process::Process;
-use super::start::free_ports;
 
 /// Names the `s3s-fs` binary, else `hack/s3-assets.sh` builds or finds it.
 pub const SERVER_VARIABLE: &str = "S3_SERVER";

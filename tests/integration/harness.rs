@@ -418,24 +418,6 @@ pub fn flags(sts: &StatefulSet) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A loopback address with a port that was free a moment ago, for a server a test starts.
-pub fn free_loopback_address() -> std::net::SocketAddr {
-    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-}
-
-/// `GET path` over plain HTTP/1.0: the status code and the body.
-///
-/// # Errors
-/// Connection failures and answers that are not HTTP.
-pub async fn http_get(address: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let path = path.to_owned();
-    tokio::task::spawn_blocking(move || capn_testkit::capi::http_get(address, &path))
-        .await
-        .expect("the HTTP request task")
-}
-
 /// `(name, resourceVersion)` of every StatefulSet in `ns`: equal snapshots mean nothing wrote.
 pub async fn statefulset_versions(client: &Client, ns: &str) -> Vec<(String, Option<String>)> {
     Api::<StatefulSet>::namespaced(client.clone(), ns)

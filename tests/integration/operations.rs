@@ -2,7 +2,7 @@
 //! probe endpoints, and `--watch-filter`, each through capn's own entry points
 //! (`capn::cli::run`, `capn::controllers::run`) against the real apiserver.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use capn::api::{NestedCluster, NestedEtcd};
 use capn::channel::ChannelRegistry;
 use capn::cli::{Cli, Command, LeaderElection, RunArgs};
 use capn::controllers::Settings;
-use capn_testkit::{cluster, test_namespace, wait_until};
+use capn_testkit::{cluster, free_ports, http_get, test_namespace, wait_until};
 use clap::Parser as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -33,8 +33,9 @@ impl Instance {
     /// `capn::cli::run` with the built-in channels, on free loopback ports.
     fn start(client: Client, settings: Settings, election: Option<LeaderElection>) -> Self {
         let channels = Arc::new(ChannelRegistry::load(&[]).expect("built-in channels"));
-        let metrics = free_loopback_address();
-        let probes = free_loopback_address();
+        let [metrics, probes] = free_ports()
+            .expect("free loopback ports")
+            .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
         let task = tokio::spawn(capn::cli::run(client, channels, settings, metrics, probes, election));
         Self { task, metrics, probes }
     }
