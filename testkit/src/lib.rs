@@ -62,6 +62,7 @@ pub mod stand_in;
 mod start;
 
 pub use net::{free_ports, http_get};
+pub use process::{CapnOptions, CapnProcess};
 pub use start::StartOptions;
 
 /// How often [`wait_until`] asks again.

@@ -161,6 +161,7 @@ pub use self::pod::release_cache;
 use self::pod::{Binaries, ContainerPlan, PodIdentity, SourcedVolume, Sources};
 use self::probe::{Prober, Verdict};
 use self::sandbox::{Namespaces, Network, Spawner};
+use crate::process::terminate;
 
 /// The label selecting capn's StatefulSets.
 const MANAGED: &str = "app.kubernetes.io/managed-by=capn";
@@ -2022,23 +2023,6 @@ async fn supervise(
             }
         }
     }
-}
-
-/// SIGTERM, then SIGKILL after `grace`, and reap.
-async fn terminate(child: &mut Child, grace: Duration) {
-    // SAFETY: signals our own child.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// Field 22 (start time) of /proc/<pid>/stat.

@@ -10,6 +10,7 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use capn::api::NestedControlPlane;
+use capn_testkit::CapnProcess;
 use capn_testkit::runner::Runner;
 use capn_testkit::{cluster, test_namespace};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -20,7 +21,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::harness::{Capn, CapnProcess, apply_doc, apply_example, capn_binary, pem_to_der, secret, secret_value};
+use crate::harness::{
+    Capn, apply_doc, apply_example, capn_binary, pem_to_der, secret, secret_value, start_capn_process,
+};
 
 /// From apply to a ready control plane: generous, the tests share two cores with the others.
 const BOOT: Duration = Duration::from_secs(360);
@@ -103,7 +106,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         }
         StartCapn::Process(mut args) => {
             args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
-            Running::Process(CapnProcess::start(&ns, &args))
+            Running::Process(start_capn_process(&ns, &args))
         }
     };
     let applied = Instant::now();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use capn::channel::ChannelRegistry;
 use capn::controllers::{Settings, run};
-use capn_testkit::wait_until;
+use capn_testkit::{CapnOptions, CapnProcess, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
@@ -72,53 +72,29 @@ impl Capn {
     }
 }
 
-/// `capn run` as a child process for one namespace, with the test cluster's kubeconfig, its
-/// log (debug level, JSON) in a file. Killed when dropped.
-pub struct CapnProcess {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl CapnProcess {
-    /// Starts `capn run --namespace <namespace>` without the public CRD sync, on ephemeral
-    /// loopback ports, with `args` appended.
-    ///
-    /// # Panics
-    /// If the binary cannot be started.
-    pub fn start(namespace: &str, args: &[String]) -> Self {
-        let log = std::env::temp_dir().join(format!("capn-test-{namespace}.log"));
-        let file = std::fs::File::create(&log).expect("capn's log file");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_capn"))
-            .args(["run", "--namespace", namespace, "--controllers", "*,-public-crds"])
-            .args([
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-                "--health-probe-bind-address",
-                "127.0.0.1:0",
-            ])
-            .args(["--log-format", "json"])
-            .args(args)
-            .env("KUBECONFIG", capn_testkit::cluster().kubeconfig_path())
-            .env("RUST_LOG", "debug")
-            .stdout(file.try_clone().expect("capn's log file"))
-            .stderr(file)
-            .spawn()
-            .expect("capn starts");
-        Self { child, log }
-    }
-
-    /// Everything capn logged so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for CapnProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
+/// `capn run` for `namespace` as a child process (see [`CapnProcess::start`]), with the test
+/// cluster's kubeconfig and `args` appended; its log (debug level, JSON) goes to a file in the
+/// temporary directory, removed when the process is dropped.
+///
+/// # Panics
+/// If capn cannot be started.
+pub fn start_capn_process(namespace: &str, args: &[String]) -> CapnProcess {
+    let log = std::env::temp_dir().join(format!("capn-test-{namespace}.log"));
+    let mut all = vec!["--log-format".to_owned(), "json".to_owned()];
+    all.extend_from_slice(args);
+    let options = CapnOptions {
+        args: all,
+        env: vec![("RUST_LOG".to_owned(), "debug".to_owned())],
+        remove_log: true,
+    };
+    CapnProcess::start(
+        capn_binary(),
+        capn_testkit::cluster().kubeconfig_path(),
+        namespace,
+        log,
+        options,
+    )
+    .unwrap_or_else(|e| panic!("capn did not start: {e}"))
 }
 
 /// One behaviour test's world, the preamble every test shared: an admin client, a namespace
