@@ -161,6 +161,7 @@ pub use self::pod::release_cache;
 use self::pod::{Binaries, ContainerPlan, PodIdentity, SourcedVolume, Sources};
 use self::probe::{Prober, Verdict};
 use self::sandbox::{Namespaces, Network, Spawner};
+use crate::poll_until;
 use crate::process::terminate;
 
 /// The label selecting capn's StatefulSets.
@@ -857,7 +858,7 @@ impl Runner {
         out
     }
 
-    /// Polls `f` until it returns `Some`, failing early on a runner problem.
+    /// Polls `f` until it returns `Some` ([`poll_until`]), failing early on a runner problem.
     ///
     /// # Panics
     /// On a runner problem, or after `timeout`, with [`Runner::report`] in the message.
@@ -866,19 +867,14 @@ impl Runner {
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let found = poll_until(timeout, || {
             if let Err(problems) = self.check() {
                 panic!("while waiting until {what}: {problems}\n{}", self.report());
             }
-            if let Ok(Some(value)) = tokio::time::timeout_at(deadline, f()).await {
-                return value;
-            }
-            if Instant::now() >= deadline {
-                panic!("timed out after {timeout:?} waiting until {what}\n{}", self.report());
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            f()
+        })
+        .await;
+        found.unwrap_or_else(|| panic!("timed out after {timeout:?} waiting until {what}\n{}", self.report()))
     }
 }
 
@@ -1444,12 +1440,12 @@ async fn sync_claims(shared: &Arc<Shared>) {
 async fn wipe(shared: &Shared, pod: &str, dir: &Path) -> Result<(), String> {
     set_control(shared, pod, Control::Pause)?;
     let prefix = format!("{pod}/");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while lock(&shared.state).live.values().any(|p| p.starts_with(&prefix)) {
-        if Instant::now() >= deadline {
-            return Err(format!("{pod}'s processes did not stop"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopped = poll_until(Duration::from_secs(30), || async {
+        (!lock(&shared.state).live.values().any(|p| p.starts_with(&prefix))).then_some(())
+    })
+    .await;
+    if stopped.is_none() {
+        return Err(format!("{pod}'s processes did not stop"));
     }
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries.flatten() {

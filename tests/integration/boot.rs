@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use capn::api::NestedControlPlane;
 use capn_testkit::CapnProcess;
 use capn_testkit::runner::Runner;
-use capn_testkit::{cluster, test_namespace};
+use capn_testkit::{cluster, poll_until, test_namespace};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
@@ -1071,19 +1071,12 @@ async fn the_runner_refuses_an_image_whose_release_is_not_the_local_binary() {
 
 /// Waits until the runner reports `count` problems, and returns them.
 async fn wait_until_refused(runner: &Runner, count: usize) -> Vec<String> {
-    let deadline = Instant::now() + STEP;
-    loop {
+    let refused = poll_until(STEP, || async {
         let problems = runner.problems();
-        if problems.len() >= count {
-            return problems;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the runner did not refuse {count} times:\n{}",
-            runner.report()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (problems.len() >= count).then_some(problems)
+    })
+    .await;
+    refused.unwrap_or_else(|| panic!("the runner did not refuse {count} times:\n{}", runner.report()))
 }
 
 /// Issue 9, item 3: a change to a Secret a running kube-apiserver mounts reaches the files
