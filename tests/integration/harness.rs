@@ -22,8 +22,10 @@ pub fn capn_binary() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_capn"))
 }
 
-/// How long a test waits for one step of the controllers.
-pub const STEP: Duration = Duration::from_secs(30);
+/// How long a test waits for one step of capn's controllers on the super cluster alone, where
+/// readiness is written by the test or the stand-in and no pod runs (a booted control plane's
+/// steps take [`crate::boot::BOOTED_STEP`]).
+pub const CONTROLLER_STEP: Duration = Duration::from_secs(30);
 
 /// capn's controllers, running in this test's runtime, watching one namespace.
 pub struct Capn(tokio::task::JoinHandle<()>);
@@ -222,7 +224,7 @@ pub fn secret_value(secret: &Secret, key: &str) -> String {
 /// Waits for a StatefulSet to exist, then stands in for the kubelet and the StatefulSet
 /// controller: every pod running and ready.
 pub async fn make_ready(client: &Client, ns: &str, name: &str) {
-    wait_until(&format!("StatefulSet {name} exists"), STEP, || async {
+    wait_until(&format!("StatefulSet {name} exists"), CONTROLLER_STEP, || async {
         statefulset(client, ns, name).await.map(|_| ())
     })
     .await;
@@ -278,7 +280,7 @@ pub async fn bring_up(client: &Client, ns: &str, c: &str) {
     make_ready(client, ns, &format!("{c}-etcd")).await;
     make_ready(client, ns, &format!("{c}-apiserver")).await;
     make_ready(client, ns, &format!("{c}-controller-manager")).await;
-    wait_until("the NestedControlPlane is ready", STEP, || async {
+    wait_until("the NestedControlPlane is ready", CONTROLLER_STEP, || async {
         control_plane(client, ns, c)
             .await
             .status

@@ -510,7 +510,7 @@ async fn every_input_gets_the_same_verdict_at_admission_from_the_controllers_and
     }
     for (case, render_message) in &live {
         let what = format!("the controllers' verdict on {}", case.name);
-        wait_until(&what, STEP, || async {
+        wait_until(&what, CONTROLLER_STEP, || async {
             // Stand in for the kubelet so that later components get their turn.
             for workload in ["etcd", "apiserver", "controller-manager"] {
                 let _ = mark_statefulset_ready(&client, &ns, &format!("{}-{workload}", case.name)).await;
