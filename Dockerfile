@@ -4,6 +4,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY channels channels
+# A member of the workspace (the test kit): cargo loads every member's manifest.
+COPY testkit testkit
 RUN cargo build --release --locked --bin capn
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -17,7 +17,7 @@
 
 // Output must never crash the demo: Ctrl-C in `hack/demo.sh | tee log` kills `tee` first,
 // and a failed print must not stop the cleanup that follows. These shadow std's macros for
-// this file and the support code it includes.
+// this file; the kit's own messages follow `capn_testkit::ignore_stderr_errors` (`run_demo`).
 macro_rules! println {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
@@ -31,26 +31,21 @@ macro_rules! eprintln {
     }};
 }
 
-// The test support is shared with the integration tests; the demo uses part of it.
-#[allow(dead_code)]
-#[path = "../tests/integration/support/mod.rs"]
-mod support;
-
 use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use capn_testkit::runner::Runner;
+use capn_testkit::{CapnOptions, CapnProcess};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use tokio::signal::unix::{SignalKind, signal};
-
-use support::runner::Runner;
 
 /// Where the demo's control plane lives in the super cluster (as in the README's quickstart).
 const NAMESPACE: &str = "tenant-a";
@@ -153,6 +148,7 @@ fn step(n: u32, what: &str) {
 }
 
 fn run_demo() -> ExitCode {
+    capn_testkit::ignore_stderr_errors();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -197,7 +193,7 @@ async fn demo() -> ExitCode {
     stop.await;
     let Running { runner, capn, dir } = running;
     drop(runner);
-    stop_capn(capn).await;
+    capn.stop().await;
     drop(dir);
     println!("Cleaned up.");
     ExitCode::SUCCESS
@@ -214,11 +210,13 @@ struct Running {
 
 async fn boot() -> Result<Running, String> {
     let started = Instant::now();
+    // Before anything starts: `capn run` runs it, and the runner for capn's own image.
+    let binary = capn_binary()?;
     step(
         1,
         "Starting a local super cluster: etcd, kube-apiserver and kube-controller-manager from $KUBEBUILDER_ASSETS",
     );
-    let cluster = tokio::task::spawn_blocking(support::cluster)
+    let cluster = tokio::task::spawn_blocking(capn_testkit::cluster)
         .await
         .map_err(|e| match e.try_into_panic() {
             Ok(panic) => panic
@@ -245,18 +243,33 @@ async fn boot() -> Result<Running, String> {
         "Starting the runner: it plays the kubelet for capn's StatefulSets (each pod in its own network and mount namespaces)",
     );
     create_namespace(&client).await?;
-    let runner = Runner::start(&client, NAMESPACE).await?;
+    let runner = Runner::start(&client, NAMESPACE, &binary).await?;
 
     step(
         3,
         &format!("Running capn: `capn run --namespace {NAMESPACE}` against the super cluster"),
     );
     // capn dials the tenant's etcd members by name: the runner's hosts file maps them.
-    let capn = start_capn(
+    let options = CapnOptions {
+        args: vec![
+            "--etcd-hosts-file".to_owned(),
+            runner.hosts_file().display().to_string(),
+        ],
+        ..CapnOptions::default()
+    };
+    let capn = CapnProcess::start(
+        &binary,
         cluster.kubeconfig_path(),
-        &dir.path().join("capn.log"),
-        &runner.hosts_file(),
+        NAMESPACE,
+        dir.path().join("capn.log"),
+        options,
     )?;
+    println!(
+        "      {} run --namespace {NAMESPACE} (pid {}, log {})",
+        binary.display(),
+        capn.pid(),
+        capn.log_path().display()
+    );
 
     step(
         4,
@@ -499,76 +512,6 @@ fn capn_binary() -> Result<PathBuf, String> {
             )
         })?;
     Ok(candidate)
-}
-
-/// Starts `capn run` for the demo's namespace against the super cluster. It dies with the
-/// demo (PR_SET_PDEATHSIG); its health and metrics endpoints listen on loopback only.
-fn start_capn(kubeconfig: &Path, log: &Path, etcd_hosts: &Path) -> Result<CapnProcess, String> {
-    let binary = capn_binary()?;
-    let out = std::fs::File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
-    let err = out.try_clone().map_err(|e| e.to_string())?;
-    let mut command = Command::new(&binary);
-    command
-        .args([
-            "run",
-            "--namespace",
-            NAMESPACE,
-            // Public CRD sync dials tenants by their in-cluster names, which this host cannot
-            // resolve; the demo has no public CRDs anyway.
-            "--controllers=*,-public-crds",
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-            "--health-probe-bind-address",
-            "127.0.0.1:0",
-        ])
-        .arg("--etcd-hosts-file")
-        .arg(etcd_hosts)
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0);
-    // SAFETY: prctl(2) only, between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-            Ok(())
-        });
-    }
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-    println!(
-        "      {} run --namespace {NAMESPACE} (pid {}, log {})",
-        binary.display(),
-        child.id(),
-        log.display()
-    );
-    Ok(CapnProcess(child))
-}
-
-/// The `capn run` process; killed if dropped without [`stop_capn`].
-struct CapnProcess(Child);
-
-impl Drop for CapnProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// SIGTERM, then SIGKILL after 10 s.
-async fn stop_capn(mut capn: CapnProcess) {
-    // SAFETY: signals our own child.
-    unsafe {
-        libc::kill(capn.0.id() as i32, libc::SIGTERM);
-    }
-    for _ in 0..100 {
-        if let Ok(Some(_)) = capn.0.try_wait() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Under sudo, the files belong to the user who ran it (they hold an admin credential: they

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use capn::api::NestedControlPlane;
+use capn_testkit::{CapnOptions, CapnProcess};
 use futures::StreamExt as _;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
@@ -15,8 +16,11 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 
 use crate::cluster::{BenchCluster, Party, ServerCpu};
-use crate::process::{CapnProcess, Reconciles, Usage};
+use crate::process::{Reconciles, Usage, reconciles, usage_of};
 use crate::workload;
+
+/// How long `capn run` may take to answer `/readyz`.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the capn half measured.
 pub struct CapnRun {
@@ -54,7 +58,20 @@ pub async fn run(
     let hosts = dir.join("etcd-hosts");
     std::fs::write(&hosts, workload::refusing_etcd_hosts(namespace, count))
         .map_err(|e| format!("cannot write {}: {e}", hosts.display()))?;
-    let mut capn = CapnProcess::start(&kubeconfig, &hosts, namespace, dir).await?;
+    // The public CRD sync stays off (CapnProcess::start), as in the demo: the stand-in's
+    // control planes have no apiserver to sync to.
+    let options = CapnOptions {
+        args: vec!["--etcd-hosts-file".to_owned(), hosts.display().to_string()],
+        ..CapnOptions::default()
+    };
+    let mut capn = CapnProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_capn")),
+        &kubeconfig,
+        namespace,
+        dir.join("capn.log"),
+        options,
+    )?;
+    capn.wait_ready(START_TIMEOUT).await?;
     let api: Api<NestedControlPlane> = Api::namespaced(user, namespace);
     let server_cpu_at_start = cluster.server_cpu()?;
     let clock = Instant::now();
@@ -89,11 +106,11 @@ pub async fn run(
         }
     }
     let server_cpu = cluster.server_cpu()? - server_cpu_at_start;
-    let usage_at_ready = capn.usage()?;
-    let reconciles_at_ready = capn.reconciles().await?;
+    let usage_at_ready = usage_of(capn.pid())?;
+    let reconciles_at_ready = reconciles(capn.metrics_address()).await?;
     tokio::time::sleep(steady).await;
     capn.check_running()?;
-    let usage_at_end = capn.usage()?;
+    let usage_at_end = usage_of(capn.pid())?;
     let steady_end = Timestamp::now();
     capn.stop().await;
     Ok(CapnRun {

@@ -1,12 +1,11 @@
-//! The benchmark's super cluster: the test cluster (`tests/integration/support`) with the
+//! The benchmark's super cluster: the test cluster (`testkit`, capn's test kit) with the
 //! API server's audit log on, and one impersonated user per party, so that the audit log
 //! tells capn's requests from the floor's, the stand-in's and the benchmark's own.
 
 use std::path::{Path, PathBuf};
 
+use capn_testkit::{StartOptions, TestCluster, audit};
 use kube::config::Kubeconfig;
-
-use crate::support::{self, StartOptions, TestCluster, audit};
 
 /// Who sends a request, as the audit log names it (the impersonated user).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +66,7 @@ pub fn start(dir: &Path) -> Result<BenchCluster, String> {
             "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
         ],
     };
-    let cluster = support::start_cluster(options)?;
+    let cluster = capn_testkit::start_cluster(options)?;
     Ok(BenchCluster { cluster, audit_log })
 }
 

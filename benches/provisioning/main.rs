@@ -16,10 +16,6 @@
 //! The floors go first, so capn runs on the cluster that already holds their objects (the
 //! harder case for capn), and capn watches only its own namespace (`--namespace`).
 
-#[allow(dead_code, unused_imports)] // The benchmark uses only part of the test support.
-#[path = "../../tests/integration/support/mod.rs"]
-mod support;
-
 mod capn_half;
 mod cluster;
 mod design_floor;
@@ -100,7 +96,7 @@ async fn measure(args: &Args, cluster: &BenchCluster, dir: &std::path::Path) -> 
     let count = args.control_planes;
     let timeout = Duration::from_secs(args.timeout_seconds.unwrap_or(120 + 3 * count as u64));
     let steady = Duration::from_secs(args.steady_seconds);
-    let _stand_in = AbortOnDrop(tokio::spawn(support::stand_in::run(
+    let _stand_in = AbortOnDrop(tokio::spawn(capn_testkit::stand_in::run(
         cluster.client(Party::StandIn)?,
         None,
     )));
@@ -127,7 +123,7 @@ async fn measure(args: &Args, cluster: &BenchCluster, dir: &std::path::Path) -> 
     eprintln!("capn benchmark: capn provisions {count} control planes, then runs {steady:?} more");
     let capn = capn_half::run(cluster, CAPN_NAMESPACE, count, timeout, steady, dir).await?;
 
-    let requests = support::audit::read_log(&cluster.audit_log)?;
+    let requests = capn_testkit::audit::read_log(&cluster.audit_log)?;
     Ok(report::render(&report::Results {
         control_planes: count,
         steady,

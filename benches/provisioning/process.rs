@@ -1,23 +1,8 @@
-//! capn as its own process (`capn run`, the binary cargo built next to this benchmark), so
-//! that its peak memory and CPU time are its own: read from `/proc/<pid>/status` (VmHWM,
-//! RssAnon, RssFile) and `/proc/<pid>/stat` (utime + stime).
+//! What capn (`capn run`, a [`capn_testkit::CapnProcess`]) spent and did, so that the figures
+//! are its own: peak memory and CPU time from `/proc/<pid>/status` (VmHWM, RssAnon, RssFile)
+//! and `/proc/<pid>/stat` (utime + stime), reconciles from its `/metrics`.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-/// How long `capn run` may take to answer `/readyz`.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-/// How many lines of capn's log an error shows.
-const LOG_TAIL_LINES: usize = 30;
-
-/// A running `capn run`; killed when dropped.
-pub struct CapnProcess {
-    child: tokio::process::Child,
-    pid: u32,
-    metrics: SocketAddr,
-    pub log: PathBuf,
-}
+use std::net::SocketAddr;
 
 /// One controller's reconciles, from capn's own `/metrics` (capn counts these itself: they
 /// are not requests, the audit log cannot see them).
@@ -48,119 +33,23 @@ pub struct Usage {
     pub sockets: usize,
 }
 
-impl CapnProcess {
-    /// Starts `capn run` for `namespace` with `kubeconfig` and `etcd_hosts` (its
-    /// `--etcd-hosts-file`), logging to `dir/capn.log`, and
-    /// waits until it answers `/readyz`. The public CRD sync stays off, as in the demo: the
-    /// stand-in's control planes have no apiserver to sync to.
-    ///
-    /// # Errors
-    /// capn does not start or exits, with the end of its log.
-    pub async fn start(kubeconfig: &Path, etcd_hosts: &Path, namespace: &str, dir: &Path) -> Result<Self, String> {
-        let log = dir.join("capn.log");
-        let stdout = std::fs::File::create(&log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
-        let stderr = stdout
-            .try_clone()
-            .map_err(|e| format!("cannot duplicate {}: {e}", log.display()))?;
-        let [metrics, probes] = [free_address()?, free_address()?];
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_capn"));
-        let parent = std::process::id();
-        // SAFETY: the hook runs between fork and exec and only calls async-signal-safe
-        // system calls (`die_with_parent`). With it capn ends with the benchmark even when
-        // the benchmark aborts on a panic (the release profile's `panic = "abort"`), which
-        // runs no `kill_on_drop`.
-        unsafe {
-            command.pre_exec(move || crate::support::process::die_with_parent(parent));
-        }
-        let child = command
-            .args(["run", "--namespace", namespace, "--controllers=*,-public-crds"])
-            .arg(format!("--metrics-bind-address={metrics}"))
-            .arg(format!("--health-probe-bind-address={probes}"))
-            .arg("--etcd-hosts-file")
-            .arg(etcd_hosts)
-            .env("KUBECONFIG", kubeconfig)
-            .stdin(std::process::Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", env!("CARGO_BIN_EXE_capn")))?;
-        let pid = child.id().ok_or("capn exited at once")?;
-        let mut capn = Self {
-            child,
-            pid,
-            metrics,
-            log,
-        };
-        let deadline = Instant::now() + START_TIMEOUT;
-        while !answers_ready(probes).await {
-            capn.check_running()?;
-            if Instant::now() > deadline {
-                return Err(capn.failure(&format!("did not answer /readyz within {START_TIMEOUT:?}")));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(capn)
+/// The reconciles each controller of the capn serving `metrics` ran so far, by controller
+/// name.
+///
+/// # Errors
+/// `/metrics` does not answer 200, or has no reconcile counts.
+pub async fn reconciles(metrics: SocketAddr) -> Result<Vec<Reconciles>, String> {
+    let (status, body) = capn_testkit::http_get(metrics, "/metrics")
+        .await
+        .map_err(|e| format!("scraping capn's /metrics: {e}"))?;
+    if status != 200 {
+        return Err(format!("capn's /metrics answered {status}"));
     }
-
-    /// `Ok` while capn runs; once it has exited, an error with the end of its log.
-    pub fn check_running(&mut self) -> Result<(), String> {
-        match self.child.try_wait() {
-            Ok(None) => Ok(()),
-            Ok(Some(status)) => Err(self.failure(&format!("exited ({status})"))),
-            Err(e) => Err(self.failure(&format!("cannot be waited for ({e})"))),
-        }
+    let reconciles = parse_reconciles(&body);
+    if reconciles.is_empty() {
+        return Err("capn's /metrics has no capn_reconcile_total samples".to_owned());
     }
-
-    /// `what` went wrong, then the end of capn's log.
-    pub fn failure(&self, what: &str) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
-        format!("capn {what}; last lines of {}:\n{tail}", self.log.display())
-    }
-
-    /// Peak memory and CPU time so far.
-    ///
-    /// # Errors
-    /// As [`usage_of`].
-    pub fn usage(&self) -> Result<Usage, String> {
-        usage_of(self.pid)
-    }
-
-    /// The reconciles each controller ran so far, by controller name.
-    ///
-    /// # Errors
-    /// `/metrics` does not answer 200.
-    pub async fn reconciles(&self) -> Result<Vec<Reconciles>, String> {
-        let address = self.metrics;
-        let (status, body) = tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, "/metrics"))
-            .await
-            .map_err(|e| format!("scraping capn's /metrics panicked: {e}"))?
-            .map_err(|e| format!("scraping capn's /metrics: {e}"))?;
-        if status != 200 {
-            return Err(format!("capn's /metrics answered {status}"));
-        }
-        let reconciles = parse_reconciles(&body);
-        if reconciles.is_empty() {
-            return Err("capn's /metrics has no capn_reconcile_total samples".to_owned());
-        }
-        Ok(reconciles)
-    }
-
-    /// Stops capn as its Deployment would (SIGTERM), killing it if it lingers.
-    pub async fn stop(mut self) {
-        // SAFETY: signals our own child by pid.
-        unsafe {
-            libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
+    Ok(reconciles)
 }
 
 /// Peak and current memory and CPU time so far of process `pid`, read from
@@ -216,19 +105,6 @@ fn status_bytes(status: &str, field: &str) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib * 1024)
-}
-
-fn free_address() -> Result<SocketAddr, String> {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .map_err(|e| format!("cannot find a free loopback port: {e}"))
-}
-
-/// Whether `GET /readyz` on `address` answers 200.
-async fn answers_ready(address: SocketAddr) -> bool {
-    tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, "/readyz"))
-        .await
-        .is_ok_and(|answer| answer.is_ok_and(|(status, _)| status == 200))
 }
 
 /// The per-controller reconcile counts and summed durations in an OpenMetrics text, by

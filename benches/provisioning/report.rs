@@ -4,12 +4,12 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use capn_testkit::audit::AuditedRequest;
+use capn_testkit::requests::Tally;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::capn_half::CapnRun;
 use crate::cluster::{Party, ServerCpu};
-use crate::support::audit::AuditedRequest;
-use crate::support::requests::Tally;
 
 /// How many verb/resource lines the report shows per half.
 const TOP: usize = 10;
@@ -188,7 +188,7 @@ pub fn render(results: &Results<'_>) -> String {
     let _ = writeln!(out, "  {:<48}{:<48}design floor", "capn", "floor");
     let tops = [capn.top(TOP), floor.top(TOP), design.top(TOP)];
     for line in 0..tops.iter().map(Vec::len).max().unwrap_or(0) {
-        let cell = |top: &[(crate::support::requests::RequestKey, u64)]| {
+        let cell = |top: &[(capn_testkit::requests::RequestKey, u64)]| {
             top.get(line)
                 .map(|(key, count)| format!("{:>7.1}  {key}", per(*count)))
                 .unwrap_or_default()

@@ -10,13 +10,13 @@ use bytes::Bytes;
 use capn::api::NestedEtcd;
 use capn::backup::naming::snapshot_key;
 use capn::backup::store::{Destination, Store};
+use capn_testkit::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
+use capn_testkit::{mark_statefulset_ready, wait_until};
 use futures::stream;
 use kube::api::Api;
 use serde_json::json;
 
-use crate::harness::{Fixture, STEP, statefulset};
-use crate::support::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
-use crate::support::{mark_statefulset_ready, wait_until};
+use crate::harness::{CONTROLLER_STEP, Fixture, statefulset};
 
 const CREDENTIALS: &str = "s3-credentials";
 
@@ -89,7 +89,7 @@ async fn restoring_control_plane(f: &Fixture, c: &str, bucket: &str, prefix: &st
 /// Waits for the NestedEtcd's Ready condition to be False with `reason`; returns its message.
 async fn refused(f: &Fixture, name: &str, reason: &str) -> String {
     let api: Api<NestedEtcd> = Api::namespaced(f.client.clone(), &f.ns);
-    wait_until(&format!("{name} is refused with {reason}"), STEP, || async {
+    wait_until(&format!("{name} is refused with {reason}"), CONTROLLER_STEP, || async {
         let etcd = api.get(name).await.ok()?;
         etcd.status?
             .conditions
@@ -206,7 +206,7 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
             .map(|c| c.name)
             .collect()
     };
-    let sts = wait_until("the etcd StatefulSet is applied", STEP, || async {
+    let sts = wait_until("the etcd StatefulSet is applied", CONTROLLER_STEP, || async {
         statefulset(&f.client, &f.ns, "r-etcd").await
     })
     .await;
@@ -232,7 +232,7 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
     assert!(fetch_args.contains(&format!("--snapshot={newest}")), "{fetch_args:?}");
     let api: Api<NestedEtcd> = Api::namespaced(f.client.clone(), &f.ns);
     // The StatefulSet is applied before the status that records the restore is written.
-    let restore = wait_until("the status records the verified snapshot", STEP, || async {
+    let restore = wait_until("the status records the verified snapshot", CONTROLLER_STEP, || async {
         let restore = api.get("r-etcd").await.ok()?.status?.restore?;
         restore.snapshot.is_some().then_some(restore)
     })
@@ -250,10 +250,14 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
         },
     )
     .await;
-    wait_until("the restore init containers are no longer rendered", STEP, || async {
-        let sts = statefulset(&f.client, &f.ns, "r-etcd").await?;
-        init_names(&sts).is_empty().then_some(())
-    })
+    wait_until(
+        "the restore init containers are no longer rendered",
+        CONTROLLER_STEP,
+        || async {
+            let sts = statefulset(&f.client, &f.ns, "r-etcd").await?;
+            init_names(&sts).is_empty().then_some(())
+        },
+    )
     .await;
     f.stop().await;
 }

@@ -1,5 +1,5 @@
 //! Backups against a real S3-compatible server (issue 10, part 3 and the fetch step of
-//! part 4): `s3s-fs` on loopback (tests/integration/support/s3.rs), capn's store code as the
+//! part 4): `s3s-fs` on loopback (testkit/src/s3.rs), capn's store code as the
 //! etcd controller uses it, and the `capn etcd-restore fetch` binary as the restore init
 //! container runs it. No kube-apiserver is involved.
 
@@ -9,11 +9,10 @@ use bytes::Bytes;
 use capn::backup::naming::{sidecar_key, snapshot_key};
 use capn::backup::retention::keys_to_delete;
 use capn::backup::store::{Destination, PART_SIZE, Store};
+use capn_testkit::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 use futures::stream;
 use k8s_openapi::jiff::Timestamp;
 use sha2::{Digest, Sha256};
-
-use crate::support::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 
 fn store(bucket: &str, prefix: &str) -> Store {
     Store::connect(Destination {

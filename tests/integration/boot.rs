@@ -1,6 +1,6 @@
 //! Issue "The rendered control plane boots for real": the etcd, kube-apiserver and
 //! kube-controller-manager capn renders run with capn's own arguments and certificates (the
-//! runner in `support::runner` plays the kubelet), become ready through their own probes, and
+//! runner in `capn_testkit::runner` plays the kubelet), become ready through their own probes, and
 //! the admin kubeconfig capn generated talks to the result.
 //!
 //! Timings (apply → NestedControlPlane ready) are printed, not asserted.
@@ -10,6 +10,9 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use capn::api::NestedControlPlane;
+use capn_testkit::CapnProcess;
+use capn_testkit::runner::Runner;
+use capn_testkit::{cluster, poll_until, test_namespace};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
@@ -18,14 +21,15 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::harness::{Capn, CapnProcess, apply_doc, apply_example, pem_to_der, secret, secret_value};
-use crate::support::runner::Runner;
-use crate::support::{cluster, test_namespace};
+use crate::harness::{
+    Capn, apply_doc, apply_example, capn_binary, pem_to_der, secret, secret_value, start_capn_process,
+};
 
 /// From apply to a ready control plane: generous, the tests share two cores with the others.
 const BOOT: Duration = Duration::from_secs(360);
-/// One step inside a booted control plane.
-pub(crate) const STEP: Duration = Duration::from_secs(90);
+/// How long a test waits for one step inside a booted control plane, where real processes
+/// start, pass their probes and roll: longer than [`crate::harness::CONTROLLER_STEP`].
+pub(crate) const BOOTED_STEP: Duration = Duration::from_secs(90);
 
 /// Prints past libtest's capture, so timings show in every run.
 pub(crate) fn say(line: &str) {
@@ -84,7 +88,7 @@ async fn boot(test: &str, docs: Option<Vec<serde_json::Value>>) -> Booted {
 pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, start: StartCapn) -> Booted {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let runner = Runner::start(&client, &ns)
+    let runner = Runner::start(&client, &ns, capn_binary())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     // capn dials the tenant's etcd members by name through the runner's hosts file.
@@ -103,7 +107,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         }
         StartCapn::Process(mut args) => {
             args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
-            Running::Process(CapnProcess::start(&ns, &args))
+            Running::Process(start_capn_process(&ns, &args))
         }
     };
     let applied = Instant::now();
@@ -392,7 +396,7 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
         .forward(&format!("demo-apiserver.{ns}.svc"), 6443)
         .unwrap_or_else(|e| panic!("{e}"));
     let host_kubeconfig =
-        crate::support::runner::forward::host_kubeconfig(&kubeconfig, &forward).unwrap_or_else(|e| panic!("{e}"));
+        capn_testkit::runner::forward::host_kubeconfig(&kubeconfig, &forward).unwrap_or_else(|e| panic!("{e}"));
     let verbatim = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::from_yaml(&host_kubeconfig).unwrap(),
         &Default::default(),
@@ -502,7 +506,7 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
     runner
         .wait_for(
             "the controller-manager creates the default ServiceAccount",
-            STEP,
+            BOOTED_STEP,
             || async { accounts.get_opt("default").await.ok().flatten() },
         )
         .await;
@@ -517,15 +521,17 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
         runner
             .wait_for(
                 &format!("the controller-manager creates {controller}"),
-                STEP,
+                BOOTED_STEP,
                 || async { system_accounts.get_opt(controller).await.ok().flatten() },
             )
             .await;
     }
     let root_ca = runner
-        .wait_for("the controller-manager publishes kube-root-ca.crt", STEP, || async {
-            config_maps.get_opt("kube-root-ca.crt").await.ok().flatten()
-        })
+        .wait_for(
+            "the controller-manager publishes kube-root-ca.crt",
+            BOOTED_STEP,
+            || async { config_maps.get_opt("kube-root-ca.crt").await.ok().flatten() },
+        )
         .await;
     let cluster_ca = secret_value(&secret(client, ns, "demo-ca").await.unwrap(), "tls.crt");
     assert_eq!(
@@ -601,7 +607,7 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
         .await
         .expect("create a service-account token Secret");
     let legacy_token = runner
-        .wait_for("the controller-manager fills the token Secret", STEP, || async {
+        .wait_for("the controller-manager fills the token Secret", BOOTED_STEP, || async {
             let s = secrets.get_opt(&format!("{sa_name}-token")).await.ok().flatten()?;
             let token = s.data?.get("token")?.0.clone();
             String::from_utf8(token).ok()
@@ -814,7 +820,7 @@ async fn three_member_etcd_forms_a_cluster_and_survives_a_stopped_member() {
     let stopped_pid = pid_of(runner, &leader);
     runner.pause_pod(&leader).unwrap();
     runner
-        .wait_for(&format!("{leader} has stopped"), STEP, || async {
+        .wait_for(&format!("{leader} has stopped"), BOOTED_STEP, || async {
             (!std::path::Path::new(&format!("/proc/{stopped_pid}")).exists()).then_some(())
         })
         .await;
@@ -824,7 +830,7 @@ async fn three_member_etcd_forms_a_cluster_and_survives_a_stopped_member() {
     let stopped_at = Instant::now();
     let all_namespaces: Api<Namespace> = Api::all(nested.clone());
     runner
-        .wait_for("a read succeeds with one member stopped", STEP, || async {
+        .wait_for("a read succeeds with one member stopped", BOOTED_STEP, || async {
             all_namespaces.get("kube-system").await.ok()
         })
         .await;
@@ -834,7 +840,7 @@ async fn three_member_etcd_forms_a_cluster_and_survives_a_stopped_member() {
     ));
     let config_maps: Api<ConfigMap> = Api::namespaced(nested.clone(), "default");
     let written = runner
-        .wait_for("a write succeeds with one member stopped", STEP, || async {
+        .wait_for("a write succeeds with one member stopped", BOOTED_STEP, || async {
             let cm = ConfigMap {
                 metadata: ObjectMeta {
                     name: Some("written-with-a-member-down".into()),
@@ -900,10 +906,14 @@ async fn three_member_etcd_forms_a_cluster_and_survives_a_stopped_member() {
     );
     // The runner reports what the StatefulSet controller would: two of three ready.
     runner
-        .wait_for("the etcd StatefulSet reports two of three ready", STEP, || async {
-            let sts = booted.statefulset("demo-etcd").await;
-            (sts.status.as_ref().and_then(|s| s.ready_replicas) == Some(2)).then_some(())
-        })
+        .wait_for(
+            "the etcd StatefulSet reports two of three ready",
+            BOOTED_STEP,
+            || async {
+                let sts = booted.statefulset("demo-etcd").await;
+                (sts.status.as_ref().and_then(|s| s.ready_replicas) == Some(2)).then_some(())
+            },
+        )
         .await;
 
     // Started again, the member catches up: it serves the key written while it was down.
@@ -916,7 +926,7 @@ async fn three_member_etcd_forms_a_cluster_and_survives_a_stopped_member() {
     runner
         .wait_for(
             &format!("{leader} is back with the data written meanwhile"),
-            STEP,
+            BOOTED_STEP,
             || async {
                 let answer = etcd_call(
                     &back,
@@ -945,7 +955,7 @@ async fn deleting_the_control_plane_stops_everything_the_runner_started() {
         .expect("delete the NestedControlPlane");
     let deleted = Instant::now();
     runner
-        .wait_for("every pod is stopped and removed", STEP, || async {
+        .wait_for("every pod is stopped and removed", BOOTED_STEP, || async {
             runner.pods().is_empty().then_some(())
         })
         .await;
@@ -1013,7 +1023,7 @@ async fn the_runner_refuses_an_image_whose_release_is_not_the_local_binary() {
         .to_owned();
     std::fs::create_dir(cache.path().join("etcd-v3.5.21")).unwrap();
     std::os::unix::fs::symlink(&real_etcd, cache.path().join("etcd-v3.5.21/etcd")).unwrap();
-    let runner = Runner::start_with_cache(&client, &ns, cache.path())
+    let runner = Runner::start_with_cache(&client, &ns, cache.path(), capn_binary())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
@@ -1068,19 +1078,12 @@ async fn the_runner_refuses_an_image_whose_release_is_not_the_local_binary() {
 
 /// Waits until the runner reports `count` problems, and returns them.
 async fn wait_until_refused(runner: &Runner, count: usize) -> Vec<String> {
-    let deadline = Instant::now() + STEP;
-    loop {
+    let refused = poll_until(BOOTED_STEP, || async {
         let problems = runner.problems();
-        if problems.len() >= count {
-            return problems;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the runner did not refuse {count} times:\n{}",
-            runner.report()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (problems.len() >= count).then_some(problems)
+    })
+    .await;
+    refused.unwrap_or_else(|| panic!("the runner did not refuse {count} times:\n{}", runner.report()))
 }
 
 /// Issue 9, item 3: a change to a Secret a running kube-apiserver mounts reaches the files
@@ -1206,7 +1209,7 @@ async fn a_reissued_serving_certificate_is_served_by_the_running_apiserver() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     secrets.delete(name, &DeleteParams::default()).await.unwrap();
     runner
-        .wait_for(&format!("{name} is deleted"), STEP, || async {
+        .wait_for(&format!("{name} is deleted"), BOOTED_STEP, || async {
             secrets.get_opt(name).await.ok()?.is_none().then_some(())
         })
         .await;
@@ -1220,7 +1223,7 @@ async fn a_reissued_serving_certificate_is_served_by_the_running_apiserver() {
     .await
     .unwrap();
     let new = runner
-        .wait_for(&format!("capn re-issues {name}"), STEP, || async {
+        .wait_for(&format!("capn re-issues {name}"), BOOTED_STEP, || async {
             let secret = secrets.get_opt(name).await.ok()??;
             let der = pem_to_der(&secret_value(&secret, "tls.crt"));
             (der != old).then_some(der)
@@ -1228,9 +1231,11 @@ async fn a_reissued_serving_certificate_is_served_by_the_running_apiserver() {
         .await;
     let issued = Instant::now();
     runner
-        .wait_for("kube-apiserver serves the re-issued certificate", STEP, || async {
-            (served_certificate(ip, 6443, &server_name).as_ref() == Some(&new)).then_some(())
-        })
+        .wait_for(
+            "kube-apiserver serves the re-issued certificate",
+            BOOTED_STEP,
+            || async { (served_certificate(ip, 6443, &server_name).as_ref() == Some(&new)).then_some(()) },
+        )
         .await;
     say(&format!(
         "serving certificate: re-issued Secret seen → served by the running kube-apiserver after {:.1?}",

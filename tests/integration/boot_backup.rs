@@ -15,6 +15,7 @@
 use std::time::{Duration, Instant};
 
 use capn::api::{BACKUP_NOW_ANNOTATION, NestedControlPlane, NestedEtcd};
+use capn_testkit::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -22,9 +23,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sha2::Digest as _;
 
-use crate::boot::{STEP, StartCapn, boot_with, say};
+use crate::boot::{BOOTED_STEP, StartCapn, boot_with, say};
 use crate::harness::{apply_doc, secret};
-use crate::support::s3::{self, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
 
 /// ConfigMaps written into the tenant before the backup.
 const CONFIG_MAPS: usize = 1000;
@@ -96,7 +96,7 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
         .runner
         .wait_for(
             "capn took, uploaded and verified the requested snapshot",
-            STEP * 2,
+            BOOTED_STEP * 2,
             || async {
                 let status = etcds.get("demo-etcd").await.ok()?.status?;
                 let verified = status
@@ -141,18 +141,23 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
     let ncps_before: Api<NestedControlPlane> = Api::namespaced(client.clone(), &ns);
     booted
         .runner
-        .wait_for("the old control plane and its CAs are gone", STEP * 2, || async {
-            let sets = statefulsets.list(&ListParams::default()).await.ok()?;
-            // The resources themselves too: an apply must not land on one still terminating.
-            if ncps_before.get_opt("demo").await.ok()?.is_some() || etcds.get_opt("demo-etcd").await.ok()?.is_some() {
-                return None;
-            }
-            let mut cas_gone = true;
-            for name in CA_SECRETS {
-                cas_gone &= secrets.get_opt(name).await.ok()?.is_none();
-            }
-            (sets.items.is_empty() && booted.runner.pods().is_empty() && cas_gone).then_some(())
-        })
+        .wait_for(
+            "the old control plane and its CAs are gone",
+            BOOTED_STEP * 2,
+            || async {
+                let sets = statefulsets.list(&ListParams::default()).await.ok()?;
+                // The resources themselves too: an apply must not land on one still terminating.
+                if ncps_before.get_opt("demo").await.ok()?.is_some() || etcds.get_opt("demo-etcd").await.ok()?.is_some()
+                {
+                    return None;
+                }
+                let mut cas_gone = true;
+                for name in CA_SECRETS {
+                    cas_gone &= secrets.get_opt(name).await.ok()?.is_none();
+                }
+                (sets.items.is_empty() && booted.runner.pods().is_empty() && cas_gone).then_some(())
+            },
+        )
         .await;
 
     // 4. The same CAs (user-supplied now), the credentials, and a new control plane whose
@@ -208,7 +213,7 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
     let config_maps: Api<ConfigMap> = Api::namespaced(tenant, "default");
     let listed = booted
         .runner
-        .wait_for("the tenant answers through the old kubeconfig", STEP, || async {
+        .wait_for("the tenant answers through the old kubeconfig", BOOTED_STEP, || async {
             config_maps.list(&ListParams::default()).await.ok()
         })
         .await;
@@ -230,7 +235,7 @@ async fn a_backed_up_tenant_is_restored_into_a_new_control_plane_with_every_obje
     // The restore completes: the init containers go once every member was ready.
     booted
         .runner
-        .wait_for("the restore is recorded as completed", STEP, || async {
+        .wait_for("the restore is recorded as completed", BOOTED_STEP, || async {
             etcds
                 .get("demo-etcd")
                 .await

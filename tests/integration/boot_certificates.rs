@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
-use crate::boot::{Booted, STEP, StartCapn, boot_with, pid_of, say, whoami, with_token};
+use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, pid_of, say, whoami, with_token};
 use crate::harness::{request_rotation, secret_fingerprints};
 
 /// The CAs and the service-account key: never renewed.
@@ -88,7 +88,7 @@ async fn fresh_client(booted: &Booted) -> Option<kube::Client> {
 async fn tenant(booted: &Booted) -> kube::Client {
     booted
         .runner
-        .wait_for("an apiserver pod is ready", STEP, || fresh_client(booted))
+        .wait_for("an apiserver pod is ready", BOOTED_STEP, || fresh_client(booted))
         .await
 }
 
@@ -105,7 +105,7 @@ async fn namespace_gets_its_service_account(booted: &Booted, name: &str) {
     };
     booted
         .runner
-        .wait_for(&format!("namespace {name} is created"), STEP, || async {
+        .wait_for(&format!("namespace {name} is created"), BOOTED_STEP, || async {
             let namespaces: Api<Namespace> = Api::all(fresh_client(booted).await?);
             match namespaces.create(&PostParams::default(), &namespace).await {
                 Ok(_) => Some(()),
@@ -116,10 +116,14 @@ async fn namespace_gets_its_service_account(booted: &Booted, name: &str) {
         .await;
     booted
         .runner
-        .wait_for(&format!("{name} gets its default ServiceAccount"), STEP, || async {
-            let accounts: Api<ServiceAccount> = Api::namespaced(fresh_client(booted).await?, name);
-            accounts.get_opt("default").await.ok().flatten()
-        })
+        .wait_for(
+            &format!("{name} gets its default ServiceAccount"),
+            BOOTED_STEP,
+            || async {
+                let accounts: Api<ServiceAccount> = Api::namespaced(fresh_client(booted).await?, name);
+                accounts.get_opt("default").await.ok().flatten()
+            },
+        )
         .await;
 }
 

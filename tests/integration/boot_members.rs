@@ -21,7 +21,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use time::OffsetDateTime;
 
-use crate::boot::{Booted, STEP, StartCapn, boot_with, say};
+use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
 use crate::harness::{secret, secret_value};
 
 /// The etcd CA of the booted control plane `demo`, as capn loads it.
@@ -170,7 +170,7 @@ struct PhaseCount {
 async fn etcd_scales_1_3_5_3_1_under_writes_and_keeps_every_acknowledged_write() {
     let booted = boot_with("etcd scaling", Some(etcd_docs(1, json!({}))), StartCapn::InProcess).await;
     let ns = booted.ns.clone();
-    settled(&booted, 1, STEP).await;
+    settled(&booted, 1, BOOTED_STEP).await;
     let kubeconfig = booted.kubeconfig().await;
     // The writer: creates ConfigMaps through the tenant's kubeconfig, one after another,
     // counting acknowledged writes and errors per phase; it dials the apiserver afresh after
@@ -295,7 +295,7 @@ async fn etcd_scales_1_3_5_3_1_under_writes_and_keeps_every_acknowledged_write()
     assert!(written.len() > 20, "the writer kept writing: {} writes", written.len());
     let api = booted
         .runner
-        .wait_for("the tenant answers after scaling", STEP, || async {
+        .wait_for("the tenant answers after scaling", BOOTED_STEP, || async {
             let api = tenant_config_maps(&kubeconfig, &booted.runner.hosts_file(), &ns).await?;
             api.list(&ListParams::default()).await.ok().map(|l| (api, l))
         })
@@ -336,7 +336,7 @@ async fn a_member_whose_data_is_wiped_is_replaced_and_the_data_survives() {
     )
     .await;
     let ns = booted.ns.clone();
-    let before = settled(&booted, 3, STEP).await;
+    let before = settled(&booted, 3, BOOTED_STEP).await;
     let old_id = before
         .etcd
         .unwrap()
@@ -349,7 +349,7 @@ async fn a_member_whose_data_is_wiped_is_replaced_and_the_data_survives() {
     let kubeconfig = booted.kubeconfig().await;
     let config_maps = booted
         .runner
-        .wait_for("the tenant answers", STEP, || async {
+        .wait_for("the tenant answers", BOOTED_STEP, || async {
             tenant_config_maps(&kubeconfig, &booted.runner.hosts_file(), &ns).await
         })
         .await;
@@ -398,7 +398,7 @@ async fn a_member_whose_data_is_wiped_is_replaced_and_the_data_survives() {
     // The data is intact, and the new member holds it too: read the key from it alone.
     let read = booted
         .runner
-        .wait_for("the marker reads back", STEP, || async {
+        .wait_for("the marker reads back", BOOTED_STEP, || async {
             let api = tenant_config_maps(&kubeconfig, &booted.runner.hosts_file(), &ns).await?;
             api.get("before-the-loss").await.ok()
         })
@@ -415,7 +415,7 @@ async fn a_member_whose_data_is_wiped_is_replaced_and_the_data_survives() {
     // A serializable read is answered from the member's own store.
     booted
         .runner
-        .wait_for("the new member serves the marker", STEP, || {
+        .wait_for("the new member serves the marker", BOOTED_STEP, || {
             let mut kv = kv.clone();
             async move {
                 let got = kv
@@ -441,7 +441,7 @@ async fn a_membership_change_waits_while_a_member_is_unhealthy() {
     )
     .await;
     let ns = booted.ns.clone();
-    settled(&booted, 3, STEP).await;
+    settled(&booted, 3, BOOTED_STEP).await;
     booted.runner.pause_pod("demo-etcd-2").unwrap();
     let etcds: Api<NestedEtcd> = Api::namespaced(booted.client.clone(), &ns);
     etcds
@@ -454,7 +454,7 @@ async fn a_membership_change_waits_while_a_member_is_unhealthy() {
         .unwrap();
     let refused = booted
         .runner
-        .wait_for("the change is refused", STEP, || async {
+        .wait_for("the change is refused", BOOTED_STEP, || async {
             let s = etcds.get("demo-etcd").await.ok()?.status?;
             s.conditions
                 .iter()

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use capn::api::{NestedControlPlane, UpgradeStatus};
 use capn::controllers::Settings;
+use capn_testkit::runner::Runner;
+use capn_testkit::{cluster, test_namespace};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -23,9 +25,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 use crate::boot::say;
-use crate::harness::{Capn, apply_doc, secret, secret_value};
-use crate::support::runner::Runner;
-use crate::support::{cluster, test_namespace};
+use crate::harness::{Capn, apply_doc, capn_binary, secret, secret_value};
 
 /// From apply to a ready control plane (two cores shared with the other tests).
 const BOOT: Duration = Duration::from_secs(360);
@@ -47,7 +47,7 @@ impl Tenant {
         let client = cluster().client();
         let ns = test_namespace(&client).await;
         let runner = Arc::new(
-            Runner::start(&client, &ns)
+            Runner::start(&client, &ns, capn_binary())
                 .await
                 .unwrap_or_else(|e| panic!("the runner did not start: {e}")),
         );

@@ -1,12 +1,16 @@
 //! Issue 5, "Proven against real Cluster API" and "clusterctl artifacts": capn next to Cluster
 //! API's real core controller manager and CRDs, and the real `clusterctl` against a local
 //! provider repository holding capn's `clusterctl/` files. Both binaries are built from
-//! `sigs.k8s.io/cluster-api` by `hack/capi-assets.sh` (see `support::capi`).
+//! `sigs.k8s.io/cluster-api` by `hack/capi-assets.sh` (see `capn_testkit::capi`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use capn::api::NestedCluster;
+use capn_testkit::capi::{CAPI_VERSION, Capi, ProviderRepository, capi};
+use capn_testkit::counting::RequestCounter;
+use capn_testkit::poll_until;
+use capn_testkit::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -15,10 +19,6 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use serde_json::Value;
 
 use crate::harness::*;
-use crate::support::capi::{CAPI_VERSION, Capi, ProviderRepository, capi};
-use crate::support::counting::RequestCounter;
-use crate::support::poll_until;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 /// How long a test waits for Cluster API: it looks again at a Cluster whose infrastructure or
 /// control plane object it could not find only after 30 s.
@@ -451,7 +451,7 @@ fn core_components(capi: &Capi) -> String {
     let mut docs = vec![serde_json::json!({
         "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "capi-system"}
     })];
-    docs.extend(crate::support::capi::crds(capi.assets_dir()).unwrap());
+    docs.extend(capn_testkit::capi::crds(capi.assets_dir()).unwrap());
     docs.push(stand_in_deployment(
         "capi-system",
         "capi-controller-manager",

@@ -11,13 +11,13 @@ use std::time::Duration;
 use capn::controllers::Settings;
 use capn::controllers::control_plane::rotation::ROTATE_ANNOTATION;
 use capn::plan::CERTIFICATES_DIGEST_ANNOTATION;
+use capn_testkit::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use crate::harness::*;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 /// The certificates digest on each StatefulSet's pod template.
 async fn digests(client: &Client, ns: &str) -> BTreeMap<String, String> {
@@ -75,7 +75,7 @@ impl RollingStandIn {
 }
 
 async fn ready_demo(client: &Client, ns: &str) {
-    wait_until("the NestedControlPlane is ready", STEP, || async {
+    wait_until("the NestedControlPlane is ready", CONTROLLER_STEP, || async {
         control_plane(client, ns, "demo")
             .await
             .status
@@ -105,7 +105,7 @@ async fn a_reissued_secret_rolls_exactly_the_components_that_read_it_at_start() 
         .delete("demo-apiserver-etcd-client", &DeleteParams::default())
         .await
         .unwrap();
-    wait_until("the apiserver's pod template changes", STEP, || async {
+    wait_until("the apiserver's pod template changes", CONTROLLER_STEP, || async {
         let now = digests(&client, &ns).await;
         (now["demo-apiserver"] != before["demo-apiserver"]).then_some(now)
     })
@@ -123,7 +123,7 @@ async fn a_reissued_secret_rolls_exactly_the_components_that_read_it_at_start() 
     );
     // The status is written after the apply: wait for it to name the digest applied.
     let apiservers = Api::<capn::api::NestedAPIServer>::namespaced(client.clone(), &ns);
-    let applied = wait_until("the status names the applied digest", STEP, || async {
+    let applied = wait_until("the status names the applied digest", CONTROLLER_STEP, || async {
         apiservers
             .get("demo-apiserver")
             .await
@@ -148,7 +148,7 @@ async fn a_reissued_secret_rolls_exactly_the_components_that_read_it_at_start() 
         .delete("demo-apiserver", &DeleteParams::default())
         .await
         .unwrap();
-    wait_until("the serving certificate is re-issued", STEP, || async {
+    wait_until("the serving certificate is re-issued", CONTROLLER_STEP, || async {
         secret_fingerprints(&client, &ns)
             .await
             .get("demo-apiserver")
@@ -174,7 +174,7 @@ async fn a_deleted_ca_is_reported_at_once_changes_nothing_and_its_restore_reissu
 
     secrets.delete("demo-ca", &DeleteParams::default()).await.unwrap();
     // Within the step bound (seconds), not at the hourly re-check.
-    let condition = wait_until("CertificatesAvailable turns False", STEP, || async {
+    let condition = wait_until("CertificatesAvailable turns False", CONTROLLER_STEP, || async {
         control_plane(&client, &ns, "demo")
             .await
             .status?
@@ -191,7 +191,7 @@ async fn a_deleted_ca_is_reported_at_once_changes_nothing_and_its_restore_reissu
         condition.message
     );
     let events = Api::<Event>::namespaced(client.clone(), &ns);
-    wait_until("a Warning Event says so", STEP, || async {
+    wait_until("a Warning Event says so", CONTROLLER_STEP, || async {
         events
             .list(&ListParams::default())
             .await
@@ -225,7 +225,7 @@ async fn a_deleted_ca_is_reported_at_once_changes_nothing_and_its_restore_reissu
         ..Default::default()
     };
     secrets.create(&PostParams::default(), &restored).await.unwrap();
-    wait_until("CertificatesAvailable turns True again", STEP, || async {
+    wait_until("CertificatesAvailable turns True again", CONTROLLER_STEP, || async {
         control_plane(&client, &ns, "demo")
             .await
             .status?
@@ -391,7 +391,7 @@ async fn a_requested_ca_rotation_walks_every_phase_and_ends_with_only_the_new_ca
     }
     // The same request again does nothing; an unknown authority is refused with a condition.
     request_rotation(&client, &ns, "demo", "kubelet").await;
-    let refused = wait_until("an unknown authority is refused", STEP, || async {
+    let refused = wait_until("an unknown authority is refused", CONTROLLER_STEP, || async {
         control_plane(&client, &ns, "demo")
             .await
             .status?

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::{cluster, test_namespace};
+use capn_testkit::{cluster, test_namespace};
 
 fn capn(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_capn"))

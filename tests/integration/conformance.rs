@@ -95,7 +95,7 @@ async fn upstream_conformance() {
         .runner
         .forward(&format!("demo-apiserver.{}.svc", booted.ns), 6443)
         .unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig = crate::support::runner::forward::host_kubeconfig(&booted.kubeconfig().await, &forward)
+    let kubeconfig = capn_testkit::runner::forward::host_kubeconfig(&booted.kubeconfig().await, &forward)
         .unwrap_or_else(|e| panic!("{e}"));
     let kubeconfig_path = dir.join("kubeconfig");
     write_private(&kubeconfig_path, &kubeconfig);

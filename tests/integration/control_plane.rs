@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use capn_testkit::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::ResourceExt;
@@ -11,7 +12,6 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::harness::*;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 #[tokio::test]
 async fn standalone_example_comes_up_in_order_and_reports_ready() {
@@ -20,7 +20,7 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
     f.apply_example("examples/nestedcontrolplane.yaml").await;
 
     // The three component resources appear, owned by the control plane.
-    wait_until("three component resources exist", STEP, || async {
+    wait_until("three component resources exist", CONTROLLER_STEP, || async {
         (components(&client, &ns).await.len() == 3).then_some(())
     })
     .await;
@@ -60,11 +60,11 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
     assert!(!ncp.status.as_ref().is_some_and(|s| s.ready));
 
     mark_statefulset_ready(&client, &ns, "demo-etcd").await.unwrap();
-    wait_until("NestedEtcd is ready", STEP, || async {
+    wait_until("NestedEtcd is ready", CONTROLLER_STEP, || async {
         etcd_ready(&client, &ns, "demo-etcd").await.then_some(())
     })
     .await;
-    wait_until("the apiserver StatefulSet exists", STEP, || async {
+    wait_until("the apiserver StatefulSet exists", CONTROLLER_STEP, || async {
         statefulset(&client, &ns, "demo-apiserver").await.map(|_| ())
     })
     .await;
@@ -84,7 +84,7 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
 
     mark_statefulset_ready(&client, &ns, "demo-apiserver").await.unwrap();
     make_ready(&client, &ns, "demo-controller-manager").await;
-    let ncp = wait_until("the NestedControlPlane is ready", STEP, || async {
+    let ncp = wait_until("the NestedControlPlane is ready", CONTROLLER_STEP, || async {
         let ncp = control_plane(&client, &ns, "demo").await;
         ncp.status.as_ref().is_some_and(|s| s.ready).then_some(ncp)
     })
@@ -112,7 +112,7 @@ async fn standalone_example_comes_up_in_order_and_reports_ready() {
 
 /// Waits until the etcd StatefulSet exists (the first workload).
 async fn make_ready_precondition(client: &kube::Client, ns: &str) {
-    wait_until("the etcd StatefulSet exists", STEP, || async {
+    wait_until("the etcd StatefulSet exists", CONTROLLER_STEP, || async {
         statefulset(client, ns, "demo-etcd").await.map(|_| ())
     })
     .await;
@@ -124,7 +124,7 @@ async fn kubeconfig_secret_follows_cluster_api_layout_and_trusts_the_serving_cer
     let (client, ns) = (f.client.clone(), f.ns.clone());
     f.apply_example("examples/nestedcontrolplane.yaml").await;
     f.bring_up("demo").await;
-    let secret = wait_until("demo-kubeconfig exists", STEP, || async {
+    let secret = wait_until("demo-kubeconfig exists", CONTROLLER_STEP, || async {
         secret(&client, &ns, "demo-kubeconfig").await
     })
     .await;
@@ -265,7 +265,7 @@ async fn apiserver_certificate_names_every_address_clients_dial() {
     }))
     .await;
     make_ready(&client, &ns, "sans-etcd").await;
-    let cert = wait_until("the apiserver certificate exists", STEP, || async {
+    let cert = wait_until("the apiserver certificate exists", CONTROLLER_STEP, || async {
         secret(&client, &ns, "sans-apiserver").await
     })
     .await;
@@ -307,7 +307,7 @@ async fn restarting_the_controller_changes_no_certificate_and_duplicates_nothing
     let (client, ns) = (f.client.clone(), f.ns.clone());
     f.apply_example("examples/nestedcontrolplane.yaml").await;
     make_ready(&client, &ns, "demo-etcd").await;
-    wait_until("etcd is ready", STEP, || async {
+    wait_until("etcd is ready", CONTROLLER_STEP, || async {
         etcd_ready(&client, &ns, "demo-etcd").await.then_some(())
     })
     .await;
@@ -318,7 +318,7 @@ async fn restarting_the_controller_changes_no_certificate_and_duplicates_nothing
     // Mid-way restart.
     f.start_capn();
     f.bring_up("demo").await;
-    wait_until("demo-kubeconfig exists", STEP, || async {
+    wait_until("demo-kubeconfig exists", CONTROLLER_STEP, || async {
         secret(&client, &ns, "demo-kubeconfig").await
     })
     .await;
@@ -371,7 +371,7 @@ async fn every_field_capn_writes_is_managed_by_capn() {
     let allowed = [
         capn::apply::FIELD_MANAGER,
         "kubectl",
-        crate::support::STATEFULSET_STATUS_MANAGER,
+        capn_testkit::STATEFULSET_STATUS_MANAGER,
     ];
     let mut objects = Vec::new();
     objects.extend(metas::<NestedControlPlane>(&client, &ns).await);
@@ -526,7 +526,7 @@ async fn a_read_error_on_the_ca_secret_does_not_mint_a_new_ca() {
         .unwrap();
     let capn = Capn::start(&restricted, &ns);
     apply_example(&admin, &ns, "examples/nestedcontrolplane.yaml").await;
-    let ncp = wait_until("the control plane reports the failed read", STEP, || async {
+    let ncp = wait_until("the control plane reports the failed read", CONTROLLER_STEP, || async {
         let ncp = control_plane(&admin, &ns, "demo").await;
         ncp.status
             .as_ref()
@@ -580,7 +580,7 @@ async fn deleting_the_control_plane_removes_everything_capn_created() {
     let (client, ns) = (f.client.clone(), f.ns.clone());
     f.apply_example("examples/nestedcontrolplane.yaml").await;
     f.bring_up("demo").await;
-    wait_until("demo-kubeconfig exists", STEP, || async {
+    wait_until("demo-kubeconfig exists", CONTROLLER_STEP, || async {
         secret(&client, &ns, "demo-kubeconfig").await
     })
     .await;
@@ -651,7 +651,7 @@ async fn the_control_plane_mirrors_each_count_of_a_degrading_apiserver() {
         async move {
             wait_until(
                 &format!("the control plane shows {n} ready apiserver replicas of 3"),
-                STEP,
+                CONTROLLER_STEP,
                 || async {
                     let status = control_plane(&client, &ns, "demo").await.status?;
                     (status.replicas == Some(3) && status.ready_replicas == Some(n)).then_some(())
@@ -660,7 +660,7 @@ async fn the_control_plane_mirrors_each_count_of_a_degrading_apiserver() {
             .await;
         }
     };
-    wait_until("the apiserver StatefulSet asks for 3", STEP, || async {
+    wait_until("the apiserver StatefulSet asks for 3", CONTROLLER_STEP, || async {
         let sts = sts_api.get("demo-apiserver").await.ok()?;
         (sts.spec?.replicas == Some(3)).then_some(())
     })

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use capn::api::{NestedAPIServer, NestedControllerManager, NestedEtcd};
+use capn_testkit::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
@@ -11,7 +12,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::harness::*;
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 fn image(sts: &StatefulSet) -> String {
     sts.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0]
@@ -52,7 +52,7 @@ async fn switching_channel_versions_prunes_what_is_no_longer_rendered_and_nothin
     }))
     .await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    wait_until("3.6.8 renders its extra ConfigMap", STEP, || async {
+    wait_until("3.6.8 renders its extra ConfigMap", CONTROLLER_STEP, || async {
         cms.get_opt("p-etcd-extra").await.unwrap()
     })
     .await;
@@ -76,9 +76,11 @@ async fn switching_channel_versions_prunes_what_is_no_longer_rendered_and_nothin
         )
         .await
         .unwrap();
-    wait_until("the ConfigMap 3.6.9 no longer renders is pruned", STEP, || async {
-        cms.get_opt("p-etcd-extra").await.unwrap().is_none().then_some(())
-    })
+    wait_until(
+        "the ConfigMap 3.6.9 no longer renders is pruned",
+        CONTROLLER_STEP,
+        || async { cms.get_opt("p-etcd-extra").await.unwrap().is_none().then_some(()) },
+    )
     .await;
     assert!(
         cms.get_opt("users-own").await.unwrap().is_some(),
@@ -89,15 +91,19 @@ async fn switching_channel_versions_prunes_what_is_no_longer_rendered_and_nothin
         .expect("the StatefulSet is still rendered");
     assert_eq!(image(&sts), "registry.k8s.io/etcd:3.6.9-0");
     // The parent is annotated after the prune, in the same round: wait for it.
-    wait_until("the parent lists only the kinds still rendered", STEP, || async {
-        let parent = etcd_api.get("p-etcd").await.unwrap();
-        (parent
-            .annotations()
-            .get("applyset.kubernetes.io/contains-group-kinds")
-            .map(String::as_str)
-            == Some("Service,StatefulSet.apps"))
-        .then_some(())
-    })
+    wait_until(
+        "the parent lists only the kinds still rendered",
+        CONTROLLER_STEP,
+        || async {
+            let parent = etcd_api.get("p-etcd").await.unwrap();
+            (parent
+                .annotations()
+                .get("applyset.kubernetes.io/contains-group-kinds")
+                .map(String::as_str)
+                == Some("Service,StatefulSet.apps"))
+            .then_some(())
+        },
+    )
     .await;
     f.stop().await;
 }
@@ -117,7 +123,7 @@ async fn a_failing_patch_leaves_every_existing_object_unchanged() {
     ]}})))
     .await
     .unwrap();
-    let apiserver = wait_until("the apiserver reports the failing patch", STEP, || async {
+    let apiserver = wait_until("the apiserver reports the failing patch", CONTROLLER_STEP, || async {
         let a = api.get("demo-apiserver").await.unwrap();
         a.status
             .as_ref()
@@ -188,7 +194,7 @@ async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_th
     .await;
     // No tenant apiserver runs in this test: its deprecated-API metric cannot be read, and
     // an unknown is not a pass. The step waits, and nothing moves.
-    let upgrade = wait_until("the preflight stops the step", STEP, || async {
+    let upgrade = wait_until("the preflight stops the step", CONTROLLER_STEP, || async {
         let s = control_plane(&client, &ns, "demo").await.status?;
         (has_condition(&s.conditions, "Upgrading", "False", "WaitingForPreflight")
             && has_condition(&s.conditions, "UpgradePreflight", "False", "DeprecatedAPIUsageUnknown"))
@@ -222,11 +228,11 @@ async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_th
     );
     annotate(&client, &ns, "demo", capn::upgrade::ACKNOWLEDGE_ANNOTATION, "1.37").await;
     // etcd first: kubeadm's etcd for 1.37 is 3.7.0.
-    wait_until("etcd rolls to 3.7.0", STEP, || async {
+    wait_until("etcd rolls to 3.7.0", CONTROLLER_STEP, || async {
         (image(&sts("demo-etcd").await) == "registry.k8s.io/etcd:3.7.0-0").then_some(())
     })
     .await;
-    wait_until("the control plane reports RollingOut", STEP, || async {
+    wait_until("the control plane reports RollingOut", CONTROLLER_STEP, || async {
         let ncp = control_plane(&client, &ns, "demo").await;
         ncp.status
             .filter(|s| capn::status::is_true(&s.conditions, "RollingOut"))
@@ -240,7 +246,7 @@ async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_th
         "apiserver waits for etcd"
     );
     mark_statefulset_ready(&client, &ns, "demo-etcd").await.unwrap();
-    wait_until("the apiserver rolls to 1.37.2", STEP, || async {
+    wait_until("the apiserver rolls to 1.37.2", CONTROLLER_STEP, || async {
         (image(&sts("demo-apiserver").await) == "registry.k8s.io/kube-apiserver:v1.37.2").then_some(())
     })
     .await;
@@ -251,7 +257,7 @@ async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_th
         "the controller-manager waits for the apiserver"
     );
     mark_statefulset_ready(&client, &ns, "demo-apiserver").await.unwrap();
-    wait_until("the controller-manager rolls to 1.37.2", STEP, || async {
+    wait_until("the controller-manager rolls to 1.37.2", CONTROLLER_STEP, || async {
         (image(&sts("demo-controller-manager").await) == "registry.k8s.io/kube-controller-manager:v1.37.2")
             .then_some(())
     })
@@ -259,7 +265,7 @@ async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_th
     mark_statefulset_ready(&client, &ns, "demo-controller-manager")
         .await
         .unwrap();
-    let status = wait_until("the control plane is ready on 1.37.2", STEP, || async {
+    let status = wait_until("the control plane is ready on 1.37.2", CONTROLLER_STEP, || async {
         let s = control_plane(&client, &ns, "demo").await.status?;
         (s.ready
             && s.version.as_deref() == Some("1.37.2")
@@ -284,21 +290,25 @@ async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_th
 /// Stands in for the kubelet for every StatefulSet of `demo` until the components report
 /// `kubernetes` ready (etcd moves first, then the apiserver, then the controller-manager).
 async fn roll_to(client: &kube::Client, ns: &str, kubernetes: &str) {
-    wait_until(&format!("every component runs {kubernetes}"), STEP * 2, || async {
-        for name in ["demo-etcd", "demo-apiserver", "demo-controller-manager"] {
-            if let Some(sts) = statefulset(client, ns, name).await
-                && sts.status.as_ref().and_then(|s| s.observed_generation) != sts.metadata.generation
-            {
-                mark_statefulset_ready(client, ns, name).await.unwrap();
+    wait_until(
+        &format!("every component runs {kubernetes}"),
+        CONTROLLER_STEP * 2,
+        || async {
+            for name in ["demo-etcd", "demo-apiserver", "demo-controller-manager"] {
+                if let Some(sts) = statefulset(client, ns, name).await
+                    && sts.status.as_ref().and_then(|s| s.observed_generation) != sts.metadata.generation
+                {
+                    mark_statefulset_ready(client, ns, name).await.unwrap();
+                }
             }
-        }
-        let s = control_plane(client, ns, "demo").await.status?;
-        let c = s.components?;
-        (c.apiserver?.version.as_deref() == Some(kubernetes)
-            && c.controller_manager.as_ref()?.version.as_deref() == Some(kubernetes)
-            && c.controller_manager?.ready)
-            .then_some(())
-    })
+            let s = control_plane(client, ns, "demo").await.status?;
+            let c = s.components?;
+            (c.apiserver?.version.as_deref() == Some(kubernetes)
+                && c.controller_manager.as_ref()?.version.as_deref() == Some(kubernetes)
+                && c.controller_manager?.ready)
+                .then_some(())
+        },
+    )
     .await;
 }
 
@@ -322,7 +332,7 @@ async fn an_upgrade_from_1_35_to_1_37_passes_through_1_36_and_a_downgrade_is_ref
         "spec": {"version": "1.37"}
     }))
     .await;
-    let held = wait_until("the planned path is held", STEP, || async {
+    let held = wait_until("the planned path is held", CONTROLLER_STEP, || async {
         let s = control_plane(&client, &ns, "demo").await.status?;
         has_condition(&s.conditions, "Upgrading", "False", "UpgradeHeld").then_some(s.upgrade?)
     })
@@ -353,7 +363,7 @@ async fn an_upgrade_from_1_35_to_1_37_passes_through_1_36_and_a_downgrade_is_ref
     let etcd = middle.components.as_ref().unwrap().etcd.as_ref().unwrap();
     assert_eq!(etcd.version.as_deref(), Some("3.6.8"), "1.36 keeps 1.35's etcd");
     roll_to(&client, &ns, "1.37.2").await;
-    let done = wait_until("the path completes", STEP, || async {
+    let done = wait_until("the path completes", CONTROLLER_STEP, || async {
         let s = control_plane(&client, &ns, "demo").await.status?;
         (s.ready && has_condition(&s.conditions, "Upgrading", "False", "Completed")).then_some(s)
     })
@@ -378,7 +388,7 @@ async fn an_upgrade_from_1_35_to_1_37_passes_through_1_36_and_a_downgrade_is_ref
             .map(|e| e.series.as_ref().map_or(1, |s| s.count))
             .sum()
     };
-    let events = wait_until("the steps are told as Events", STEP, || async {
+    let events = wait_until("the steps are told as Events", CONTROLLER_STEP, || async {
         let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
             .list(&ListParams::default())
             .await
@@ -408,7 +418,7 @@ async fn an_upgrade_from_1_35_to_1_37_passes_through_1_36_and_a_downgrade_is_ref
         "spec": {"version": "1.36"}
     }))
     .await;
-    let message = wait_until("the downgrade is refused", STEP, || async {
+    let message = wait_until("the downgrade is refused", CONTROLLER_STEP, || async {
         let s = control_plane(&client, &ns, "demo").await.status?;
         s.conditions
             .iter()
@@ -458,7 +468,7 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
     for workload in ["tenant-1-etcd", "tenant-1-apiserver", "tenant-1-controller-manager"] {
         make_ready(&client, &ns, workload).await;
     }
-    wait_until("the NestedControlPlane is ready", STEP, || async {
+    wait_until("the NestedControlPlane is ready", CONTROLLER_STEP, || async {
         control_plane(&client, &ns, ncp_name)
             .await
             .status
@@ -571,12 +581,16 @@ async fn capn_render_reads_a_file_as_the_cluster_does() {
     make_ready(&client, &ns, "plain-etcd").await;
     // The control plane creates its NestedAPIServer first and gives it its replicas next:
     // mark the apiserver ready only once it has them.
-    wait_until("the apiserver runs the control plane's 3 replicas", STEP, || async {
-        statefulset(&client, &ns, "plain-apiserver")
-            .await
-            .filter(|s| s.spec.as_ref().and_then(|s| s.replicas) == Some(3))
-            .map(|_| ())
-    })
+    wait_until(
+        "the apiserver runs the control plane's 3 replicas",
+        CONTROLLER_STEP,
+        || async {
+            statefulset(&client, &ns, "plain-apiserver")
+                .await
+                .filter(|s| s.spec.as_ref().and_then(|s| s.replicas) == Some(3))
+                .map(|_| ())
+        },
+    )
     .await;
     f.bring_up("plain").await;
     let apiserver = statefulset(&client, &ns, "plain-apiserver").await.unwrap();
@@ -634,7 +648,7 @@ async fn a_provider_channel_renders_an_operator_resource_and_the_apiserver_follo
     )
     .await
     .unwrap();
-    wait_until("the EtcdCluster CRD is established", STEP, || async {
+    wait_until("the EtcdCluster CRD is established", CONTROLLER_STEP, || async {
         let c = crds.get("etcdclusters.operator.etcd.io").await.ok()?;
         c.status?
             .conditions?
@@ -669,7 +683,7 @@ async fn a_provider_channel_renders_an_operator_resource_and_the_apiserver_follo
         "EtcdCluster",
     ));
     let clusters: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
-    let etcd_cluster = wait_until("capn renders the EtcdCluster", STEP, || async {
+    let etcd_cluster = wait_until("capn renders the EtcdCluster", CONTROLLER_STEP, || async {
         clusters.get_opt("ext-etcd").await.unwrap()
     })
     .await;
@@ -700,7 +714,7 @@ async fn a_provider_channel_renders_an_operator_resource_and_the_apiserver_follo
         )
         .await
         .unwrap();
-    let apiserver = wait_until("the apiserver is rendered", STEP, || async {
+    let apiserver = wait_until("the apiserver is rendered", CONTROLLER_STEP, || async {
         statefulset(&client, &ns, "ext-apiserver").await
     })
     .await;
@@ -725,7 +739,7 @@ async fn a_provider_channel_renders_an_operator_resource_and_the_apiserver_follo
         )
         .await
         .unwrap();
-    let refused = wait_until("the member change is refused", STEP, || async {
+    let refused = wait_until("the member change is refused", CONTROLLER_STEP, || async {
         let s = etcd_api.get("ext-etcd").await.unwrap().status?;
         s.conditions
             .iter()
@@ -757,7 +771,7 @@ async fn a_member_change_of_an_etcd_capn_cannot_reach_changes_nothing() {
         )
         .await
         .unwrap();
-    let status = wait_until("etcd reports it cannot make the change", STEP, || async {
+    let status = wait_until("etcd reports it cannot make the change", CONTROLLER_STEP, || async {
         let s = etcd_api.get("demo-etcd").await.unwrap().status?;
         has_condition(&s.conditions, "MembersSynced", "False", "EtcdUnreachable").then_some(s)
     })
@@ -830,7 +844,7 @@ async fn a_step_that_does_not_finish_in_time_fails_without_rolling_back_and_a_re
     .await;
     // etcd rolls to 3.7.0 and, standing in for a kubelet whose pods never get ready, nobody
     // marks it ready: the step runs out of time.
-    let failed = wait_until("the step fails", STEP, || async {
+    let failed = wait_until("the step fails", CONTROLLER_STEP, || async {
         let s = control_plane(&client, &ns, "demo").await.status?;
         has_condition(&s.conditions, "Upgrading", "False", "UpgradeStepFailed").then_some(s)
     })
@@ -842,7 +856,7 @@ async fn a_step_that_does_not_finish_in_time_fails_without_rolling_back_and_a_re
     // Nothing rolls back: etcd stays on the step's release.
     let etcd = statefulset(&client, &ns, "demo-etcd").await.unwrap();
     assert_eq!(image(&etcd), "registry.k8s.io/etcd:3.7.0-0");
-    let warned = wait_until("a Warning Event says the step failed", STEP, || async {
+    let warned = wait_until("a Warning Event says the step failed", CONTROLLER_STEP, || async {
         Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
             .list(&ListParams::default())
             .await
@@ -861,7 +875,7 @@ async fn a_step_that_does_not_finish_in_time_fails_without_rolling_back_and_a_re
     annotate(&client, &ns, "demo", capn::upgrade::RETRY_ANNOTATION, "1").await;
     // Retried, the step runs again: the apiserver and the controller-manager follow, each
     // made ready at once.
-    wait_until("the retried step completes", STEP, || async {
+    wait_until("the retried step completes", CONTROLLER_STEP, || async {
         for name in ["demo-apiserver", "demo-controller-manager"] {
             if let Some(sts) = statefulset(&client, &ns, name).await
                 && sts.status.as_ref().and_then(|s| s.observed_generation) != sts.metadata.generation

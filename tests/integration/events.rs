@@ -2,13 +2,12 @@
 //! a series whose Event is gone starts over with a create.
 
 use capn::controllers::shared::events::{Occurrence, Recorder};
+use capn_testkit::{cluster, test_namespace};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-
-use crate::support::{cluster, test_namespace};
 
 #[tokio::test]
 async fn a_repeat_about_a_changed_object_is_a_series_and_a_deleted_series_starts_over() {

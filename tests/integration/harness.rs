@@ -8,6 +8,7 @@ use std::time::Duration;
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use capn::channel::ChannelRegistry;
 use capn::controllers::{Settings, run};
+use capn_testkit::{CapnOptions, CapnProcess, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
@@ -15,10 +16,16 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use x509_parser::prelude::*;
 
-use crate::support::wait_until;
+/// The `capn` binary cargo built for this test binary. The kit (a library, where
+/// `CARGO_BIN_EXE_capn` does not exist) takes it from its caller.
+pub fn capn_binary() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_capn"))
+}
 
-/// How long a test waits for one step of the controllers.
-pub const STEP: Duration = Duration::from_secs(30);
+/// How long a test waits for one step of capn's controllers on the super cluster alone, where
+/// readiness is written by the test or the stand-in and no pod runs (a booted control plane's
+/// steps take [`crate::boot::BOOTED_STEP`]).
+pub const CONTROLLER_STEP: Duration = Duration::from_secs(30);
 
 /// capn's controllers, running in this test's runtime, watching one namespace.
 pub struct Capn(tokio::task::JoinHandle<()>);
@@ -67,53 +74,29 @@ impl Capn {
     }
 }
 
-/// `capn run` as a child process for one namespace, with the test cluster's kubeconfig, its
-/// log (debug level, JSON) in a file. Killed when dropped.
-pub struct CapnProcess {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl CapnProcess {
-    /// Starts `capn run --namespace <namespace>` without the public CRD sync, on ephemeral
-    /// loopback ports, with `args` appended.
-    ///
-    /// # Panics
-    /// If the binary cannot be started.
-    pub fn start(namespace: &str, args: &[String]) -> Self {
-        let log = std::env::temp_dir().join(format!("capn-test-{namespace}.log"));
-        let file = std::fs::File::create(&log).expect("capn's log file");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_capn"))
-            .args(["run", "--namespace", namespace, "--controllers", "*,-public-crds"])
-            .args([
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-                "--health-probe-bind-address",
-                "127.0.0.1:0",
-            ])
-            .args(["--log-format", "json"])
-            .args(args)
-            .env("KUBECONFIG", crate::support::cluster().kubeconfig_path())
-            .env("RUST_LOG", "debug")
-            .stdout(file.try_clone().expect("capn's log file"))
-            .stderr(file)
-            .spawn()
-            .expect("capn starts");
-        Self { child, log }
-    }
-
-    /// Everything capn logged so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for CapnProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
+/// `capn run` for `namespace` as a child process (see [`CapnProcess::start`]), with the test
+/// cluster's kubeconfig and `args` appended; its log (debug level, JSON) goes to a file in the
+/// temporary directory, removed when the process is dropped.
+///
+/// # Panics
+/// If capn cannot be started.
+pub fn start_capn_process(namespace: &str, args: &[String]) -> CapnProcess {
+    let log = std::env::temp_dir().join(format!("capn-test-{namespace}.log"));
+    let mut all = vec!["--log-format".to_owned(), "json".to_owned()];
+    all.extend_from_slice(args);
+    let options = CapnOptions {
+        args: all,
+        env: vec![("RUST_LOG".to_owned(), "debug".to_owned())],
+        remove_log: true,
+    };
+    CapnProcess::start(
+        capn_binary(),
+        capn_testkit::cluster().kubeconfig_path(),
+        namespace,
+        log,
+        options,
+    )
+    .unwrap_or_else(|e| panic!("capn did not start: {e}"))
 }
 
 /// One behaviour test's world, the preamble every test shared: an admin client, a namespace
@@ -141,8 +124,8 @@ impl Fixture {
 
     /// A new namespace; capn is not running (start it with [`Fixture::start_capn`]).
     pub async fn without_capn() -> Self {
-        let client = crate::support::cluster().client();
-        let ns = crate::support::test_namespace(&client).await;
+        let client = capn_testkit::cluster().client();
+        let ns = capn_testkit::test_namespace(&client).await;
         Self { client, ns, capn: None }
     }
 
@@ -241,11 +224,11 @@ pub fn secret_value(secret: &Secret, key: &str) -> String {
 /// Waits for a StatefulSet to exist, then stands in for the kubelet and the StatefulSet
 /// controller: every pod running and ready.
 pub async fn make_ready(client: &Client, ns: &str, name: &str) {
-    wait_until(&format!("StatefulSet {name} exists"), STEP, || async {
+    wait_until(&format!("StatefulSet {name} exists"), CONTROLLER_STEP, || async {
         statefulset(client, ns, name).await.map(|_| ())
     })
     .await;
-    crate::support::mark_statefulset_ready(client, ns, name).await.unwrap();
+    capn_testkit::mark_statefulset_ready(client, ns, name).await.unwrap();
 }
 
 /// A namespaced kind a typed `Api` can read: what the generic helpers here need.
@@ -297,7 +280,7 @@ pub async fn bring_up(client: &Client, ns: &str, c: &str) {
     make_ready(client, ns, &format!("{c}-etcd")).await;
     make_ready(client, ns, &format!("{c}-apiserver")).await;
     make_ready(client, ns, &format!("{c}-controller-manager")).await;
-    wait_until("the NestedControlPlane is ready", STEP, || async {
+    wait_until("the NestedControlPlane is ready", CONTROLLER_STEP, || async {
         control_plane(client, ns, c)
             .await
             .status
@@ -411,24 +394,6 @@ pub fn flags(sts: &StatefulSet) -> BTreeMap<String, String> {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
         })
         .collect()
-}
-
-/// A loopback address with a port that was free a moment ago, for a server a test starts.
-pub fn free_loopback_address() -> std::net::SocketAddr {
-    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-}
-
-/// `GET path` over plain HTTP/1.0: the status code and the body.
-///
-/// # Errors
-/// Connection failures and answers that are not HTTP.
-pub async fn http_get(address: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let path = path.to_owned();
-    tokio::task::spawn_blocking(move || crate::support::capi::http_get(address, &path))
-        .await
-        .expect("the HTTP request task")
 }
 
 /// `(name, resourceVersion)` of every StatefulSet in `ns`: equal snapshots mean nothing wrote.

@@ -23,5 +23,4 @@ mod public_crds;
 mod request_budget;
 mod runner_volumes;
 mod smoke;
-mod support;
 mod validation;

@@ -17,6 +17,7 @@ use capn::controllers::Settings;
 use capn::plan::{
     CapnPods, ClusterSettings, ComponentRequest, DEFAULT_IMAGE_REPOSITORY, Running, Upstream, etcd_members, plan,
 };
+use capn_testkit::{cluster, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -27,7 +28,6 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::harness::*;
-use crate::support::{cluster, test_namespace, wait_until};
 
 fn capn_pods() -> CapnPods {
     CapnPods {
@@ -94,7 +94,7 @@ async fn budgets_and_network_policies_are_applied_follow_replicas_and_are_pruned
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
 
     // etcd: three members may lose one.
-    let etcd_pdb = wait_until("the etcd PodDisruptionBudget exists", STEP, || async {
+    let etcd_pdb = wait_until("the etcd PodDisruptionBudget exists", CONTROLLER_STEP, || async {
         pdbs.get_opt("demo-etcd").await.unwrap()
     })
     .await;
@@ -158,7 +158,7 @@ async fn budgets_and_network_policies_are_applied_follow_replicas_and_are_pruned
 
     // A replica change updates the budget in place.
     merge_patch::<capn::api::NestedControlPlane>(&client, &ns, "demo", json!({"spec": {"replicas": 3}})).await;
-    let scaled = wait_until("the apiserver budget follows 3 replicas", STEP, || async {
+    let scaled = wait_until("the apiserver budget follows 3 replicas", CONTROLLER_STEP, || async {
         let pdb = pdbs.get("demo-apiserver").await.unwrap();
         (max_unavailable(&pdb) == Some(IntOrString::Int(2))).then_some(pdb)
     })
@@ -174,7 +174,7 @@ async fn budgets_and_network_policies_are_applied_follow_replicas_and_are_pruned
         )
         .await
         .unwrap();
-    wait_until("the etcd metrics port admits nobody", STEP, || async {
+    wait_until("the etcd metrics port admits nobody", CONTROLLER_STEP, || async {
         let policy = policies.get("demo-etcd").await.unwrap();
         (rule_for(&policy, 2381).is_none() && rule_for(&policy, 2379).is_some()).then_some(())
     })
@@ -189,7 +189,7 @@ async fn budgets_and_network_policies_are_applied_follow_replicas_and_are_pruned
         )
         .await
         .unwrap();
-    wait_until("the etcd budget and policy are pruned", STEP, || async {
+    wait_until("the etcd budget and policy are pruned", CONTROLLER_STEP, || async {
         (pdbs.get_opt("demo-etcd").await.unwrap().is_none() && policies.get_opt("demo-etcd").await.unwrap().is_none())
             .then_some(())
     })
@@ -209,7 +209,7 @@ async fn budgets_and_network_policies_are_applied_follow_replicas_and_are_pruned
         .unwrap();
     wait_until(
         "the controller-manager's budget and policy are deleted",
-        STEP,
+        CONTROLLER_STEP,
         || async {
             let pdb_gone = pdbs
                 .get_opt("demo-controller-manager")

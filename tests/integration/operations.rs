@@ -2,7 +2,7 @@
 //! probe endpoints, and `--watch-filter`, each through capn's own entry points
 //! (`capn::cli::run`, `capn::controllers::run`) against the real apiserver.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use capn::api::{NestedCluster, NestedEtcd};
 use capn::channel::ChannelRegistry;
 use capn::cli::{Cli, Command, LeaderElection, RunArgs};
 use capn::controllers::Settings;
+use capn_testkit::{cluster, free_ports, http_get, test_namespace, wait_until};
 use clap::Parser as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -20,7 +21,6 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use serde_json::{Value, json};
 
 use crate::harness::*;
-use crate::support::{cluster, test_namespace, wait_until};
 
 /// A `capn run` in this test's runtime, stopped (like a killed pod) when dropped.
 struct Instance {
@@ -33,8 +33,9 @@ impl Instance {
     /// `capn::cli::run` with the built-in channels, on free loopback ports.
     fn start(client: Client, settings: Settings, election: Option<LeaderElection>) -> Self {
         let channels = Arc::new(ChannelRegistry::load(&[]).expect("built-in channels"));
-        let metrics = free_loopback_address();
-        let probes = free_loopback_address();
+        let [metrics, probes] = free_ports()
+            .expect("free loopback ports")
+            .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
         let task = tokio::spawn(capn::cli::run(client, channels, settings, metrics, probes, election));
         Self { task, metrics, probes }
     }
@@ -42,7 +43,7 @@ impl Instance {
     /// `/metrics`, once it answers.
     async fn metrics(&self) -> String {
         let address = self.metrics;
-        wait_until("/metrics answers", STEP, || async move {
+        wait_until("/metrics answers", CONTROLLER_STEP, || async move {
             match http_get(address, "/metrics").await {
                 Ok((200, body)) => Some(body),
                 _ => None,
@@ -217,7 +218,7 @@ async fn the_cluster_roles_of_the_components_files_are_enough_for_the_whole_flow
     bring_up(&admin, &ns, "demo").await;
     assert!(secret(&admin, &ns, "demo-kubeconfig").await.is_some());
     let ncp = control_plane(&admin, &ns, "demo").await;
-    let nested_cluster = wait_until("the NestedCluster is provisioned", STEP, || async {
+    let nested_cluster = wait_until("the NestedCluster is provisioned", CONTROLLER_STEP, || async {
         Api::<NestedCluster>::namespaced(admin.clone(), &ns)
             .get("demo")
             .await
@@ -230,22 +231,26 @@ async fn the_cluster_roles_of_the_components_files_are_enough_for_the_whole_flow
         ncp.spec.control_plane_endpoint
     );
     // Events were written with the role's permission.
-    let events = wait_until("capn recorded an Event on the control plane", STEP, || async {
-        let events = Api::<Event>::namespaced(admin.clone(), &ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items;
-        let about_demo: Vec<Event> = events
-            .into_iter()
-            .filter(|e| {
-                e.regarding
-                    .as_ref()
-                    .is_some_and(|r| r.kind.as_deref() == Some("NestedControlPlane"))
-            })
-            .collect();
-        (!about_demo.is_empty()).then_some(about_demo)
-    })
+    let events = wait_until(
+        "capn recorded an Event on the control plane",
+        CONTROLLER_STEP,
+        || async {
+            let events = Api::<Event>::namespaced(admin.clone(), &ns)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items;
+            let about_demo: Vec<Event> = events
+                .into_iter()
+                .filter(|e| {
+                    e.regarding
+                        .as_ref()
+                        .is_some_and(|r| r.kind.as_deref() == Some("NestedControlPlane"))
+                })
+                .collect();
+            (!about_demo.is_empty()).then_some(about_demo)
+        },
+    )
     .await;
     assert!(
         events.iter().all(|e| e.reporting_controller.as_deref() == Some("capn")),
@@ -305,7 +310,7 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over_when_it_dies() {
             )),
         ),
     ];
-    let leader = wait_until("one instance holds the Lease", STEP, || {
+    let leader = wait_until("one instance holds the Lease", CONTROLLER_STEP, || {
         lease_holder(&client, &ns, "capn-leader-election")
     })
     .await;
@@ -333,14 +338,20 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over_when_it_dies() {
     let dead = instances[leading].1.take().unwrap();
     let dead_metrics = dead.metrics;
     drop(dead);
-    wait_until("the dead leader's metrics endpoint is gone", STEP, || async {
-        http_get(dead_metrics, "/metrics").await.is_err().then_some(())
-    })
+    wait_until(
+        "the dead leader's metrics endpoint is gone",
+        CONTROLLER_STEP,
+        || async { http_get(dead_metrics, "/metrics").await.is_err().then_some(()) },
+    )
     .await;
     let standby_name = instances[standing_by].0;
-    wait_until(&format!("{standby_name} takes the Lease over"), STEP, || async {
-        (lease_holder(&client, &ns, "capn-leader-election").await.as_deref() == Some(standby_name)).then_some(())
-    })
+    wait_until(
+        &format!("{standby_name} takes the Lease over"),
+        CONTROLLER_STEP,
+        || async {
+            (lease_holder(&client, &ns, "capn-leader-election").await.as_deref() == Some(standby_name)).then_some(())
+        },
+    )
     .await;
     apply_doc(&client, &ns, example_control_plane("demo-2", json!({}))).await;
     bring_up(&client, &ns, "demo-2").await;
@@ -357,7 +368,7 @@ async fn metrics_and_probes_answer_on_their_addresses() {
     let ns = test_namespace(&client).await;
     let instance = Instance::start(client.clone(), settings_for(&ns), None);
     let probes = instance.probes;
-    wait_until("/healthz answers ok", STEP, || async move {
+    wait_until("/healthz answers ok", CONTROLLER_STEP, || async move {
         matches!(http_get(probes, "/healthz").await, Ok((200, body)) if body == "ok").then_some(())
     })
     .await;
@@ -407,7 +418,7 @@ async fn watch_filter_reconciles_only_its_own_control_planes() {
     // Its components (created by capn, not by the user) are reconciled too.
     wait_until(
         "the instance filtering on `a` reconciles demo (labelled `a`) down to its etcd StatefulSet",
-        STEP,
+        CONTROLLER_STEP,
         || async { statefulset(&client, &ns, "demo-etcd").await },
     )
     .await;

@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use capn::api::NestedControlPlane;
 use capn::controllers::{Settings, TenantConfigHook};
+use capn_testkit::runner::Runner;
+use capn_testkit::{cluster, test_namespace, wait_until};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::harness::{Capn, apply_example, secret, secret_value};
-use crate::support::runner::Runner;
-use crate::support::{cluster, test_namespace, wait_until};
+use crate::harness::{Capn, apply_example, capn_binary, secret, secret_value};
 
 /// From apply to a ready control plane; two boot at once on two cores.
 const BOOT: Duration = Duration::from_secs(420);
@@ -34,7 +34,11 @@ struct Tenant {
 impl Tenant {
     async fn boot(client: &Client) -> Self {
         let ns = test_namespace(client).await;
-        let runner = Arc::new(Runner::start(client, &ns).await.expect("the runner starts"));
+        let runner = Arc::new(
+            Runner::start(client, &ns, capn_binary())
+                .await
+                .expect("the runner starts"),
+        );
         let resolver = runner.clone();
         let hook = TenantConfigHook(Arc::new(move |_ncp: &NestedControlPlane, config: &mut kube::Config| {
             let url = config.cluster_url.clone();

@@ -6,12 +6,12 @@
 //! changes that arrive while one is queued, so how many status writes a provisioning takes
 //! depends on how the watch events interleave.
 
+use capn_testkit::counting::RequestCounter;
+use capn_testkit::requests::Tally;
+use capn_testkit::{cluster, stand_in, test_namespace, wait_until};
 use std::time::Duration;
 
 use crate::harness::{Capn, apply_example, control_plane};
-use crate::support::counting::RequestCounter;
-use crate::support::requests::Tally;
-use crate::support::{cluster, stand_in, test_namespace, wait_until};
 
 /// Requests (Events excluded) one NestedControlPlane costs, from starting capn's
 /// controllers until capn is quiet after Ready, including capn's start-up (discovery and one

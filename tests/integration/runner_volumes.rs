@@ -10,14 +10,15 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use capn_testkit::runner::{Runner, VolumeReport};
+use capn_testkit::{cluster, test_namespace};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::support::runner::{Runner, VolumeReport};
-use crate::support::{cluster, test_namespace};
+use crate::harness::capn_binary;
 
 /// The deadline for a change to reach a running pod's files: the runner's bound (2 s after
 /// its watch has the change) with room for a machine shared with other tests.
@@ -189,7 +190,7 @@ async fn wait_for_file(runner: &Runner, path: &Path, want: Option<&str>) -> Dura
 async fn secret_and_config_map_volumes_follow_their_sources_while_the_pod_runs() {
     let client = cluster().client();
     let ns = test_namespace(&client).await;
-    let runner = Runner::start(&client, &ns)
+    let runner = Runner::start(&client, &ns, capn_binary())
         .await
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);

@@ -4,14 +4,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use capn_testkit::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, PodSpec, PodTemplateSpec, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-
-use crate::support::{cluster, mark_statefulset_ready, test_namespace, wait_until};
 
 #[tokio::test]
 async fn apiserver_reports_kubernetes_1_36() {

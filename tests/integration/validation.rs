@@ -5,13 +5,13 @@
 //! the resource. Valid edge cases must pass all three.
 
 use capn::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
+use capn_testkit::{mark_statefulset_ready, wait_until};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::harness::*;
-use crate::support::{mark_statefulset_ready, wait_until};
 
 const API_VERSION: &str = "controlplane.cluster.x-k8s.io/v1beta1";
 
@@ -510,7 +510,7 @@ async fn every_input_gets_the_same_verdict_at_admission_from_the_controllers_and
     }
     for (case, render_message) in &live {
         let what = format!("the controllers' verdict on {}", case.name);
-        wait_until(&what, STEP, || async {
+        wait_until(&what, CONTROLLER_STEP, || async {
             // Stand in for the kubelet so that later components get their turn.
             for workload in ["etcd", "apiserver", "controller-manager"] {
                 let _ = mark_statefulset_ready(&client, &ns, &format!("{}-{workload}", case.name)).await;

@@ -1,7 +1,9 @@
-//! Test support (docs/design.md §8): one real super cluster per test binary — etcd, kube-apiserver
-//! and kube-controller-manager from `KUBEBUILDER_ASSETS`, as controller-runtime's envtest
-//! does — with capn's CRDs installed, plus helpers every behaviour test needs: its own
-//! namespace, standing in for the kubelet on StatefulSets, and polling with a deadline.
+//! capn's test kit (docs/design.md §8), shared by the integration tests (`tests/integration`),
+//! the benchmark (`benches/provisioning`) and the demo (`examples/demo.rs`): one real super
+//! cluster per process — etcd, kube-apiserver and kube-controller-manager from
+//! `KUBEBUILDER_ASSETS`, as controller-runtime's envtest does — with capn's CRDs installed,
+//! plus helpers every behaviour test needs: its own namespace, standing in for the kubelet on
+//! StatefulSets, and polling with a deadline.
 //!
 //! The controller manager runs only the garbage collector and the namespace controller. No
 //! kubelet and no StatefulSet controller run, so nothing ever becomes ready by itself: tests
@@ -11,19 +13,13 @@
 //! For counting requests (issue 11): [`requests`] names them by verb and resource,
 //! [`counting`] counts what a client sends, [`audit`] reads the API server's audit log, and
 //! [`stand_in`] marks every StatefulSet ready as soon as it appears, driven by a watch.
-
-pub mod audit;
-pub mod capi;
-pub mod counting;
-pub mod process;
-pub mod requests;
-pub mod runner;
-pub mod s3;
-pub mod stand_in;
-mod start;
+//!
+//! A library cannot name the `capn` binary (`CARGO_BIN_EXE_capn` exists only in the root
+//! package's tests and benches), so whatever runs it takes its path from the caller.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -31,6 +27,42 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
+/// Set by [`ignore_stderr_errors`]: the kit's messages then ignore a stderr that is gone.
+static IGNORE_STDERR_ERRORS: AtomicBool = AtomicBool::new(false);
+
+/// Makes the kit's messages to stderr ignore write errors instead of panicking, for a program
+/// that must outlive its stderr: the demo, where Ctrl-C in `hack/demo.sh 2>&1 | tee log` ends
+/// `tee` first, and a failed print must not stop the cleanup that follows. Tests leave it off:
+/// std's `eprintln!` is the only way into libtest's output capture.
+pub fn ignore_stderr_errors() {
+    IGNORE_STDERR_ERRORS.store(true, Ordering::Relaxed);
+}
+
+// Shadows std's macro in every module below (textual scope), for [`ignore_stderr_errors`].
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        if $crate::IGNORE_STDERR_ERRORS.load(std::sync::atomic::Ordering::Relaxed) {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), $($arg)*);
+        } else {
+            std::eprintln!($($arg)*);
+        }
+    }};
+}
+
+pub mod audit;
+pub mod capi;
+pub mod counting;
+pub mod net;
+pub mod process;
+pub mod requests;
+pub mod runner;
+pub mod s3;
+pub mod stand_in;
+mod start;
+
+pub use net::{free_ports, http_get};
+pub use process::{CapnOptions, CapnProcess};
 pub use start::StartOptions;
 
 /// How often [`wait_until`] asks again.
@@ -39,6 +71,12 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 const NAMESPACE_PREFIX: &str = "capn-test-";
 /// Field manager of the StatefulSet status that [`mark_statefulset_ready`] writes.
 pub const STATEFULSET_STATUS_MANAGER: &str = "capn-test-statefulset-controller";
+
+/// The repository's root (the kit lives in `testkit/`): where `hack/` is.
+fn repository() -> &'static Path {
+    let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
+    kit.parent().unwrap_or(kit)
+}
 
 /// The running super cluster; get it with [`cluster`].
 pub struct TestCluster {
@@ -71,7 +109,6 @@ pub fn cluster() -> &'static TestCluster {
 ///
 /// # Errors
 /// As [`cluster`] panics, plus the one-per-process rule.
-#[allow(dead_code)] // The benchmark's (benches/provisioning), not the tests'.
 pub fn start_cluster(options: StartOptions) -> Result<TestCluster, String> {
     start::start(options)
 }
@@ -106,7 +143,6 @@ impl TestCluster {
 
     /// The pid of `binary` (`etcd`, `kube-apiserver` or `kube-controller-manager`), for the
     /// benchmark to read its CPU time from `/proc`; `None` for another name.
-    #[allow(dead_code)] // The benchmark's (benches/provisioning), not the tests'.
     pub fn pid(&self, binary: &str) -> Option<u32> {
         self.pids.iter().find(|(name, _)| *name == binary).map(|&(_, pid)| pid)
     }

@@ -18,8 +18,8 @@
 //! no webhook configuration points the apiserver at it: the CRDs are Cluster API's bases,
 //! without the conversion webhooks its kustomize overlays add.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 
+use super::net::{free_ports, http_get_blocking};
 use super::poll_until;
 use super::process::Process;
-use super::start::free_ports;
 
 /// Names the directory with `cluster-api-manager`, `clusterctl` and `crds/`.
 pub const ASSETS_VARIABLE: &str = "CAPI_ASSETS";
@@ -150,9 +150,9 @@ pub fn assets_dir() -> Result<PathBuf, String> {
     let dir = match std::env::var_os(ASSETS_VARIABLE).filter(|d| !d.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => {
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/capi-assets.sh");
+            let script = super::repository().join("hack/capi-assets.sh");
             let output = Command::new(&script)
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .current_dir(super::repository())
                 .output()
                 .map_err(|e| format!("{ASSETS_VARIABLE} is not set and {} cannot run: {e}", script.display()))?;
             if !output.status.success() {
@@ -318,7 +318,7 @@ fn wait_for_readyz(manager: &mut Process, port: u16) -> Result<(), String> {
     let deadline = Instant::now() + MANAGER_TIMEOUT;
     loop {
         manager.check_running()?;
-        let last = match http_get(address, "/readyz") {
+        let last = match http_get_blocking(address, "/readyz") {
             Ok((200, _)) => return Ok(()),
             Ok((status, body)) => format!("{status} {body}"),
             Err(e) => e.to_string(),
@@ -330,25 +330,6 @@ fn wait_for_readyz(manager: &mut Process, port: u16) -> Result<(), String> {
         }
         thread::sleep(POLL);
     }
-}
-
-/// A plain HTTP/1.0 GET: the status code and the body.
-///
-/// # Errors
-/// Connection failures and answers that are not HTTP.
-pub fn http_get(address: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {head:?}")))?;
-    Ok((status, body.to_owned()))
 }
 
 /// Keeps the manager's parent thread alive and reports (straight to stderr) if it dies.
@@ -401,6 +382,12 @@ pub struct ProviderRepository {
     dir: tempfile::TempDir,
     providers: Vec<String>,
     cert_manager: Option<(String, String)>,
+}
+
+impl Default for ProviderRepository {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl ProviderRepository {

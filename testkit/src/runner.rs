@@ -48,8 +48,9 @@
 //!    whose `--version` differs ([`Runner::check`]); the runner never builds anything
 //!    itself. `etcdutl` (the etcd image's offline tool) says its version with `etcdutl
 //!    version`. capn's own image (`…/capn:v0.1.0`, which the etcd restore init containers
-//!    run) maps to the `capn` binary cargo built for this test binary (`CARGO_BIN_EXE_capn`),
-//!    checked against the tag with `capn --version` like the others. The rest of the
+//!    run) maps to the `capn` binary the caller names ([`Runner::start`]: the one cargo
+//!    built, `CARGO_BIN_EXE_capn`), checked against the tag with `capn --version` like the
+//!    others. The rest of the
 //!    container's root is a skeleton of the
 //!    distroless image (`/etc/passwd`, `/etc/group`, `/etc/nsswitch.conf`, `/tmp`), with the
 //!    host's CA bundle bind-mounted read-only at `/etc/ssl/certs/ca-certificates.crt`,
@@ -157,9 +158,11 @@ use tokio::time::Instant;
 use self::atomic_writer::Written;
 pub use self::forward::Forward;
 pub use self::pod::release_cache;
-use self::pod::{ContainerPlan, PodIdentity, SourcedVolume, Sources};
+use self::pod::{Binaries, ContainerPlan, PodIdentity, SourcedVolume, Sources};
 use self::probe::{Prober, Verdict};
 use self::sandbox::{Namespaces, Network, Spawner};
+use crate::poll_until;
+use crate::process::terminate;
 
 /// The label selecting capn's StatefulSets.
 const MANAGED: &str = "app.kubernetes.io/managed-by=capn";
@@ -192,8 +195,8 @@ pub struct Runner {
 struct Shared {
     client: Client,
     namespace: String,
-    /// The release cache of `hack/kube-assets.sh` (adaptation 1).
-    cache: PathBuf,
+    /// Where the binaries come from (adaptation 1).
+    binaries: Binaries,
     dir: PathBuf,
     spawner: Mutex<Option<Spawner>>,
     network: Mutex<Option<Network>>,
@@ -375,19 +378,20 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Runner {
     /// Starts the runner for `namespace`, running each image's release from the release
-    /// cache of `hack/kube-assets.sh` ([`release_cache`]).
+    /// cache of `hack/kube-assets.sh` ([`release_cache`]) and capn's own image as `capn`
+    /// (the binary cargo built: `env!("CARGO_BIN_EXE_capn")` in the root package's tests).
     ///
     /// # Errors
     /// Without root, without `ip`, or when the pod network cannot be created.
-    pub async fn start(client: &Client, namespace: &str) -> Result<Self, String> {
-        Self::start_with_cache(client, namespace, &release_cache()).await
+    pub async fn start(client: &Client, namespace: &str, capn: &Path) -> Result<Self, String> {
+        Self::start_with_cache(client, namespace, &release_cache(), capn).await
     }
 
     /// [`Runner::start`] with the releases of another cache directory (same layout).
     ///
     /// # Errors
     /// As [`Runner::start`].
-    pub async fn start_with_cache(client: &Client, namespace: &str, cache: &Path) -> Result<Self, String> {
+    pub async fn start_with_cache(client: &Client, namespace: &str, cache: &Path, capn: &Path) -> Result<Self, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err("the runner needs root: it creates network and mount namespaces and veth pairs (run the tests or the demo as root)".into());
@@ -422,7 +426,10 @@ impl Runner {
         let shared = Arc::new(Shared {
             client: client.clone(),
             namespace: namespace.to_owned(),
-            cache: cache.to_owned(),
+            binaries: Binaries {
+                cache: cache.to_owned(),
+                capn: capn.to_owned(),
+            },
             dir,
             spawner: Mutex::new(Some(spawner)),
             host_link: network.host_link().to_owned(),
@@ -851,7 +858,7 @@ impl Runner {
         out
     }
 
-    /// Polls `f` until it returns `Some`, failing early on a runner problem.
+    /// Polls `f` until it returns `Some` ([`poll_until`]), failing early on a runner problem.
     ///
     /// # Panics
     /// On a runner problem, or after `timeout`, with [`Runner::report`] in the message.
@@ -860,19 +867,14 @@ impl Runner {
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let found = poll_until(timeout, || {
             if let Err(problems) = self.check() {
                 panic!("while waiting until {what}: {problems}\n{}", self.report());
             }
-            if let Ok(Some(value)) = tokio::time::timeout_at(deadline, f()).await {
-                return value;
-            }
-            if Instant::now() >= deadline {
-                panic!("timed out after {timeout:?} waiting until {what}\n{}", self.report());
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            f()
+        })
+        .await;
+        found.unwrap_or_else(|| panic!("timed out after {timeout:?} waiting until {what}\n{}", self.report()))
     }
 }
 
@@ -1073,7 +1075,7 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
         let pod_spec = spec.template.spec.clone().unwrap_or_default();
         if set.update_revision != revision {
             set.update_revision = revision.clone();
-            set.refused = pod::check_template(&pod_spec, &claim_templates, &shared.cache, &mut state.versions)
+            set.refused = pod::check_template(&pod_spec, &claim_templates, &shared.binaries, &mut state.versions)
                 .err()
                 .map(|e| format!("StatefulSet {name}: {e}"));
             if let Some(refusal) = &set.refused {
@@ -1085,7 +1087,7 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
                 }
             } else {
                 for container in pod_spec.init_containers.iter().flatten().chain(&pod_spec.containers) {
-                    let binary = pod::located_binary(container, &shared.cache).ok().map(|(b, _, _)| b);
+                    let binary = pod::located_binary(container, &shared.binaries).ok().map(|(b, _, _)| b);
                     if let Some(binary) = binary
                         && !state.libraries.contains_key(&binary)
                     {
@@ -1438,12 +1440,12 @@ async fn sync_claims(shared: &Arc<Shared>) {
 async fn wipe(shared: &Shared, pod: &str, dir: &Path) -> Result<(), String> {
     set_control(shared, pod, Control::Pause)?;
     let prefix = format!("{pod}/");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while lock(&shared.state).live.values().any(|p| p.starts_with(&prefix)) {
-        if Instant::now() >= deadline {
-            return Err(format!("{pod}'s processes did not stop"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopped = poll_until(Duration::from_secs(30), || async {
+        (!lock(&shared.state).live.values().any(|p| p.starts_with(&prefix))).then_some(())
+    })
+    .await;
+    if stopped.is_none() {
+        return Err(format!("{pod}'s processes did not stop"));
     }
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries.flatten() {
@@ -1621,7 +1623,7 @@ async fn run_pod(
         volumes: &volumes,
         dns_dir: &dns_dir,
         pod_dir: &pod.dir,
-        cache: &shared.cache,
+        binaries: &shared.binaries,
         libraries: &libraries,
     };
     let (init_plans, plans) = match pod::plan_init_containers(&spec, &context) {
@@ -2017,23 +2019,6 @@ async fn supervise(
             }
         }
     }
-}
-
-/// SIGTERM, then SIGKILL after `grace`, and reap.
-async fn terminate(child: &mut Child, grace: Duration) {
-    // SAFETY: signals our own child.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// Field 22 (start time) of /proc/<pid>/stat.

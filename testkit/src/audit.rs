@@ -18,7 +18,6 @@ use super::requests::RequestKey;
 
 /// The audit policy (`--audit-policy-file`): every request at the Metadata level (who, what,
 /// when; no bodies), without the `RequestReceived` stage.
-#[allow(dead_code)] // The benchmark's (benches/provisioning), not the tests'.
 pub const POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -88,7 +87,6 @@ pub fn parse_line(line: &str) -> Result<(String, AuditedRequest), String> {
 ///
 /// # Errors
 /// The file cannot be read, or a line is not an audit Event.
-#[allow(dead_code)] // The benchmark's (benches/provisioning), not the tests'.
 pub fn read_log(path: &Path) -> Result<Vec<AuditedRequest>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     parse_log(&String::from_utf8_lossy(&bytes))

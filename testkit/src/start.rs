@@ -1,7 +1,7 @@
 //! Starting the super cluster: etcd, kube-apiserver, capn's CRDs, kube-controller-manager.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use super::TestCluster;
+use super::net::free_ports;
 use super::process::Process;
 
 /// The variable naming the directory with `etcd`, `kube-apiserver` and
@@ -245,23 +246,6 @@ fn controller_manager_args(kubeconfig: &Path, port: u16, files: &Credentials) ->
         format!("--secure-port={port}"),
         format!("--service-account-private-key-file={}", files.private_key.display()),
     ]
-}
-
-/// `N` distinct free loopback ports: all bound at once so they differ, then released for the
-/// binaries. Another program could take one in between; then start-up fails with the log.
-pub(super) fn free_ports<const N: usize>() -> Result<[u16; N], String> {
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("cannot find free loopback ports: {e}"))?;
-    let mut ports = [0; N];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener
-            .local_addr()
-            .map_err(|e| format!("cannot read a bound port: {e}"))?
-            .port();
-    }
-    Ok(ports)
 }
 
 struct Credentials {

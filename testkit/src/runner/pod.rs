@@ -107,7 +107,7 @@ fn unexpanded_args(container: &Container) -> Vec<String> {
 pub(super) fn check_template(
     spec: &PodSpec,
     claim_templates: &[String],
-    cache: &Path,
+    binaries: &Binaries,
     versions: &mut BTreeMap<PathBuf, Result<String, String>>,
 ) -> Result<(), String> {
     let refuse = |what: String| Err(what);
@@ -146,7 +146,7 @@ pub(super) fn check_template(
     }
     for container in spec.init_containers.iter().flatten().chain(&spec.containers) {
         let name = &container.name;
-        binary_for(container, cache, versions)?;
+        binary_for(container, binaries, versions)?;
         for mount in container.volume_mounts.iter().flatten() {
             let known =
                 spec.volumes.iter().flatten().any(|v| v.name == mount.name) || claim_templates.contains(&mount.name);
@@ -194,6 +194,16 @@ pub(super) fn check_template(
     Ok(())
 }
 
+/// Where the runner takes the binaries that images stand for (adaptation 1).
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    /// The release cache of `hack/kube-assets.sh` ([`release_cache`]).
+    pub cache: PathBuf,
+    /// The `capn` binary that capn's own image stands for: the one cargo built for the
+    /// caller (a library cannot name it; `env!("CARGO_BIN_EXE_capn")` in the root package).
+    pub capn: PathBuf,
+}
+
 /// Where `hack/kube-assets.sh` keeps its builds, one directory per release:
 /// `$CAPN_ASSETS_CACHE`, else `${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets` (the script's own
 /// rule, so that what it built is found here).
@@ -210,13 +220,14 @@ pub fn release_cache() -> PathBuf {
 
 /// The binary of `release` that a container running `base` needs, in the cache layout of
 /// `hack/kube-assets.sh`: `kubernetes-v<release>/<base>` for the Kubernetes binaries,
-/// `etcd-v<release>/<base>` for etcd's, and the command line that builds it.
+/// `etcd-v<release>/<base>` for etcd's, `capn` for capn's own, and the command line that
+/// builds it.
 ///
 /// # Errors
 /// For a binary the asset script does not build.
-pub(super) fn release_binary(cache: &Path, base: &str, release: &str) -> Result<(PathBuf, String), String> {
+pub(super) fn release_binary(binaries: &Binaries, base: &str, release: &str) -> Result<(PathBuf, String), String> {
     if base == "capn" {
-        return Ok((capn_binary(), "cargo build --bin capn".to_owned()));
+        return Ok((binaries.capn.clone(), "cargo build --bin capn".to_owned()));
     }
     let (dir, variable) = match base {
         "kube-apiserver" | "kube-controller-manager" => ("kubernetes", "KUBE_VERSION"),
@@ -227,7 +238,7 @@ pub(super) fn release_binary(cache: &Path, base: &str, release: &str) -> Result<
             ));
         }
     };
-    let path = cache.join(format!("{dir}-v{release}")).join(base);
+    let path = binaries.cache.join(format!("{dir}-v{release}")).join(base);
     let build = format!("{variable}=v{release} hack/kube-assets.sh");
     Ok((path, build))
 }
@@ -250,13 +261,13 @@ fn command_base(container: &Container) -> Result<&str, String> {
 ///
 /// # Errors
 /// When the image names no release or the binary is not one the asset script builds.
-pub(super) fn located_binary(container: &Container, cache: &Path) -> Result<(PathBuf, String, String), String> {
+pub(super) fn located_binary(container: &Container, binaries: &Binaries) -> Result<(PathBuf, String, String), String> {
     let name = &container.name;
     let base = command_base(container)?;
     let image = container.image.as_deref().unwrap_or_default();
     let wanted = image_version(image)
         .ok_or_else(|| format!("container {name}: image {image:?} has no version tag naming the release to run"))?;
-    let (binary, build) = release_binary(cache, base, &wanted).map_err(|e| format!("container {name}: {e}"))?;
+    let (binary, build) = release_binary(binaries, base, &wanted).map_err(|e| format!("container {name}: {e}"))?;
     Ok((binary, wanted, build))
 }
 
@@ -264,12 +275,12 @@ pub(super) fn located_binary(container: &Container, cache: &Path) -> Result<(Pat
 /// `--version` against that release.
 fn binary_for(
     container: &Container,
-    cache: &Path,
+    binaries: &Binaries,
     versions: &mut BTreeMap<PathBuf, Result<String, String>>,
 ) -> Result<PathBuf, String> {
     let name = &container.name;
     let image = container.image.as_deref().unwrap_or_default();
-    let (binary, wanted, build) = located_binary(container, cache)?;
+    let (binary, wanted, build) = located_binary(container, binaries)?;
     let base = command_base(container)?;
     if !binary.is_file() {
         return Err(format!(
@@ -294,19 +305,6 @@ fn binary_for(
         ));
     }
     Ok(binary)
-}
-
-/// The `capn` binary that capn's own image stands for (adaptation 1): the one cargo built
-/// for this test binary.
-fn capn_binary() -> PathBuf {
-    // Integration tests know the binary; the demo (an example) finds it beside its own
-    // directory (`target/<profile>/examples/demo` → `target/<profile>/capn`).
-    option_env!("CARGO_BIN_EXE_capn").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.parent()?.join("capn")))
-            .unwrap_or_else(|| PathBuf::from("capn"))
-    })
 }
 
 /// How a binary prints its version: `etcdutl version` (it has no `--version` flag), else
@@ -849,8 +847,8 @@ pub(super) struct PodContext<'a> {
     /// The pod's DNS directory (mounted at [`DNS_DIR`]).
     pub dns_dir: &'a Path,
     pub pod_dir: &'a Path,
-    /// The release cache (runner adaptation 1).
-    pub cache: &'a Path,
+    /// Where the binaries come from (runner adaptation 1).
+    pub binaries: &'a Binaries,
     pub libraries: &'a BTreeMap<PathBuf, Vec<PathBuf>>,
 }
 
@@ -878,7 +876,7 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     let name = &container.name;
     let command = container.command.clone().unwrap_or_default();
     let command0 = command.first().cloned().unwrap_or_default();
-    let (binary, _, _) = located_binary(container, ctx.cache)?;
+    let (binary, _, _) = located_binary(container, ctx.binaries)?;
     let base = command_base(container)?.to_owned();
     // A bare name is found on the image's PATH; the Kubernetes images keep it here.
     let program = if command0.contains('/') {
@@ -1261,8 +1259,11 @@ mod tests {
 
     #[test]
     fn each_release_has_its_own_directory_in_the_cache() {
-        let cache = Path::new("/cache");
-        let found = |base: &str, release: &str| release_binary(cache, base, release);
+        let binaries = Binaries {
+            cache: PathBuf::from("/cache"),
+            capn: PathBuf::from("/target/debug/capn"),
+        };
+        let found = |base: &str, release: &str| release_binary(&binaries, base, release);
         assert_eq!(
             found("kube-apiserver", "1.37.2"),
             Ok((
@@ -1285,6 +1286,10 @@ mod tests {
             found("etcdutl", "3.6.8").map(|f| f.0),
             Ok(PathBuf::from("/cache/etcd-v3.6.8/etcdutl"))
         );
+        assert_eq!(
+            found("capn", "0.1.0"),
+            Ok((PathBuf::from("/target/debug/capn"), "cargo build --bin capn".to_owned()))
+        );
         let refused = found("kubelet", "1.36.3").unwrap_err();
         assert!(
             refused.contains("kubelet is not a binary hack/kube-assets.sh builds"),
@@ -1297,14 +1302,14 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            located_binary(&container, cache).map(|f| (f.0, f.1)),
+            located_binary(&container, &binaries).map(|f| (f.0, f.1)),
             Ok((PathBuf::from("/cache/etcd-v3.7.0/etcd"), "3.7.0".to_owned()))
         );
         let untagged: Container = serde_json::from_value(serde_json::json!({
             "name": "etcd", "image": "registry.k8s.io/etcd", "command": ["etcd"],
         }))
         .unwrap();
-        assert!(located_binary(&untagged, cache).is_err_and(|e| e.contains("no version tag")));
+        assert!(located_binary(&untagged, &binaries).is_err_and(|e| e.contains("no version tag")));
     }
 
     #[test]

@@ -15,8 +15,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::net::free_ports;
 use super::process::Process;
-use super::start::free_ports;
 
 /// Names the `s3s-fs` binary, else `hack/s3-assets.sh` builds or finds it.
 pub const SERVER_VARIABLE: &str = "S3_SERVER";
@@ -216,9 +216,9 @@ fn server_binary() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os(SERVER_VARIABLE).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(path));
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/s3-assets.sh");
+    let script = super::repository().join("hack/s3-assets.sh");
     let output = Command::new(&script)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(super::repository())
         .output()
         .map_err(|e| format!("{SERVER_VARIABLE} is not set and {} cannot run: {e}", script.display()))?;
     if !output.status.success() {
