@@ -1,5 +1,5 @@
 //! The super cluster's API client: kube-client's stack, but speaking HTTP/2 when the API
-//! server offers it, as client-go does (issue 11: every request beyond the work is waste,
+//! server offers it, as client-go does (every request beyond the work is waste,
 //! and so is every connection).
 //!
 //! kube-client 5 offers only HTTP/1.1 over TLS (kube-rs/kube#1923: HTTP/2 breaks its

@@ -161,7 +161,7 @@ mod tests {
     }
 
     /// Every NestedControlPlane and component object lives in a watch cache for as long as
-    /// it exists (issue 11, memory: the caches are the larger half of capn's heap at a
+    /// it exists (the caches are the larger half of capn's heap at a
     /// thousand control planes). What few objects set (backups, restores, resources,
     /// upgrades, CA rotations) is boxed, so an object without it keeps no room for it; each
     /// bound is the jemalloc size class the object fits (1792, 1280 and 1536 bytes unboxed).

@@ -45,7 +45,7 @@ mod module_graph;
 
 /// A 64-bit hash of `value` (std's SipHash with its fixed keys, the same in every run of
 /// one build): the key or fingerprint capn's in-memory memos keep instead of the strings
-/// or objects themselves (issue 11, memory). Never persisted, never compared across
+/// or objects themselves. Never persisted, never compared across
 /// processes.
 pub(crate) fn hash64<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
     use std::hash::Hasher;

@@ -116,14 +116,14 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
                 &["statefulsets"],
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
-            // etcd's membership ConfigMap (issue 10).
+            // etcd's membership ConfigMap.
             rule(
                 &[""],
                 &["configmaps"],
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
             // A lost etcd member's data is cleared by deleting its claim and its pod, which
-            // the StatefulSet controller creates anew, empty (issue 10, part 2).
+            // the StatefulSet controller creates anew, empty.
             rule(&[""], &["persistentvolumeclaims", "pods"], &["delete"]),
             rule(
                 &["policy"],

@@ -1,4 +1,4 @@
-//! Backup and restore fields of [`super::NestedEtcd`] (issue 10, parts 3 and 4).
+//! Backup and restore fields of [`super::NestedEtcd`].
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

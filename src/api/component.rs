@@ -61,7 +61,7 @@ pub struct ComponentSpec {
     pub patches: Vec<serde_json::Value>,
 }
 
-/// How a component's members spread over the super cluster (issue 14). The channel renders
+/// How a component's members spread over the super cluster. The channel renders
 /// a node spread (`kubernetes.io/hostname`), a zone spread (`topology.kubernetes.io/zone`)
 /// and pod anti-affinity among the members.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -147,7 +147,7 @@ pub struct NestedEtcdSpec {
     pub member_remediation: Option<MemberRemediation>,
 }
 
-/// Replacement of lost etcd members (issue 10, part 2), named after Cluster API's
+/// Replacement of lost etcd members, named after Cluster API's
 /// remediation of unhealthy machines (KubeadmControlPlane `remediationStrategy`,
 /// MachineHealthCheck `unhealthyNodeConditions[].timeoutSeconds`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
@@ -286,7 +286,7 @@ pub struct ComponentStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Boxed: few objects set it, and every object is cached (see api::tests).
     pub restore: Option<Box<super::RestoreStatus>>,
-    /// etcd only: the members as etcd lists them, and the leader (issue 10).
+    /// etcd only: the members as etcd lists them, and the leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdClusterStatus>,
 }

@@ -107,7 +107,7 @@ pub struct RolloutBefore {
     pub certificates_expiry_days: Option<i32>,
 }
 
-/// The peers the channel's NetworkPolicies admit (issue 14), besides what the control plane
+/// The peers the channel's NetworkPolicies admit, besides what the control plane
 /// needs itself (etcd admits only its apiservers, capn and its own members; the apiserver
 /// always admits its controller-manager and capn). Peers are Kubernetes
 /// `NetworkPolicyPeer`s, so `namespaceSelector`, `podSelector` and `ipBlock` work as in a

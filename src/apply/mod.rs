@@ -28,7 +28,7 @@ pub const FIELD_MANAGER: &str = "capn";
 /// time (`yaml.UnmarshalStrict`, apiserver `handlers/patch.go`) only to put unknown fields into
 /// `Warning` headers, which kube's client drops. What is stored is the same either way
 /// (unknown fields are pruned); the second parse was about 5% of the super cluster API
-/// server's CPU while capn provisioned 100 control planes (issue 11, a pprof profile).
+/// server's CPU while capn provisioned 100 control planes.
 pub fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force().validation_ignore()
 }
@@ -122,7 +122,7 @@ type Discovered = Arc<OnceCell<ApiResource>>;
 
 /// A hash of `(namespace, apiVersion, kind, name)` of an applied object ([`object_key`]):
 /// eight bytes a key instead of four strings, for the eleven objects of each of a
-/// thousand control planes (issue 11, memory). Two objects that share a key would also need
+/// thousand control planes. Two objects that share a key would also need
 /// equal hashes of what was sent ([`Applied::hash`]) for one to be skipped wrongly.
 type ObjectKey = u64;
 
@@ -222,7 +222,7 @@ impl Applier {
     /// object applied, every stale one pruned), while its parent's status shows
     /// `from_status`. When the two are equal nothing is in flight and nothing is kept: the
     /// status the round writes next says the same, and a round that provisions nothing new
-    /// (most of them) leaves no entry behind (issue 11: 1.7 MB of inventories at a thousand
+    /// (most of them) leaves no entry behind (1.7 MB of inventories at a thousand
     /// control planes, each kept until a later round happened to drop it).
     pub fn record_inventory(&self, applyset_id: &str, entries: &[InventoryEntry], from_status: &[InventoryEntry]) {
         if let Ok(mut m) = self.inventories.lock() {

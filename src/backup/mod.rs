@@ -1,5 +1,5 @@
 //! Backups of a tenant's etcd to S3-compatible object storage, and the fetch half of a
-//! restore (issue 10, parts 3 and 4).
+//! restore.
 //!
 //! - [`schedule`]: cron schedules (Kubernetes CronJob syntax, parsed by `croner`) and the
 //!   next run, so the etcd controller requeues at that time instead of polling;

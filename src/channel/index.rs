@@ -50,7 +50,7 @@ pub struct ComponentVersions {
     pub capabilities: Capabilities,
 }
 
-/// What capn may do to a running etcd of a channel's provider (issue 10, part 5).
+/// What capn may do to a running etcd of a channel's provider.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Capabilities {

@@ -23,7 +23,7 @@ use crate::status::{ConditionUpdate, READY, Reason, set_condition};
 /// `control_planes` when this process runs the control plane controllers too, else a
 /// watch of its own (the infrastructure provider alone). A LIST of the namespace's
 /// control planes per reconcile cost 12 requests for one Cluster API cluster, each
-/// answering with every control plane of the namespace (issue 11).
+/// answering with every control plane of the namespace.
 pub async fn run(ctx: Arc<Context>, control_planes: Option<ReflectHandle<NestedControlPlane>>) {
     // The NestedCluster of a cluster shares its cluster name with the control plane.
     fn nested_cluster_of(ncp: &NestedControlPlane) -> Option<ObjectRef<NestedCluster>> {

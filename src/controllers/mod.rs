@@ -200,10 +200,10 @@ impl Context {
 /// The most reconciles one controller runs at once (kube-runtime's `concurrency`). Each is
 /// bound by the super cluster's API server, not by capn's CPU; with four controllers this
 /// keeps at most 32 in flight, so that a thousand control planes created together queue in
-/// capn instead of flooding the API server. 8 rather than 16 (issue 11, benchmark,
-/// 2026-12-04): the same time to all ready within the runs' spread, 4 to 5 MiB less peak
-/// RSS (fewer requests and responses in flight at once) and about one request less per
-/// control plane (more of a control plane's changes coalesce into one reconcile).
+/// capn instead of flooding the API server. 8 rather than 16: the same time to all ready
+/// in the provisioning benchmark, less peak RSS (fewer requests and responses in flight at
+/// once) and about one request less per control plane (more of a control plane's changes
+/// coalesce into one reconcile).
 pub const MAX_CONCURRENT_RECONCILES: u16 = 8;
 
 /// The configuration every controller runs with.

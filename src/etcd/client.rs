@@ -34,7 +34,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a member's TCP port may take to accept before a new client is built. etcd-client
 /// always dials through a balanced channel, which connects lazily and holds a call to a member
 /// that does not resolve or refuses until [`CALL_TIMEOUT`]; this check fails such a member at
-/// once instead (issue 11: a starting etcd held one of the controller's reconcile slots for
+/// once instead (a starting etcd held one of the controller's reconcile slots for
 /// 5 s per call).
 pub const REACH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long one unary call (member list, status, member add/promote/remove) may take. Not a

@@ -1,5 +1,5 @@
 //! `extraArgs`: command-line flag overrides for a component's main container (docs/design.md §2,
-//! §4; issue 4 "Patches and extraArgs").
+//! §4).
 
 use std::collections::BTreeMap;
 
@@ -10,7 +10,7 @@ use super::PatchError;
 /// Overrides and extends the command-line flags of the main (first) container of every
 /// workload object in `objects` — anything with `spec.template.spec.containers`
 /// (StatefulSet, Deployment, DaemonSet, Job, ...) — with `extra_args` (docs/design.md §2: "flag →
-/// value, overrides the template's flag of that name"; docs/design.md §4; issue 4).
+/// value, overrides the template's flag of that name"; docs/design.md §4).
 ///
 /// For each key `foo` with value `v`, in `BTreeMap` (sorted) order:
 /// - every `--foo=...` and every bare `--foo` in the main container's `command` **or**

@@ -1,4 +1,4 @@
-//! Table tests of the patch rules (docs/design.md §4, issue 4 "Patches and extraArgs").
+//! Table tests of the patch rules (docs/design.md §4).
 
 use std::collections::BTreeMap;
 

@@ -87,7 +87,7 @@ pub struct Upstream {
     /// etcd client URLs, as NestedEtcd published them (apiserver only).
     pub etcd_endpoints: Vec<String>,
     /// etcd only: the membership of a running etcd, as capn read it from etcd and the step it
-    /// takes (issue 10); `None` renders a new cluster of `spec.replicas` members.
+    /// takes; `None` renders a new cluster of `spec.replicas` members.
     pub etcd_membership: Option<EtcdMembership>,
 }
 
@@ -247,7 +247,7 @@ pub fn component_applyset_id(kind: ComponentKind, resource_name: &str, namespace
 /// the component will plan it, against the upstream outputs of a new etcd (the apiserver
 /// needs etcd endpoints; which ones changes neither the kinds nor the Services it renders).
 /// The control plane creates its components with what this tells in advance, so that their
-/// first round sends fewer requests (issue 11): each is created already labelled as the
+/// first round sends fewer requests: each is created already labelled as the
 /// parent of its ApplySet ([`Plan::contains_group_kinds`]), and the control plane's endpoint
 /// is known when the apiserver's Service will be rendered.
 ///

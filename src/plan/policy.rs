@@ -1,4 +1,4 @@
-//! The availability and isolation policy the templates receive (issue 14): disruption
+//! The availability and isolation policy the templates receive: disruption
 //! budgets, spread, priority and NetworkPolicy peers. Templates hold the manifests
 //! (PodDisruptionBudget, topologySpreadConstraints, NetworkPolicy); the numbers and choices
 //! are computed here, so that they are tested once and every channel version agrees.

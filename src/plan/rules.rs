@@ -147,7 +147,7 @@ fn minor(v: &Version) -> (u64, u64) {
 }
 
 /// Refuses a member count change of an etcd that was applied before when the channel's
-/// provider does not declare `capabilities.membershipChanges` (issue 10, part 5): only a
+/// provider does not declare `capabilities.membershipChanges`: only a
 /// provider whose templates start members from capn's membership ConfigMap can have members
 /// added and removed through etcd's member API.
 ///

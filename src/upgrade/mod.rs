@@ -1,4 +1,4 @@
-//! Stepped upgrades (issue 13, docs/design.md §10): a NestedControlPlane asked for a release
+//! Stepped upgrades (docs/design.md §10): a NestedControlPlane asked for a release
 //! more than one minor ahead passes through every minor in between, one step at a time,
 //! each step the ordered upgrade of docs/design.md §5 (etcd when its release changes, then the
 //! apiserver, then the controller-manager), each after a preflight.

@@ -1,4 +1,4 @@
-//! The upgrade path planner (issue 13): from the Kubernetes release a control plane runs to
+//! The upgrade path planner: from the Kubernetes release a control plane runs to
 //! the one its spec asks for, through every intermediate minor the channel carries.
 //!
 //! Pure: channel contents, running releases and the request in; ordered steps or a refusal

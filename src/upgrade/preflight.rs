@@ -1,4 +1,4 @@
-//! The preflight before each upgrade step (issue 13), as pure decisions: which deprecated
+//! The preflight before each upgrade step, as pure decisions: which deprecated
 //! APIs the tenant still uses that the step's target removes, and whether a certificate
 //! would expire during the step. The reads (the tenant's `/metrics`, component statuses)
 //! are the controller's.
@@ -176,7 +176,7 @@ pub fn deprecated_apis(metrics: &str) -> Result<Vec<DeprecatedApi>, MetricsError
 }
 
 /// The APIs among `used` that `target` no longer serves: a planned `removed_release` at or
-/// before the target's minor (issue 13: "removed in or before the step's target"). An API
+/// before the target's minor ("removed in or before the step's target"). An API
 /// removed before the target but still requested means the tenant runs a release that
 /// still serves it, which the step leaves behind just the same.
 pub fn removed_by(used: &[DeprecatedApi], target: &Version) -> Vec<DeprecatedApi> {

@@ -284,7 +284,7 @@ fn observe(declared: Option<&ComponentVersions>, applied: &[serde_json::Value], 
 }
 
 /// Applies `objects` of one rank (`apply_rank`) at once, as they do not depend on one
-/// another: one round trip for the lot instead of one each (issue 11). Returns them as the
+/// another: one round trip for the lot instead of one each. Returns them as the
 /// API server holds them, in their order.
 async fn apply_together(
     ctx: &Context,

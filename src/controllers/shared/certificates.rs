@@ -2,7 +2,7 @@
 //! leaf only when [`check_leaf`] says so, never mint a CA because a read failed.
 //! Private keys are never logged, put in Events or in status.
 //!
-//! Reads are cheap in the steady state (issue "Efficiency"): a Secret is read in full only
+//! Reads are cheap in the steady state: a Secret is read in full only
 //! when its resourceVersion in the metadata cache differs from the one capn last verified,
 //! or when the certificate it holds is due for renewal. What was verified is remembered per
 //! process in [`Verified`].
@@ -74,7 +74,7 @@ struct LeafVerdict {
 /// The process-wide memory of verified Secrets, keyed by a 64-bit hash of namespace and
 /// name, each entry boxed: a thousand control planes verify twelve thousand Secrets, and
 /// the two strings beside each ~150-byte entry in a table twice the size it holds cost
-/// 3.6 MB (heaptrack at N = 1000, issue 11), this about 2.
+/// 3.6 MB at a thousand control planes, this about 2.
 ///
 /// Two Secrets whose names hash alike cannot be mistaken for each other: an entry is
 /// trusted only while its resourceVersion is the one the metadata cache shows for the

@@ -1,6 +1,6 @@
 //! The status capn last wrote per object, so that a reconcile that reads its object from a
 //! cache a moment behind capn's own status write does not write the same status again
-//! (issue 11: every request beyond the work is waste).
+//! (every request beyond the work is waste).
 //!
 //! A reconcile compares the status it computed with the status its (cached) object shows,
 //! and writes when they differ. Right after a write the cache can still show the status the
@@ -30,7 +30,7 @@ struct Written {
 }
 
 /// The last status write per object, process-wide, keyed by a hash of kind, namespace and
-/// name (not the strings: issue 11, memory). Two objects whose keys collide are told apart
+/// name (not the strings, to keep memory small). Two objects whose keys collide are told apart
 /// by their uids. At most [`STATUS_MEMO_ENTRIES`] are kept (about 130 bytes each); a full
 /// memo starts again empty, which only costs one repeated write per object.
 #[derive(Default)]

@@ -1,4 +1,4 @@
-//! NestedEtcd backups and restore (issue 10, parts 3 and 4).
+//! NestedEtcd backups and restore.
 //!
 //! **Backups** ([`backup_step`]): after the members were applied, the etcd controller reports
 //! a finished snapshot (`status.backup`, condition `BackupSucceeded`), decides whether one
@@ -256,7 +256,7 @@ pub async fn connect(
         message: e.to_string(),
     }))
 }
-// Scheduled and on-demand snapshots (issue 10, part 3).
+// Scheduled and on-demand snapshots.
 
 /// Snapshots capn takes at once, across every tenant: each holds one etcd member's
 /// snapshot stream and up to [`crate::backup::store::PARTS_IN_FLIGHT`] parts of 8 MiB in

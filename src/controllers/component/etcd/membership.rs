@@ -1,4 +1,4 @@
-//! NestedEtcd membership (issue 10, parts 1 and 2): read the members through etcd's API,
+//! NestedEtcd membership: read the members through etcd's API,
 //! plan one step ([`crate::etcd::members`]), take it, and say what the StatefulSet and the
 //! `<c>-etcd-membership` ConfigMap render this round.
 //!

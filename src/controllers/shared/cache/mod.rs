@@ -1,5 +1,5 @@
 //! The process-wide watch caches every controller reads from (docs/design.md §5: "reads come from
-//! watch caches"; issue "Efficiency"). One watch per kind for the whole process:
+//! watch caches"). One watch per kind for the whole process:
 //!
 //! - NestedControlPlane and the three component kinds: shared reflectors
 //!   (kube-runtime's `store_shared`), each controller subscribing to the kinds it needs;
@@ -77,7 +77,7 @@ pub struct Caches {
 /// The Clusters of Cluster API in the watched namespaces, each trimmed to
 /// [`owned_metadata`] and the spec fields capn reads (`paused`, `clusterNetwork`): every
 /// reconcile of a control plane and of its components reads the Cluster that owns it
-/// (paused? its service CIDR and domain), a GET each before this cache (issue 11).
+/// (paused? its service CIDR and domain), a GET each before this cache.
 pub struct ClusterCache {
     /// The Clusters as last seen.
     store: Store<DynamicObject>,

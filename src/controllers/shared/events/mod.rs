@@ -69,8 +69,8 @@ const NOTABLE: &[&str] = &[crate::status::READY, crate::status::AVAILABLE];
 /// want told about: a Warning for every failure that appears, and a Normal Event when a
 /// milestone ([`NOTABLE`]) flips, a CA rotation moves, or a condition recovers from a failure.
 /// Progress in between (waiting, provisioning, rolling out) is in the status only: an Event
-/// is a write to the super cluster, and a provisioning should cost only a few (issue
-/// "Efficiency": at most 10 per control plane).
+/// is a write to the super cluster, and a provisioning should cost only a few (at most 10
+/// per control plane).
 pub(crate) async fn publish_condition_changes<K>(ctx: &Context, object: &K, old: &[Condition], new: &[Condition])
 where
     K: Resource<DynamicType = ()>,

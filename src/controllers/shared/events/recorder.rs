@@ -4,7 +4,7 @@
 //! Event of its kind is created, and a repeat within [`SERIES_WINDOW`] (same type, reason,
 //! action, reporting controller, object and related object) is patched as a series,
 //! `series.count` and `series.lastObservedTime`, instead of created again. It is capn's own
-//! for two reasons measured in issue 11:
+//! for two reasons, both measured:
 //! - kube-runtime 5's key compares the whole `ObjectReference`, `resourceVersion`
 //!   included, so a repeat about an object that changed in between (as a reconciled object
 //!   always has) never matched and was created anew (kube-rs/kube#1655's review saw the

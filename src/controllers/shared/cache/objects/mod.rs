@@ -1,4 +1,4 @@
-//! What capn's watch caches keep of the built-in kinds it watches (issue 11, memory): each
+//! What capn's watch caches keep of the built-in kinds it watches: each
 //! kind as a type of its own that deserializes only the fields a reconcile reads, so the
 //! rest of an object is neither parsed nor kept. At a thousand control planes the caches
 //! hold twelve Secrets, three StatefulSets and two Services per control plane; a

@@ -1,4 +1,4 @@
-//! What capn's cache keeps of a Secret (issue 11, memory): its name, namespace and
+//! What capn's cache keeps of a Secret: its name, namespace and
 //! resourceVersion, the name and uid of each NestedControlPlane that owns it, and the times of
 //! capn's two certificate annotations, parsed. Not an `ObjectMeta`: that is about 350 bytes
 //! before any of its strings, an owner reference as many again, and a thousand control

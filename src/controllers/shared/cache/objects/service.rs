@@ -1,4 +1,4 @@
-//! What capn's cache keeps of a Service (issue 11, memory): its [`super::owned_metadata`],
+//! What capn's cache keeps of a Service: its [`super::owned_metadata`],
 //! `spec.type` (a `LoadBalancer` is ready once it has an ingress address), `spec.clusterIP`
 //! (the apiserver's Service address, published in status and a SAN of its certificate) and
 //! the status. Ports, selector and the rest of the spec are neither parsed nor kept.

@@ -1,4 +1,4 @@
-//! What capn's cache keeps of a StatefulSet (issue 11, memory): its [`super::owned_metadata`], `spec.replicas`
+//! What capn's cache keeps of a StatefulSet: its [`super::owned_metadata`], `spec.replicas`
 //! and its status, the fields readiness and membership read. The rest of the spec, above all
 //! the pod template, is neither parsed nor kept: a `k8s_openapi` StatefulSet is 2.5 KiB before
 //! any of its strings, this one a fifth of that, and a thousand control planes cache three
