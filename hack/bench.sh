@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11's benchmark (README "Benchmark"): capn against the API server's floor on one
+# Issue 11's benchmark (docs/benchmarks.md): capn against the API server's floor on one
 # fresh super cluster with the audit log on.
 #
 #   hack/bench.sh N [--steady-seconds S] [--timeout-seconds T] [--keep]   release build

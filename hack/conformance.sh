@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Upstream conformance on demand (issue 13, part 5; README "Conformance"): boots a tenant of
+# Upstream conformance on demand (issue 13, part 5; docs/developer/testing.md "Upstream conformance"): boots a tenant of
 # a stable-channel release through the runner and runs that release's upstream e2e suite
 # against it, focused on the sig-api-machinery and sig-auth [Conformance] tests (they need
 # no node). Prints pass, fail and skip counts with every failure and why. Not part of CI.

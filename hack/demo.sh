@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first command (README "Try it"): on a fresh machine, builds what is missing, then starts
+# The first command (docs/getting-started.md "Try it"): on a fresh machine, builds what is missing, then starts
 # a local super cluster, runs capn, applies examples/nestedcontrolplane.yaml, boots it for
 # real, lists the nested control plane's namespaces through the kubeconfig capn generated and
 # tells you how to use it with kubectl. Ctrl-C stops it and removes everything it started.

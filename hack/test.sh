@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command (README "Testing"): builds or reuses the real control-plane binaries
-# (Kubernetes, etcd: the super cluster's, and every release of the stable channel) and
+# The test command (README "Two commands"; docs/developer/testing.md): builds or reuses the
+# real control-plane binaries (Kubernetes, etcd: the super cluster's, and every release of
+# the stable channel) and
 # Cluster API's manager and clusterctl, then runs every test — unit,
 # golden and behaviour tests against a real kube-apiserver.
 # Extra arguments go to `cargo test` (e.g. `hack/test.sh standalone` runs matching tests).

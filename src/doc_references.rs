@@ -1,6 +1,8 @@
 //! Every reference to a document in the repository points at something that exists: a
-//! `docs/...` path, a section `docs/design.md §N`, a heading `docs/reference.md "<heading>"`,
-//! and relative Markdown links. Whoever clones the repository can follow every citation.
+//! `docs/...` path, a section `docs/design.md §N`, a heading `docs/reference.md "<heading>"`
+//! or of any other page of the book (`docs/guide/upgrades.md "<heading>"`), a heading of the
+//! front page (`README "<heading>"`, `README.md "<heading>"`), and relative Markdown links.
+//! Whoever clones the repository can follow every citation.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +12,8 @@ use regex::Regex;
 const SCANNED: &[&str] = &[
     "src",
     "tests",
+    "benches",
+    ".ci",
     "hack",
     "examples",
     "channels",
@@ -57,6 +61,16 @@ fn headings(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// A quoted heading as cited, on one line: it may wrap onto the next comment line (`//`,
+/// `///`, `#`).
+fn cited_heading(quoted: &str) -> String {
+    quoted
+        .split_whitespace()
+        .filter(|w| !w.starts_with("//") && *w != "#")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Every broken reference in `text` (a file at `path`), as `<file>: <what>`.
 fn broken_in(path: &Path, text: &str) -> Vec<String> {
     let design = headings(&root().join("docs/design.md"));
@@ -82,14 +96,30 @@ fn broken_in(path: &Path, text: &str) -> Vec<String> {
     }
     let quoted = Regex::new(r#"(docs/)?reference\.md "([^"]+)""#).expect("regex");
     for c in quoted.captures_iter(text) {
-        // A quoted heading may wrap onto the next comment line.
-        let heading = c[2]
-            .split_whitespace()
-            .filter(|w| !w.starts_with("//"))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let heading = cited_heading(&c[2]);
         if !reference.iter().any(|h| h.starts_with(&heading)) {
             out.push(format!("{rel}: docs/reference.md has no heading {heading:?}"));
+        }
+    }
+    // A heading of another page of the book (docs/reference.md is checked above).
+    let chapter = Regex::new(r#"docs/([A-Za-z0-9_./-]+\.md) \\?"([^"\\]+)\\?""#).expect("regex");
+    for c in chapter.captures_iter(text) {
+        if &c[1] == "reference.md" {
+            continue;
+        }
+        let heading = cited_heading(&c[2]);
+        let page = root().join("docs").join(&c[1]);
+        if page.exists() && !headings(&page).iter().any(|h| h.starts_with(&heading)) {
+            out.push(format!("{rel}: docs/{} has no heading {heading:?}", &c[1]));
+        }
+    }
+    // A heading of the front page.
+    let readme = Regex::new(r#"README(?:\.md)?:? \\?"([^"\\]+)\\?""#).expect("regex");
+    let front = headings(&root().join("README.md"));
+    for c in readme.captures_iter(text) {
+        let heading = cited_heading(&c[1]);
+        if !front.iter().any(|h| h.starts_with(&heading)) {
+            out.push(format!("{rel}: README.md has no heading {heading:?}"));
         }
     }
     if REQUIRE_DOCS_PREFIX && !in_docs {
@@ -143,4 +173,35 @@ fn the_checker_finds_each_kind_of_broken_reference() {
         )
         .is_empty()
     );
+}
+
+#[test]
+fn front_page_heading_citations_are_checked() {
+    let here = root().join("src/example.rs");
+    let broken = broken_in(
+        &here,
+        "README \"No such section\" and README.md \"Neither\" and (README: \\\"Escaped\\\")",
+    );
+    assert_eq!(broken.len(), 3, "{broken:?}");
+    assert!(
+        broken.iter().all(|b| b.contains("README.md has no heading")),
+        "{broken:?}"
+    );
+    // A heading the front page has, cited by a prefix, wrapped onto the next comment line.
+    assert!(broken_in(&here, "README \"Two\n/// commands\" and README.md \"Compatibility\"").is_empty());
+}
+
+#[test]
+fn book_chapter_heading_citations_are_checked() {
+    let here = root().join("channels/example.yaml");
+    let broken = broken_in(
+        &here,
+        "# docs/guide/upgrades.md \"No such heading\" and docs/guide/etcd-membership.md \"Lost\n# members\"",
+    );
+    assert_eq!(broken.len(), 1, "{broken:?}");
+    assert!(broken[0].contains("docs/guide/upgrades.md has no heading \"No such heading\""));
+    // A chapter that does not exist is reported once, as a missing path.
+    let broken = broken_in(&here, "docs/guide/nope.md \"Anything\"");
+    assert_eq!(broken.len(), 1, "{broken:?}");
+    assert!(broken[0].contains("docs/guide/nope.md does not exist"));
 }

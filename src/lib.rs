@@ -39,6 +39,8 @@ pub mod upgrade;
 pub mod validate;
 
 #[cfg(test)]
+mod book;
+#[cfg(test)]
 mod doc_references;
 #[cfg(test)]
 mod module_graph;

@@ -169,8 +169,8 @@ pub fn components(p: Provider) -> Vec<Value> {
     }
     if p == Provider::ControlPlane {
         // The components' default PriorityClass: capn creates no cluster-scoped object at
-        // run time, so it ships with the provider (README "Surviving the super cluster's
-        // maintenance").
+        // run time, so it ships with the provider (docs/guide/maintenance.md "Priority and
+        // resources").
         objects.push(crate::plan::policy::priority_class());
     }
     objects.extend([

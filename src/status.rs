@@ -391,7 +391,7 @@ mod tests {
              A condition whose status is not True and whose reason is a failure makes a Warning Event; \
              every other change worth telling makes a Normal one. A reason not listed here is an \
              error's own (for example `InvalidVersion`, `ApplyFailed`): always a failure, its \
-             message says what is wrong.\n\n\
+             message says what is wrong; see [troubleshooting](../operations/troubleshooting.md).\n\n\
              | reason | failure | conditions | meaning |\n|---|---|---|---|\n",
         );
         for reason in Reason::ALL {

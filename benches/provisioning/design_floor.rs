@@ -1,6 +1,6 @@
 //! The design's floor: the floor ([`crate::floor`]) plus the least that any implementation
 //! of capn's API must add to it, still without logic. It tells how much of capn's distance
-//! from the floor is capn's own and how much the contract (`../shared/design.md` §2, §7)
+//! from the floor is capn's own and how much the contract (docs/design.md §2, §7)
 //! asks of whoever implements it.
 //!
 //! Per control plane, all at once, as the capn half does: the NestedControlPlane is applied

@@ -141,7 +141,7 @@ pub struct NestedEtcdSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Boxed: few objects set it, and every object is cached (see api::tests).
     pub restore: Option<Box<super::EtcdRestore>>,
-    /// What capn does about a member that lost its data (README "etcd membership").
+    /// What capn does about a member that lost its data (docs/guide/etcd-membership.md).
     /// Default: it is replaced automatically.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_remediation: Option<MemberRemediation>,
@@ -160,8 +160,8 @@ pub struct MemberRemediation {
     /// How long, in seconds, a voting member must have been unreachable (no answer to
     /// etcd's Status call, or no leader known) before capn considers its data lost and
     /// replaces it. Default 300. Replacing deletes the member's claim and pod, so a member
-    /// that was only down loses its data too and receives a full copy (README "etcd
-    /// membership").
+    /// that was only down loses its data too and receives a full copy
+    /// (docs/guide/etcd-membership.md "Lost members").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub unreachable_timeout_seconds: Option<i32>,

@@ -210,7 +210,7 @@ pub struct NestedControlPlaneStatus {
     pub certificate_authority_rotation: Option<Box<CertificateAuthorityRotation>>,
     /// The stepped upgrade in progress, or the last one: the path through every minor, the
     /// current step, each finished step's times, and the preflight before the next step
-    /// (README "Upgrades"). The components run the release of its current step.
+    /// (docs/guide/upgrades.md). The components run the release of its current step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Boxed: few objects set it, and every object is cached (see api::tests).
     pub upgrade: Option<Box<UpgradeStatus>>,

@@ -1,6 +1,6 @@
 //! `capn etcd-restore fetch|commit`: the two steps of a member's restore that run in capn's
 //! own image, as init containers around etcd's `etcdutl snapshot restore`
-//! (docs/design.md §9, README "Backups and restore").
+//! (docs/design.md §9, docs/guide/backups.md "What a restore does").
 //!
 //! The member's volume (mounted at `/var/lib/etcd` by the `stable` channel) holds the data
 //! directory (`data/`) and, while a restore is pending, a work directory (`restore/`) on

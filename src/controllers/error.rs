@@ -17,7 +17,7 @@ pub enum ReconcileError {
     Pki { secret: String, source: PkiError },
     /// A CA that existed is gone: capn never silently re-mints one (docs/design.md §6).
     #[error(
-        "secret {0} (a certificate authority) is missing after the control plane was initialized, and capn will not mint a new CA by itself; nothing else is changed meanwhile. Recover by restoring the Secret from a backup (the running control plane keeps working and nothing is re-issued), or by requesting a CA rotation with the annotation controlplane.cluster.x-k8s.io/rotate-certificate-authority (README: \"CA rotation\"; clients must then fetch the new kubeconfig)"
+        "secret {0} (a certificate authority) is missing after the control plane was initialized and capn will not mint a new one: recover by restoring the Secret from a backup, or rotate it with the annotation controlplane.cluster.x-k8s.io/rotate-certificate-authority (docs/operations/troubleshooting.md \"CertificatesAvailable\")"
     )]
     CertificateAuthorityMissing(String),
     /// A setting of the spec is unusable; the message names the field.

@@ -107,8 +107,8 @@ pub struct EtcdVars {
     pub restore: Option<RestoreVars>,
 }
 
-/// A pending restore, as the templates render its init containers (README "Backups and
-/// restore"): capn's image fetches and verifies the snapshot, etcd's image runs
+/// A pending restore, as the templates render its init containers (docs/guide/backups.md
+/// "What a restore does"): capn's image fetches and verifies the snapshot, etcd's image runs
 /// `etcdutl snapshot restore`, capn's image moves the result into the data directory.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct RestoreVars {

@@ -101,8 +101,8 @@ pub fn etcd_quorum(members: i32) -> i32 {
 ///   largest budget that never allows losing quorum, and at least 1 from three members
 ///   on. The disruption controller counts members that are already not ready against it,
 ///   so a drain waits while one is down. With one or two members it is 0: a drain of
-///   their node waits until an operator decides (README "Surviving the super cluster's
-///   maintenance").
+///   their node waits until an operator decides (docs/guide/maintenance.md
+///   "Disruption budgets").
 /// - apiserver and controller-manager: N − 1, at least 1: one replica stays when there
 ///   are several, and a single replica does not block a drain (there is nothing to keep).
 pub fn disruption(kind: ComponentKind, replicas: i32) -> DisruptionVars {

@@ -613,7 +613,7 @@ impl Runner {
         Ok(config)
     }
 
-    /// Adaptation 7: a forwarder from `127.0.0.1:<free port>` to `port` of whatever `name` (an
+    /// Adaptation 11: a forwarder from `127.0.0.1:<free port>` to `port` of whatever `name` (an
     /// in-cluster Service or pod name) resolves to at each new connection. Use it with
     /// [`forward::host_kubeconfig`].
     ///

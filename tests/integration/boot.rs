@@ -389,7 +389,7 @@ async fn boots_and_serves(booted: Booted, kubernetes: &str, etcd: &str) {
         .expect("GET /readyz");
     assert_eq!(readyz, "ok");
 
-    // Adaptation 7: through a local forwarder, the kubeconfig is usable verbatim from this
+    // Adaptation 11: through a local forwarder, the kubeconfig is usable verbatim from this
     // host (what hack/conformance.sh gives the upstream e2e binary), verifying the serving
     // certificate for the in-cluster name.
     let forward = runner

@@ -2,7 +2,7 @@
 //! upstream e2e binary of a release and runs this `#[ignore]`d test, which boots a tenant of
 //! that release through the runner (the boot tests' own [`boot_with`]), optionally moves it
 //! to another release first, writes its admin kubeconfig in a form usable verbatim from this
-//! host (runner adaptation 7: a local forwarder and `tls-server-name`), runs the e2e binary
+//! host (runner adaptation 11: a local forwarder and `tls-server-name`), runs the e2e binary
 //! against it and prints pass, fail and skip counts with every failure and its explanation.
 //! Not in CI: it takes many minutes and a long Go build.
 //!
@@ -90,7 +90,7 @@ async fn upstream_conformance() {
         ));
     }
 
-    // Adaptation 7: a kubeconfig the e2e binary (client-go) uses verbatim.
+    // Adaptation 11: a kubeconfig the e2e binary (client-go) uses verbatim.
     let forward = booted
         .runner
         .forward(&format!("demo-apiserver.{}.svc", booted.ns), 6443)

@@ -1,4 +1,4 @@
-//! Adaptation 7: a local TCP forwarder, so that a program which uses a kubeconfig verbatim
+//! Adaptation 11: a local TCP forwarder, so that a program which uses a kubeconfig verbatim
 //! (the upstream e2e binary, kubectl) reaches a nested apiserver from the host. The host
 //! cannot resolve in-cluster names; the forwarder listens on `127.0.0.1:<free port>` and
 //! sends each connection to the address the name resolves to at that moment (so it follows a

@@ -24,8 +24,8 @@
 //! which they are no longer rendered (the members roll once, starting from their data).
 //!
 //! The S3 requests run in the reconcile: a restore happens once per etcd, the controller
-//! runs at most 16 reconciles at once, and a snapshot the size of etcd's 8 GiB quota reads
-//! back in a minute or two on a fast link.
+//! runs at most 8 reconciles at once (`MAX_CONCURRENT_RECONCILES`), and a snapshot the
+//! size of etcd's 8 GiB quota reads back in a minute or two on a fast link.
 
 use std::collections::HashMap;
 use std::future::Future;
