@@ -161,12 +161,7 @@ async fn drive(
     certificates::record_schedule(&round, authorities.expiry, status);
     report::components(&round, &components, status);
     // A stepped upgrade moves once the components are summarized (docs/design.md §10).
-    let parts = upgrade::Components {
-        etcd: components.etcd.as_ref(),
-        apiserver: components.apiserver.as_ref(),
-        controller_manager: components.controller_manager.as_ref(),
-    };
-    let upgrade_again = upgrade::step(round.ctx, round.ncp, round.ns, round.cluster, &parts, status, round.now).await;
+    let upgrade_again = upgrade::step(&round, &components, status).await;
     // Look again when the admin kubeconfig is due (the components watch their own).
     let renewal = recheck_after(&round.ncp.name_any(), round.store.next_renewal(), round.now.time);
     Ok(report::requeue(renewal, upgrade_again))

@@ -1,5 +1,5 @@
 //! The control plane's pure decisions, each on its own: what the status says of the
-//! components, what a pass ends with, the certificates' schedule.
+//! components, what a pass ends with, the certificates' schedule, the upgrade's next move.
 
 use std::time::Duration;
 
@@ -13,16 +13,20 @@ use super::report::{
     MISSING_CA_RECHECK, action, available, component_condition, component_conditions, conclude, error_condition,
     hold_progress, requeue, rolling_out, show_replicas, summaries,
 };
+use super::upgrade::{
+    PREFLIGHT_RETRY, certificates_check, components_ready_check, look_again, removed_apis_check, upgrading_condition,
+};
 use crate::api::{
     ComponentStatus, ComponentSummary, ComponentsStatus, NestedAPIServer, NestedControlPlaneStatus,
-    NestedControllerManager, NestedEtcd,
+    NestedControllerManager, NestedEtcd, UpgradeStatus,
 };
 use crate::controllers::ReconcileError;
 use crate::controllers::component::ComponentResource;
 use crate::status::{
     APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ETCD_READY, READY, ROLLING_OUT,
-    Reason,
+    Reason, UPGRADING,
 };
+use crate::upgrade::{Next, phase};
 
 fn summary(name: &str, ready: bool, replicas: i32, ready_replicas: i32, version: Option<&str>) -> ComponentSummary {
     ComponentSummary {
@@ -355,4 +359,102 @@ fn status_names_the_earliest_expiry_and_the_next_renewal_of_authorities_leaves_a
     assert_eq!(expires, Some(time(200)));
     assert_eq!(renewal.map(|r| r.secret), Some("demo-apiserver".to_string()));
     assert_eq!(schedule(Vec::new(), &[], None), (None, None));
+}
+
+#[test]
+fn the_upgrading_condition_follows_the_phase_and_a_running_step_is_looked_at_by_its_deadline() {
+    let upgrade = |phase: &str| UpgradeStatus {
+        from: "1.35.2".into(),
+        target: "1.36.3".into(),
+        phase: phase.into(),
+        current_step: None,
+        steps: Vec::new(),
+        preflight: None,
+        retried: None,
+        message: "step 1/1".into(),
+    };
+    let upgrading = upgrading_condition(&upgrade(phase::UPGRADING));
+    assert_eq!((upgrading.type_, upgrading.status), (UPGRADING, true));
+    assert_eq!(upgrading.message, "step 1/1");
+    let failed = upgrading_condition(&upgrade(phase::FAILED));
+    assert_eq!((failed.status, failed.reason.as_str()), (false, "UpgradeStepFailed"));
+    let waiting = upgrading_condition(&upgrade(phase::PREFLIGHT_FAILED));
+    assert_eq!(waiting.reason, Reason::WaitingForPreflight.as_str());
+    let ten_minutes = Duration::from_secs(600);
+    assert_eq!(
+        look_again(&Next::Running, None, ten_minutes),
+        Some(Duration::from_secs(60))
+    );
+    assert_eq!(
+        look_again(&Next::Running, None, Duration::from_secs(30)),
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(
+        look_again(&Next::Preflight(0), Some(false), ten_minutes),
+        Some(PREFLIGHT_RETRY)
+    );
+    assert_eq!(look_again(&Next::Preflight(0), Some(true), ten_minutes), None);
+    assert_eq!(look_again(&Next::Held, None, ten_minutes), None);
+}
+
+#[test]
+fn a_preflight_names_each_component_short_of_a_member_and_each_certificate_due_within_the_step() {
+    let mut status = NestedControlPlaneStatus {
+        components: Some(ComponentsStatus {
+            etcd: Some(summary("demo-etcd", true, 3, 3, None)),
+            apiserver: Some(summary("demo-apiserver", true, 2, 1, None)),
+            controller_manager: None,
+        }),
+        ..Default::default()
+    };
+    let components = components_ready_check(&status);
+    assert!(!components.passed);
+    assert_eq!(
+        components.message,
+        "not ready: apiserver 1/2 ready, controller-manager missing"
+    );
+    let hour = Duration::from_secs(3600);
+    let now = OffsetDateTime::from_unix_timestamp(1_000_000).unwrap();
+    assert!(certificates_check(&status, hour, now).passed, "nothing due");
+    status.next_certificate_renewal = Some(crate::api::CertificateRenewal {
+        secret: "demo-apiserver".into(),
+        time: time(1_000_000 + 1800),
+    });
+    let due = certificates_check(&status, hour, now);
+    assert!(!due.passed);
+    assert!(due.message.contains("demo-apiserver"), "{}", due.message);
+    assert!(
+        certificates_check(&status, Duration::from_secs(600), now).passed,
+        "after a shorter step"
+    );
+}
+
+#[test]
+fn removed_apis_hold_the_step_unless_acknowledged_and_an_unread_metric_is_no_pass() {
+    let target = semver::Version::new(1, 37, 0);
+    let metrics = r#"apiserver_requested_deprecated_apis{group="networking.k8s.io",removed_release="1.37",resource="servicecidrs",subresource="",version="v1beta1"} 1"#;
+    let used = crate::upgrade::preflight::deprecated_apis(metrics).unwrap();
+    let (check, removed) = removed_apis_check(Ok(used.clone()), false, &target);
+    assert!(!check.passed);
+    assert!(
+        check
+            .message
+            .contains("servicecidrs.v1beta1.networking.k8s.io (removed in 1.37)"),
+        "{}",
+        check.message
+    );
+    assert_eq!(removed.len(), 1);
+    assert_eq!(removed[0].removed_release, "1.37");
+    let (acknowledged, _) = removed_apis_check(Ok(used.clone()), true, &target);
+    assert!(acknowledged.passed);
+    let (earlier, removed) = removed_apis_check(Ok(used), false, &semver::Version::new(1, 36, 3));
+    assert!(earlier.passed && removed.is_empty(), "1.36 still serves it");
+    let (unread, removed) = removed_apis_check(Err("connection refused".into()), false, &target);
+    assert!(!unread.passed && removed.is_empty());
+    assert!(unread.message.contains("connection refused"));
+    assert!(
+        removed_apis_check(Err("connection refused".into()), true, &target)
+            .0
+            .passed
+    );
 }
