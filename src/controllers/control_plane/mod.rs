@@ -150,7 +150,7 @@ async fn drive(
     let round = Round::new(inputs, &owner, policy);
 
     // A CA rotation requested or in progress moves first: it may bring back a lost CA.
-    rotation::step(round.ctx, round.ncp, &round.store, &round.names, status, round.now).await?;
+    rotation::step(&round, status).await?;
     let mut authorities = certificates::ensure_authorities(&round, status).await?;
     let (mut components, mut references) = components::ensure(&round).await?;
     components::follow_replicas(&round, &mut components).await?;

@@ -1,5 +1,6 @@
 //! The control plane's pure decisions, each on its own: what the status says of the
-//! components, what a pass ends with, the certificates' schedule, the upgrade's next move.
+//! components, what a pass ends with, the certificates' schedule, the rotation's and the
+//! upgrade's next move.
 
 use std::time::Duration;
 
@@ -13,15 +14,18 @@ use super::report::{
     MISSING_CA_RECHECK, action, available, component_condition, component_conditions, conclude, error_condition,
     hold_progress, requeue, rolling_out, show_replicas, summaries,
 };
+use super::rotation::{Move, Outcome, condition, new_request, next_move, record, running};
 use super::upgrade::{
     PREFLIGHT_RETRY, certificates_check, components_ready_check, look_again, removed_apis_check, upgrading_condition,
 };
 use crate::api::{
-    ComponentStatus, ComponentSummary, ComponentsStatus, NestedAPIServer, NestedControlPlaneStatus,
-    NestedControllerManager, NestedEtcd, UpgradeStatus,
+    CertificateAuthorityRotation, ComponentStatus, ComponentSummary, ComponentsStatus, NestedAPIServer,
+    NestedControlPlaneStatus, NestedControllerManager, NestedEtcd, UpgradeStatus,
 };
 use crate::controllers::ReconcileError;
 use crate::controllers::component::ComponentResource;
+use crate::pki::KeyPairPem;
+use crate::pki::rotation::{Authority, Phase};
 use crate::status::{
     APISERVER_READY, AVAILABLE, CERTIFICATES_AVAILABLE, CONTROLLER_MANAGER_READY, ETCD_READY, READY, ROLLING_OUT,
     Reason, UPGRADING,
@@ -359,6 +363,95 @@ fn status_names_the_earliest_expiry_and_the_next_renewal_of_authorities_leaves_a
     assert_eq!(expires, Some(time(200)));
     assert_eq!(renewal.map(|r| r.secret), Some("demo-apiserver".to_string()));
     assert_eq!(schedule(Vec::new(), &[], None), (None, None));
+}
+
+fn pair(cert: &str, key: &str) -> KeyPairPem {
+    KeyPairPem {
+        cert_pem: format!("-----BEGIN CERTIFICATE-----\n{cert}\n-----END CERTIFICATE-----\n"),
+        key_pem: format!("-----BEGIN PRIVATE KEY-----\n{key}\n-----END PRIVATE KEY-----\n"),
+    }
+}
+
+fn rotation(request: &str, phase: Phase) -> CertificateAuthorityRotation {
+    CertificateAuthorityRotation {
+        request: request.into(),
+        authority: "ca".into(),
+        phase: phase.as_str().into(),
+        start_time: time(0),
+        phases: Vec::new(),
+        message: String::new(),
+    }
+}
+
+#[test]
+fn a_rotation_starts_once_per_request_and_never_over_a_running_one() {
+    assert_eq!(new_request(Some(" ca "), None), Some("ca".to_string()));
+    assert_eq!(new_request(Some(""), None), None);
+    assert_eq!(new_request(None, None), None);
+    let done = rotation("ca", Phase::Completed);
+    assert_eq!(new_request(Some("ca"), Some(&done)), None, "the request carried out");
+    assert_eq!(new_request(Some("ca/2"), Some(&done)), Some("ca/2".to_string()));
+    let midway = rotation("ca", Phase::TrustBoth);
+    assert_eq!(new_request(Some("etcd"), Some(&midway)), None);
+    assert!(running(Some(&done)).is_none());
+    let (_, authority, phase) = running(Some(&midway)).unwrap();
+    assert_eq!((authority, phase), (Authority::Cluster, Phase::TrustBoth));
+}
+
+/// The case `rotation::step`'s caller might have had to handle: an authority lost before
+/// (or during) its rotation. The pass that finds it lost records the next phase and writes
+/// nothing to its Secret; the next pass writes the new authority alone into it, before the
+/// certificates stage reads it. So the rest of the pass needs nothing from the step.
+#[test]
+fn a_lost_authority_is_written_back_by_the_pass_after_the_one_that_records_its_phase() {
+    let next = pair("NEW", "newkey");
+    let mut lost = rotation("ca", Phase::NewAuthority);
+    let phase = record(&mut lost, Phase::NewAuthority, Outcome::Done, true, &time(1));
+    assert_eq!(phase, Some(Phase::SignWithNew), "nothing old to trust together");
+    assert_eq!(lost.phase, "SignWithNew");
+    assert_eq!(lost.phases.len(), 1);
+    assert_eq!(
+        next_move(Phase::SignWithNew, None, Some(&next)),
+        Move::Write(next.clone())
+    );
+    // Written: the components follow, and the phase waits for them.
+    assert_eq!(
+        next_move(Phase::SignWithNew, Some(&next), Some(&next)),
+        Move::AwaitComponents
+    );
+    // Lost while both were trusted: nothing to write for TrustBoth; SignWithNew writes it.
+    assert_eq!(next_move(Phase::TrustBoth, None, Some(&next)), Move::Advance);
+    assert_eq!(Phase::TrustBoth.next(true), Phase::SignWithNew);
+    // The new authority lost too: the rotation says so and stays where it is.
+    let old = pair("OLD", "oldkey");
+    assert_eq!(next_move(Phase::DropOld, Some(&old), None), Move::StateLost);
+    let mut stuck = rotation("ca", Phase::DropOld);
+    assert_eq!(
+        record(&mut stuck, Phase::DropOld, Outcome::StateLost, false, &time(2)),
+        None
+    );
+    assert_eq!(stuck, rotation("ca", Phase::DropOld));
+}
+
+#[test]
+fn a_waiting_phase_keeps_its_place_and_says_what_it_waits_for() {
+    let mut waiting = rotation("etcd", Phase::TrustBoth);
+    let outcome = Outcome::Waiting("waiting for NestedEtcd demo-etcd to roll".into());
+    assert_eq!(
+        record(&mut waiting, Phase::TrustBoth, outcome, false, &time(3)),
+        Some(Phase::TrustBoth)
+    );
+    assert!(waiting.phases.is_empty());
+    let update = condition(Authority::Etcd, "demo-etcd", Phase::TrustBoth, &waiting.message);
+    assert!(update.status);
+    assert_eq!(update.reason, Reason::TrustBoth.as_str());
+    assert!(
+        update
+            .message
+            .ends_with("phase TrustBoth: waiting for NestedEtcd demo-etcd to roll")
+    );
+    let done = condition(Authority::Etcd, "demo-etcd", Phase::Completed, "");
+    assert_eq!((done.status, done.reason.as_str()), (false, "Completed"));
 }
 
 #[test]
