@@ -1,0 +1,148 @@
+//! The control plane's certificates: the CAs and the service-account key (created once,
+//! never re-minted: docs/design.md §6), the admin `<cluster>-kubeconfig`, and when the
+//! earliest certificate expires and the next one is renewed.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use time::OffsetDateTime;
+
+use super::round::Round;
+use crate::api::{ApiEndpoint, CertificateRenewal, NestedControlPlaneStatus};
+use crate::controllers::ReconcileError;
+use crate::controllers::shared::certificates::CaRef;
+use crate::pki::{
+    CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, admin_leaf, admin_user, server_url,
+};
+use crate::plan::APISERVER_PORT;
+use crate::status::{CERTIFICATES_AVAILABLE, ConditionUpdate, Reason, is_true};
+
+/// The authorities as this pass found them: the cluster CA (it signs the admin kubeconfig)
+/// and when each CA expires.
+pub(super) struct Authorities {
+    pub cluster: CaRef,
+    pub expiry: Vec<OffsetDateTime>,
+}
+
+/// The CAs and the service-account key: created on the control plane's first passes; after
+/// that a missing one is an error for a human, never a silent re-mint (docs/design.md §6).
+///
+/// # Errors
+/// [`ReconcileError::CertificateAuthorityMissing`]; API and PKI errors.
+pub(super) async fn ensure_authorities(
+    round: &Round<'_>,
+    status: &mut NestedControlPlaneStatus,
+) -> Result<Authorities, ReconcileError> {
+    let may_create = !status.initialized && !is_true(&status.conditions, CERTIFICATES_AVAILABLE);
+    let (store, names) = (&round.store, &round.names);
+    // Four independent Secrets: read or created at once, not one after another.
+    let (ca, etcd_ca, proxy_ca, ()) = futures::try_join!(
+        store.ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create),
+        store.ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create),
+        store.ensure_ca(&names.proxy_ca, FRONT_PROXY_CA_COMMON_NAME, may_create),
+        store.ensure_service_account_key(&names.sa, may_create),
+    )?;
+    round.set(
+        status,
+        ConditionUpdate::new(
+            CERTIFICATES_AVAILABLE,
+            true,
+            Reason::CertificatesAvailable,
+            "CAs and service-account key exist",
+        ),
+    );
+    let mut expiry = Vec::new();
+    for authority in [&ca, &etcd_ca, &proxy_ca] {
+        expiry.extend(store.ca_not_after(authority).await?);
+    }
+    Ok(Authorities { cluster: ca, expiry })
+}
+
+/// The admin kubeconfig `<c>-kubeconfig` (CAPI secret layout), once the endpoint is known.
+/// Returns when its certificate expires.
+///
+/// # Errors
+/// API and PKI errors.
+pub(super) async fn ensure_kubeconfig(
+    round: &Round<'_>,
+    ca: &CaRef,
+    endpoint: Option<&ApiEndpoint>,
+) -> Result<Option<OffsetDateTime>, ReconcileError> {
+    let Some(e) = endpoint else {
+        return Ok(None);
+    };
+    let port = u16::try_from(e.port).unwrap_or(APISERVER_PORT as u16);
+    let server = server_url(&e.host, port);
+    let (expiry, _) = round
+        .store
+        .ensure_kubeconfig(
+            &round.names.kubeconfig,
+            ca,
+            &admin_leaf(),
+            &admin_user(&round.cluster.name),
+            &server,
+            false,
+        )
+        .await?;
+    Ok(Some(expiry))
+}
+
+/// Records in status when the earliest certificate expires (of `expiry`, those this pass
+/// read, and the leaves the components issued) and which is renewed next. The leaves say
+/// both in their Secrets' annotations: read from the metadata cache, no request.
+pub(super) fn record_schedule(round: &Round<'_>, expiry: Vec<OffsetDateTime>, status: &mut NestedControlPlaneStatus) {
+    let leaves = leaf_schedule(round);
+    let (expires, renewal) = schedule(expiry, &leaves, round.store.next_renewal_of());
+    status.certificates_expiry_date = expires;
+    status.next_certificate_renewal = renewal;
+}
+
+/// What a leaf Secret's annotations say about its certificate.
+pub(super) struct LeafSchedule {
+    pub secret: String,
+    pub not_after: OffsetDateTime,
+    pub renew_at: Option<OffsetDateTime>,
+}
+
+/// The expiry and renewal times the cluster's leaf Secrets carry (annotations written when
+/// capn issued them), from the metadata cache.
+fn leaf_schedule(round: &Round<'_>) -> Vec<LeafSchedule> {
+    round
+        .names
+        .all()
+        .into_iter()
+        .filter_map(|name| {
+            let cached = round.ctx.caches.secret(round.ns, name)?;
+            Some(LeafSchedule {
+                secret: name.to_string(),
+                not_after: cached.not_after?,
+                renew_at: cached.renew_after,
+            })
+        })
+        .collect()
+}
+
+/// The earliest of `expiry` and the leaves' expiry, and the earliest renewal of the leaves'
+/// and `issued` (the earliest of those this pass issued), in the shape of the status.
+pub(super) fn schedule(
+    expiry: Vec<OffsetDateTime>,
+    leaves: &[LeafSchedule],
+    issued: Option<(OffsetDateTime, String)>,
+) -> (Option<Time>, Option<CertificateRenewal>) {
+    let expires = expiry
+        .into_iter()
+        .chain(leaves.iter().map(|l| l.not_after))
+        .min()
+        .and_then(kube_time);
+    let next_renewal = leaves
+        .iter()
+        .filter_map(|l| l.renew_at.map(|at| (at, l.secret.clone())))
+        .chain(issued)
+        .min();
+    let renewal = next_renewal.and_then(|(at, secret)| kube_time(at).map(|time| CertificateRenewal { secret, time }));
+    (expires, renewal)
+}
+
+fn kube_time(t: OffsetDateTime) -> Option<Time> {
+    k8s_openapi::jiff::Timestamp::from_second(t.unix_timestamp())
+        .ok()
+        .map(Time)
+}
