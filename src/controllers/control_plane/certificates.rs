@@ -5,7 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use time::OffsetDateTime;
 
-use super::round::Round;
+use super::scope::Round;
 use crate::api::{ApiEndpoint, CertificateRenewal, NestedControlPlaneStatus};
 use crate::controllers::ReconcileError;
 use crate::controllers::shared::certificates::CaRef;

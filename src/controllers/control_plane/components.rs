@@ -10,7 +10,7 @@ use kube::api::{Api, Patch};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use super::round::Round;
+use super::scope::Round;
 use crate::api::{
     ApiEndpoint, CLUSTER_NAME_LABEL, NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd,
 };

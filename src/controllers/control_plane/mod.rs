@@ -3,7 +3,7 @@
 //! endpoint, the admin `<cluster>-kubeconfig`, and the aggregated status (CAPI contract).
 //!
 //! [`reconcile`] reads as its table of contents, in the shape of Cluster API's
-//! KubeadmControlPlane: one [`round::Round`] built per pass and handed to every stage, one
+//! KubeadmControlPlane: one [`scope::Round`] built per pass and handed to every stage, one
 //! file per concern, the status decided by plain functions ([`report`]) and written once
 //! at the end.
 
@@ -11,7 +11,7 @@ mod certificates;
 mod components;
 mod report;
 pub mod rotation;
-mod round;
+mod scope;
 #[cfg(test)]
 mod tests;
 pub mod upgrade;
@@ -35,7 +35,7 @@ use crate::controllers::shared::read::{
 };
 use crate::controllers::{Context, ReconcileError, events};
 use crate::status::set_condition;
-use round::{Inputs, Round};
+use scope::{Inputs, Round};
 
 /// The NestedControlPlane controller, ready to be spawned: woken by its own changes, its
 /// components', its Secrets' (a deleted CA is noticed within a moment) and its Cluster's spec.

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 
 use super::components::Components;
-use super::round::Round;
+use super::scope::Round;
 use crate::api::{
     ComponentStatus, ComponentSummary, ComponentsStatus, ControlPlaneInitialization, NestedControlPlane,
     NestedControlPlaneStatus,

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::round::Round;
+use super::scope::Round;
 use crate::api::{
     CertificateAuthorityRotation, NestedAPIServer, NestedControlPlaneStatus, NestedControllerManager, NestedEtcd,
     RotationPhaseRecord,

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use semver::Version;
 
 use super::components::Components;
-use super::round::Round;
+use super::scope::Round;
 use crate::api::{NestedControlPlaneStatus, PreflightCheck, PreflightStatus, RemovedApi, UpgradeStatus};
 use crate::channel::{ChannelError, DEFAULT_CHANNEL};
 use crate::controllers::component::ComponentResource;
