@@ -16,7 +16,14 @@ use futures::stream;
 use kube::api::Api;
 use serde_json::json;
 
-use crate::harness::{CONTROLLER_STEP, Fixture, statefulset};
+use crate::harness::{Fixture, statefulset};
+
+/// How long a test waits for a step that reads the object store: the restore check lists
+/// and downloads through the S3 client, which retries with backoff, and a first look that
+/// came too early is repeated after the component's requeue (30 s waiting, 60 s refused).
+/// On a loaded machine that outlasts the 30 s of a plain controller step (seen twice in
+/// full runs with boot tests and builds beside them); alone these steps take seconds.
+const STORE_STEP: std::time::Duration = std::time::Duration::from_secs(120);
 
 const CREDENTIALS: &str = "s3-credentials";
 
@@ -89,7 +96,7 @@ async fn restoring_control_plane(f: &Fixture, c: &str, bucket: &str, prefix: &st
 /// Waits for the NestedEtcd's Ready condition to be False with `reason`; returns its message.
 async fn refused(f: &Fixture, name: &str, reason: &str) -> String {
     let api: Api<NestedEtcd> = Api::namespaced(f.client.clone(), &f.ns);
-    wait_until(&format!("{name} is refused with {reason}"), CONTROLLER_STEP, || async {
+    wait_until(&format!("{name} is refused with {reason}"), STORE_STEP, || async {
         let etcd = api.get(name).await.ok()?;
         etcd.status?
             .conditions
@@ -206,7 +213,7 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
             .map(|c| c.name)
             .collect()
     };
-    let sts = wait_until("the etcd StatefulSet is applied", CONTROLLER_STEP, || async {
+    let sts = wait_until("the etcd StatefulSet is applied", STORE_STEP, || async {
         statefulset(&f.client, &f.ns, "r-etcd").await
     })
     .await;
@@ -232,7 +239,7 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
     assert!(fetch_args.contains(&format!("--snapshot={newest}")), "{fetch_args:?}");
     let api: Api<NestedEtcd> = Api::namespaced(f.client.clone(), &f.ns);
     // The StatefulSet is applied before the status that records the restore is written.
-    let restore = wait_until("the status records the verified snapshot", CONTROLLER_STEP, || async {
+    let restore = wait_until("the status records the verified snapshot", STORE_STEP, || async {
         let restore = api.get("r-etcd").await.ok()?.status?.restore?;
         restore.snapshot.is_some().then_some(restore)
     })
@@ -252,7 +259,7 @@ async fn a_verified_snapshot_renders_the_restore_until_every_member_was_ready_on
     .await;
     wait_until(
         "the restore init containers are no longer rendered",
-        CONTROLLER_STEP,
+        STORE_STEP,
         || async {
             let sts = statefulset(&f.client, &f.ns, "r-etcd").await?;
             init_names(&sts).is_empty().then_some(())
