@@ -1,0 +1,7 @@
+//! The syncer's pure core: how tenant objects become super-cluster objects and how their
+//! status comes back (docs/design.md §11). No client, no clock, no I/O: the controller that
+//! reads, writes and watches is built on top of it.
+//!
+//! - [`names`]: the workload namespace, object names, and the tenancy labels and
+//!   annotations that lead back to the tenant object.
+pub mod names;
