@@ -3,5 +3,11 @@
 //! reads, writes and watches is built on top of it.
 //!
 //! - [`names`]: the workload namespace, object names, and the tenancy labels and
-//!   annotations that lead back to the tenant object.
+//!   annotations that lead back to the tenant object;
+//! - [`admission`]: what is refused before anything is created (Pod Security Standards at
+//!   the tenant's level, and what cannot be synced).
+pub mod admission;
 pub mod names;
+
+#[cfg(test)]
+mod fixtures;
