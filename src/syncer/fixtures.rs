@@ -81,7 +81,8 @@ pub(crate) fn restricted_nginx() -> Pod {
     pod
 }
 
-/// `pod` with the JSON value at `pointer` (RFC 6901) set, creating objects on the way.
+/// `pod` with the JSON value at `pointer` (RFC 6901) set, creating objects on the way; an
+/// array index one past the end appends.
 pub(crate) fn with(pod: &Pod, pointer: &str, value: Value) -> Pod {
     let mut doc = serde_json::to_value(pod).expect("a Pod serializes");
     let tokens: Vec<String> = pointer
@@ -102,7 +103,11 @@ pub(crate) fn with(pod: &Pod, pointer: &str, value: Value) -> Pod {
         };
     }
     match at {
-        Value::Array(items) => items[last.parse::<usize>().expect("an index")] = value,
+        // One past the end appends, as RFC 6902's "-" does.
+        Value::Array(items) => match last.parse::<usize>().expect("an index") {
+            i if i == items.len() => items.push(value),
+            i => items[i] = value,
+        },
         other => {
             other.as_object_mut().expect("an object").insert(last.clone(), value);
         }

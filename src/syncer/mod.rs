@@ -5,9 +5,11 @@
 //! - [`names`]: the workload namespace, object names, and the tenancy labels and
 //!   annotations that lead back to the tenant object;
 //! - [`admission`]: what is refused before anything is created (Pod Security Standards at
-//!   the tenant's level, and what cannot be synced).
+//!   the tenant's level, and what cannot be synced);
+//! - [`pod`]: a tenant Pod translated into the super cluster's Pod.
 pub mod admission;
 pub mod names;
+pub mod pod;
 
 #[cfg(test)]
 mod fixtures;
