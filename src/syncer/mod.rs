@@ -6,8 +6,11 @@
 //!   annotations that lead back to the tenant object;
 //! - [`admission`]: what is refused before anything is created (Pod Security Standards at
 //!   the tenant's level, and what cannot be synced);
-//! - [`pod`]: a tenant Pod translated into the super cluster's Pod.
+//! - [`pod`]: a tenant Pod translated into the super cluster's Pod;
+//! - [`diff`]: the patrol's comparison of the desired and the live super pod, whose each
+//!   super object is, and the orphans.
 pub mod admission;
+pub mod diff;
 pub mod names;
 pub mod pod;
 

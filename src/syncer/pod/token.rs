@@ -17,7 +17,9 @@
 //!
 //! The controller refreshes a token as the kubelet does (`pkg/kubelet/token`: past 80% of
 //! its lifetime, or older than 24 hours); the kubelet then updates the mounted file, as it
-//! updates every Secret volume.
+//! updates every Secret volume. It gives the Secret an owner reference to the super pod,
+//! so the garbage collector deletes it with the pod; its name is no mapped name, so the
+//! orphan search among synced Secrets (`diff::orphans`) never takes it for a copy.
 
 use k8s_openapi::api::core::v1::{KeyToPath, PodSpec, SecretProjection, Volume, VolumeProjection};
 
