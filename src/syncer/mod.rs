@@ -8,11 +8,13 @@
 //!   the tenant's level, and what cannot be synced);
 //! - [`pod`]: a tenant Pod translated into the super cluster's Pod;
 //! - [`diff`]: the patrol's comparison of the desired and the live super pod, whose each
-//!   super object is, and the orphans.
+//!   super object is, and the orphans;
+//! - [`upward`]: the tenant pod's status from its super pod, and the node to bind it to.
 pub mod admission;
 pub mod diff;
 pub mod names;
 pub mod pod;
+pub mod upward;
 
 #[cfg(test)]
 mod fixtures;
