@@ -73,7 +73,7 @@ pub(super) fn check(meta: &ObjectMeta, spec: &PodSpec, level: Level, out: &mut V
         capabilities(spec, out);
         host_path_volumes(spec, out);
         seccomp(spec, out);
-        proc_mount(spec, in_user_namespace(spec), out);
+        proc_mount(spec, Rule::ProcMount, in_user_namespace(spec), out);
     }
 }
 
@@ -249,7 +249,7 @@ fn seccomp(spec: &PodSpec, out: &mut Vec<Violation>) {
 
 /// `procMount` (baseline) and `procMount_restricted`: `securityContext.procMount`
 /// `Default` or unset; any value in a user namespace when `relaxed` (baseline, 1.35+).
-pub(super) fn proc_mount(spec: &PodSpec, relaxed: bool, out: &mut Vec<Violation>) {
+pub(super) fn proc_mount(spec: &PodSpec, rule: Rule, relaxed: bool, out: &mut Vec<Violation>) {
     if relaxed {
         return;
     }
@@ -258,7 +258,7 @@ pub(super) fn proc_mount(spec: &PodSpec, relaxed: bool, out: &mut Vec<Violation>
         if value.is_some_and(|v| v != "Default") {
             let message = "must be Default or unset (any value only with spec.hostUsers: false at baseline)";
             out.push(Violation::new(
-                Rule::ProcMount,
+                rule,
                 format!("{path}.securityContext.procMount"),
                 message,
             ));

@@ -36,22 +36,45 @@ pub enum Level {
 /// syncer's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Rule {
+    /// Baseline `hostNamespaces`: host network, PID or IPC namespace.
     HostNamespaces,
+    /// Baseline `privileged`: a privileged container.
     Privileged,
+    /// Baseline `capabilities_baseline`: a capability beyond the default set.
     Capabilities,
+    /// Baseline `hostPathVolumes`: a hostPath volume.
     HostPathVolumes,
+    /// Baseline `hostPorts`: a host port.
     HostPorts,
+    /// Baseline `appArmorProfile`: an unconfined or unknown AppArmor profile.
     AppArmorProfile,
+    /// Baseline `seLinuxOptions`: a custom SELinux type, user or role.
     SeLinuxOptions,
+    /// Baseline `procMount`: an unmasked /proc outside a user namespace.
     ProcMount,
+    /// Baseline `seccompProfile_baseline`: an unconfined seccomp profile.
     SeccompProfile,
+    /// Baseline `sysctls`: a sysctl outside the safe set.
     Sysctls,
+    /// Baseline `windowsHostProcess`: a Windows host process.
     WindowsHostProcess,
+    /// Baseline `hostProbesAndHostLifecycle`: a probe or hook aimed at another host.
     HostProbesAndHostLifecycle,
+    /// Restricted `restrictedVolumes`: a volume type outside the restricted list.
     RestrictedVolumes,
+    /// Restricted `allowPrivilegeEscalation`: not set to false.
     AllowPrivilegeEscalation,
+    /// Restricted `runAsNonRoot`: not required.
     RunAsNonRoot,
+    /// Restricted `runAsUser`: user 0.
     RunAsUser,
+    /// Restricted `capabilities_restricted`: ALL not dropped, or more than
+    /// NET_BIND_SERVICE added.
+    RestrictedCapabilities,
+    /// Restricted `seccompProfile_restricted`: no RuntimeDefault or Localhost profile.
+    RestrictedSeccompProfile,
+    /// Restricted `procMount_restricted`: an unmasked /proc, in a user namespace too.
+    RestrictedProcMount,
     /// `spec.nodeName` set by the tenant: the super scheduler places pods.
     NodeName,
     /// A field that refers to something the syncer does not copy.
@@ -78,6 +101,9 @@ impl Rule {
             Rule::AllowPrivilegeEscalation => "PrivilegeEscalationForbidden",
             Rule::RunAsNonRoot => "RunAsNonRootRequired",
             Rule::RunAsUser => "RunAsRootForbidden",
+            Rule::RestrictedCapabilities => "CapabilitiesNotDropped",
+            Rule::RestrictedSeccompProfile => "SeccompProfileRequired",
+            Rule::RestrictedProcMount => "ProcMountForbidden",
             Rule::NodeName => "NodeNameForbidden",
             Rule::NotSyncable => "FieldNotSyncable",
         }
@@ -86,9 +112,13 @@ impl Rule {
     /// Where the rule comes from, for messages.
     pub fn source(self) -> &'static str {
         match self {
-            Rule::RestrictedVolumes | Rule::AllowPrivilegeEscalation | Rule::RunAsNonRoot | Rule::RunAsUser => {
-                "Pod Security Standards, restricted"
-            }
+            Rule::RestrictedVolumes
+            | Rule::AllowPrivilegeEscalation
+            | Rule::RunAsNonRoot
+            | Rule::RunAsUser
+            | Rule::RestrictedCapabilities
+            | Rule::RestrictedSeccompProfile
+            | Rule::RestrictedProcMount => "Pod Security Standards, restricted",
             Rule::NodeName | Rule::NotSyncable => "capn syncer",
             _ => "Pod Security Standards, baseline",
         }
@@ -98,6 +128,7 @@ impl Rule {
 /// One refused field of a tenant pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
+    /// The rule broken.
     pub rule: Rule,
     /// The field's path in the tenant pod, `spec.containers[0].securityContext.privileged`.
     pub field: String,

@@ -26,7 +26,7 @@ pub const NET_BIND_SERVICE: &str = "NET_BIND_SERVICE";
 
 pub(super) fn check(spec: &PodSpec, out: &mut Vec<Violation>) {
     volume_types(spec, out);
-    baseline::proc_mount(spec, false, out);
+    baseline::proc_mount(spec, Rule::RestrictedProcMount, false, out);
     if !in_user_namespace(spec) {
         run_as_non_root(spec, out);
         run_as_user(spec, out);
@@ -130,14 +130,14 @@ fn capabilities(spec: &PodSpec, out: &mut Vec<Violation>) {
         let dropped = capabilities.and_then(|c| c.drop.as_ref());
         if !dropped.into_iter().flatten().any(|d| d == "ALL") {
             let field = format!("{path}.securityContext.capabilities.drop");
-            out.push(Violation::new(Rule::Capabilities, field, "must contain ALL"));
+            out.push(Violation::new(Rule::RestrictedCapabilities, field, "must contain ALL"));
         }
         let added = capabilities.and_then(|c| c.add.as_ref());
         for (i, capability) in added.into_iter().flatten().enumerate() {
             if capability != NET_BIND_SERVICE {
                 let field = format!("{path}.securityContext.capabilities.add[{i}]");
                 out.push(Violation::new(
-                    Rule::Capabilities,
+                    Rule::RestrictedCapabilities,
                     field,
                     format!("adds {capability}; only {NET_BIND_SERVICE} is allowed"),
                 ));
@@ -157,7 +157,7 @@ fn seccomp(spec: &PodSpec, out: &mut Vec<Violation>) {
         .map(|p| p.type_.as_str());
     if pod.is_some_and(|t| !allowed(t)) {
         out.push(Violation::new(
-            Rule::SeccompProfile,
+            Rule::RestrictedSeccompProfile,
             "spec.securityContext.seccompProfile.type",
             "must be RuntimeDefault or Localhost",
         ));
@@ -168,13 +168,13 @@ fn seccomp(spec: &PodSpec, out: &mut Vec<Violation>) {
         match c.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()) {
             Some(p) if allowed(&p.type_) => {}
             Some(_) => out.push(Violation::new(
-                Rule::SeccompProfile,
+                Rule::RestrictedSeccompProfile,
                 field,
                 "must be RuntimeDefault or Localhost",
             )),
             None if pod_set => {}
             None => out.push(Violation::new(
-                Rule::SeccompProfile,
+                Rule::RestrictedSeccompProfile,
                 field,
                 "must be RuntimeDefault or Localhost, here or in spec.securityContext.seccompProfile",
             )),

@@ -310,10 +310,10 @@ fn an_ordinary_pod_fails_restricted_on_every_hardening_rule() {
     assert_eq!(
         rules,
         vec![
-            Rule::Capabilities,
-            Rule::SeccompProfile,
             Rule::AllowPrivilegeEscalation,
-            Rule::RunAsNonRoot
+            Rule::RunAsNonRoot,
+            Rule::RestrictedCapabilities,
+            Rule::RestrictedSeccompProfile
         ]
     );
 }
@@ -351,25 +351,25 @@ fn restricted_refuses_each_hardening_rule() {
             (
                 &format!("{CONTAINER_SC}/capabilities"),
                 json!({"add": ["NET_BIND_SERVICE"]}),
-                Rule::Capabilities,
+                Rule::RestrictedCapabilities,
                 "spec.containers[0].securityContext.capabilities.drop",
             ),
             (
                 &format!("{CONTAINER_SC}/capabilities/add"),
                 json!(["CHOWN"]),
-                Rule::Capabilities,
+                Rule::RestrictedCapabilities,
                 "spec.containers[0].securityContext.capabilities.add[0]",
             ),
             (
                 "/spec/securityContext/seccompProfile",
                 json!(null),
-                Rule::SeccompProfile,
+                Rule::RestrictedSeccompProfile,
                 "spec.containers[0].securityContext.seccompProfile.type",
             ),
             (
                 &format!("{CONTAINER_SC}/procMount"),
                 json!("Unmasked"),
-                Rule::ProcMount,
+                Rule::RestrictedProcMount,
                 "spec.containers[0].securityContext.procMount",
             ),
         ],
@@ -408,4 +408,14 @@ fn a_violation_reads_as_field_message_and_source() {
     let text = check(&pod, Level::Baseline)[0].to_string();
     assert!(text.starts_with("spec.hostPID: must be false or unset"), "{text}");
     assert!(text.ends_with("(Pod Security Standards, baseline)"), "{text}");
+    let texts: Vec<String> = check(&nginx(), Level::Restricted)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        texts
+            .iter()
+            .all(|t| t.ends_with("(Pod Security Standards, restricted)")),
+        "{texts:?}"
+    );
 }

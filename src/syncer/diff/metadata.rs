@@ -17,7 +17,9 @@ use crate::syncer::names::tenancy::{ANNOTATION_KEYS, LABEL_KEYS, listed_keys};
 /// syncer's manager no longer applies).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StaleKeys {
+    /// Label keys to remove.
     pub labels: Vec<String>,
+    /// Annotation keys to remove.
     pub annotations: Vec<String>,
 }
 

@@ -38,6 +38,7 @@ pub enum Repair {
 pub struct Drift {
     /// The field's path (`spec.containers[0].image`), indexed as in the desired pod.
     pub field: String,
+    /// How to put it right.
     pub repair: Repair,
 }
 

@@ -74,11 +74,14 @@ impl NameLimit {
 /// name in the super cluster.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ControlPlaneRef {
+    /// The NestedControlPlane's namespace in the super cluster.
     pub namespace: String,
+    /// The NestedControlPlane's name.
     pub name: String,
 }
 
 impl ControlPlaneRef {
+    /// The control plane `name` in `namespace`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
             namespace: namespace.into(),

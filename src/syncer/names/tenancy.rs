@@ -39,8 +39,11 @@ pub const ANNOTATION_KEYS: &str = "tenancy.x-k8s.io/annotation-keys";
 /// object deleted and created again under the same name is another `TenantObject`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TenantObject {
+    /// `metadata.namespace` in the tenant cluster.
     pub namespace: String,
+    /// `metadata.name` in the tenant cluster.
     pub name: String,
+    /// `metadata.uid` in the tenant cluster.
     pub uid: String,
 }
 
@@ -48,6 +51,7 @@ pub struct TenantObject {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the tenant object has no {field}; only objects the tenant apiserver stored can be synced")]
 pub struct MissingField {
+    /// The missing field's path (`metadata.uid`).
     pub field: &'static str,
 }
 

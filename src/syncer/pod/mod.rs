@@ -54,6 +54,7 @@ pub const SERVICE_PORT: &str = "KUBERNETES_SERVICE_PORT";
 /// What a translation needs besides the tenant pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
+    /// The control plane the tenant pod belongs to.
     pub control_plane: ControlPlaneRef,
     /// The tenant apiserver as pods in the super cluster reach it.
     pub apiserver: ApiServerAddress,
@@ -67,6 +68,7 @@ pub struct Target {
 pub struct ApiServerAddress {
     /// An IP address (IPv6 without brackets, as the kubelet writes it) or a DNS name.
     pub host: String,
+    /// The TCP port.
     pub port: u16,
 }
 

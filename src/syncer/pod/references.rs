@@ -29,7 +29,10 @@ pub enum ReferenceKind {
 /// A tenant object a pod refers to, by its tenant name in the pod's namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Reference {
+    /// What kind of object is referred to.
     pub kind: ReferenceKind,
+    /// Its tenant name; the super name is `ControlPlaneRef::super_name` of it, with
+    /// `NameLimit::Subdomain`.
     pub name: String,
 }
 
