@@ -8,8 +8,8 @@
 //! Orphans are copies whose tenant object is gone, a tenant object re-created under the
 //! same name (another uid) included. The patrol that acts on them must confirm each
 //! absence with a read of the tenant apiserver, not only of its cache: VirtualCluster's
-//! patrol deleted live pods when its tenant caches lagged (cluster-api-provider-nested
-//! issue 308).
+//! patrol deleted live pods when its tenant caches lagged
+//! (kubernetes-sigs/cluster-api-provider-nested#308).
 
 use std::collections::BTreeSet;
 
