@@ -16,6 +16,8 @@
 //!   naming, schedules, retention, object storage) · [`etcd`] (the tenant etcd client);
 //! - [`apply`] (server-side apply, ApplySets, readiness) · [`status`] (condition types and
 //!   reasons) · [`client`] (the super cluster's client) · [`telemetry`];
+//! - [`syncer`]: the pure core of tenant workloads (names, pod translation, admission,
+//!   drift, status back to the tenant);
 //! - [`controllers`]: the reconcilers; [`manifests`]: the clusterctl artifacts; [`cli`].
 
 pub mod api;
@@ -34,6 +36,7 @@ pub mod pki;
 pub mod plan;
 pub mod render;
 pub mod status;
+pub mod syncer;
 pub mod telemetry;
 pub mod upgrade;
 pub mod validate;
