@@ -237,6 +237,38 @@ fn fields_chapter() -> String {
     out
 }
 
+/// The table of conditions and reasons, from the declarations of [`crate::status::Reason`].
+fn conditions_chapter() -> String {
+    use crate::status::Reason;
+    let mut out = String::from(
+        "# Conditions and reasons\n\n\
+         Generated from `Reason` in `src/status.rs` by `src/book.rs` (`UPDATE_DOCS=1 cargo test --lib book`).\n\
+         A condition whose status is not True and whose reason is a failure makes a Warning Event; \
+         every other change worth telling makes a Normal one. A reason not listed here is an \
+         error's own (for example `InvalidVersion`, `ApplyFailed`): always a failure, its \
+         message says what is wrong; see [troubleshooting](../operations/troubleshooting.md).\n\n\
+         | reason | failure | conditions | meaning |\n|---|---|---|---|\n",
+    );
+    for reason in Reason::ALL {
+        let conditions = if reason.conditions().is_empty() {
+            "(Events only)".to_string()
+        } else {
+            reason
+                .conditions()
+                .iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out.push_str(&format!(
+            "| `{reason}` | {} | {conditions} | {} |\n",
+            if reason.is_failure() { "yes" } else { "no" },
+            reason.meaning()
+        ));
+    }
+    out
+}
+
 #[test]
 fn book_cli_reference_matches_the_clap_definitions() {
     check_or_update("reference/cli.md", &cli_chapter());
@@ -245,6 +277,11 @@ fn book_cli_reference_matches_the_clap_definitions() {
 #[test]
 fn book_fields_reference_matches_the_crds() {
     check_or_update("reference/fields.md", &fields_chapter());
+}
+
+#[test]
+fn book_conditions_reference_matches_the_reasons() {
+    check_or_update("reference/conditions.md", &conditions_chapter());
 }
 
 #[test]
