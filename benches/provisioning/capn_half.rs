@@ -62,6 +62,7 @@ pub async fn run(
     // control planes have no apiserver to sync to.
     let options = CapnOptions {
         args: vec!["--etcd-hosts-file".to_owned(), hosts.display().to_string()],
+        reachable: true,
         ..CapnOptions::default()
     };
     let mut capn = CapnProcess::start(
@@ -107,7 +108,8 @@ pub async fn run(
     }
     let server_cpu = cluster.server_cpu()? - server_cpu_at_start;
     let usage_at_ready = usage_of(capn.pid())?;
-    let reconciles_at_ready = reconciles(capn.metrics_address()).await?;
+    let metrics = capn.metrics_address().ok_or("capn serves no reachable metrics")?;
+    let reconciles_at_ready = reconciles(metrics).await?;
     tokio::time::sleep(steady).await;
     capn.check_running()?;
     let usage_at_end = usage_of(capn.pid())?;

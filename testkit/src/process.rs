@@ -148,6 +148,11 @@ pub struct CapnOptions {
     /// Remove the log file when the process is dropped (the tests': their logs go to the
     /// shared temporary directory).
     pub remove_log: bool,
+    /// Serve metrics and probes on ports picked up front, so that
+    /// [`CapnProcess::metrics_address`], [`CapnProcess::probe_address`] and
+    /// [`CapnProcess::wait_ready`] can reach them (the benchmark). Otherwise capn binds port 0,
+    /// for which nothing can race (the tests and the demo, which never ask).
+    pub reachable: bool,
 }
 
 /// `capn run` as a child process, as a user runs it: for the integration tests, the
@@ -156,15 +161,15 @@ pub struct CapnOptions {
 /// aborts on a panic (`PR_SET_PDEATHSIG`, see [`Process::start`]).
 pub struct CapnProcess {
     process: Process,
-    metrics: SocketAddr,
-    probes: SocketAddr,
+    /// Where metrics and probes are served, when [`CapnOptions::reachable`].
+    endpoints: Option<(SocketAddr, SocketAddr)>,
     remove_log: bool,
 }
 
 impl CapnProcess {
     /// Starts `binary run --namespace <namespace> --controllers=*,-public-crds` with
-    /// `KUBECONFIG=<kubeconfig>`, its metrics and probe endpoints on free loopback ports
-    /// ([`CapnProcess::metrics_address`], [`CapnProcess::probe_address`]), then
+    /// `KUBECONFIG=<kubeconfig>`, its metrics and probe endpoints on loopback (see
+    /// [`CapnOptions::reachable`]), then
     /// `options.args`; stdout and stderr go to the file `log`. The public CRD sync stays off:
     /// it dials tenants by their in-cluster names, which this host cannot resolve.
     ///
@@ -183,7 +188,14 @@ impl CapnProcess {
         log: PathBuf,
         options: CapnOptions,
     ) -> Result<Self, String> {
-        let [metrics, probes] = free_ports()?.map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+        let endpoints = if options.reachable {
+            let [metrics, probes] = free_ports()?.map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+            Some((metrics, probes))
+        } else {
+            None
+        };
+        let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        let (metrics, probes) = endpoints.unwrap_or((any, any));
         let mut command = Command::new(binary);
         command
             .args(["run", "--namespace", namespace, "--controllers=*,-public-crds"])
@@ -195,8 +207,7 @@ impl CapnProcess {
             .process_group(0);
         Ok(Self {
             process: Process::start("capn", command, log)?,
-            metrics,
-            probes,
+            endpoints,
             remove_log: options.remove_log,
         })
     }
@@ -206,14 +217,15 @@ impl CapnProcess {
         self.process.child.id()
     }
 
-    /// Where capn serves `/metrics`.
-    pub fn metrics_address(&self) -> SocketAddr {
-        self.metrics
+    /// Where capn serves `/metrics`; `None` unless started [`CapnOptions::reachable`].
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.endpoints.map(|(metrics, _)| metrics)
     }
 
-    /// Where capn serves `/healthz` and `/readyz`.
-    pub fn probe_address(&self) -> SocketAddr {
-        self.probes
+    /// Where capn serves `/healthz` and `/readyz`; `None` unless started
+    /// [`CapnOptions::reachable`].
+    pub fn probe_address(&self) -> Option<SocketAddr> {
+        self.endpoints.map(|(_, probes)| probes)
     }
 
     /// The file capn logs to.
@@ -244,8 +256,11 @@ impl CapnProcess {
     /// # Errors
     /// capn exits, or does not answer so within `timeout` (with the end of its log).
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
+        let probes = self
+            .probe_address()
+            .ok_or("capn was started without reachable probes (CapnOptions::reachable)")?;
         let deadline = Instant::now() + timeout;
-        while !matches!(http_get(self.probes, "/readyz").await, Ok((200, _))) {
+        while !matches!(http_get(probes, "/readyz").await, Ok((200, _))) {
             self.check_running()?;
             if Instant::now() > deadline {
                 return Err(self.failure(&format!("did not answer /readyz within {timeout:?}")));

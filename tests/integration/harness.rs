@@ -88,6 +88,7 @@ pub fn start_capn_process(namespace: &str, args: &[String]) -> CapnProcess {
         args: all,
         env: vec![("RUST_LOG".to_owned(), "debug".to_owned())],
         remove_log: true,
+        reachable: false,
     };
     CapnProcess::start(
         capn_binary(),
