@@ -424,12 +424,19 @@ pub(super) fn spawn_container(launch: &Launch, net: RawFd, uts: Option<RawFd>) -
             },
         });
     }
-    let workdir = CString::new(launch.workdir.as_bytes()).map_err(|e| e.to_string())?;
-    let read_only_root = launch.read_only_root;
-    let (uid, gid) = (launch.uid, launch.gid);
-    let groups: Vec<libc::gid_t> = launch.groups.clone();
-    let no_new_privs = launch.no_new_privs;
-    let parent = std::process::id();
+    let entry = Entry {
+        net,
+        uts,
+        rootfs,
+        mounts,
+        read_only_root: launch.read_only_root,
+        workdir: CString::new(launch.workdir.as_bytes()).map_err(|e| e.to_string())?,
+        uid: launch.uid,
+        gid: launch.gid,
+        groups: launch.groups.clone(),
+        no_new_privs: launch.no_new_privs,
+        parent: std::process::id(),
+    };
 
     let log = File::options()
         .create(true)
@@ -454,19 +461,7 @@ pub(super) fn spawn_container(launch: &Launch, net: RawFd, uts: Option<RawFd>) -
     // prepared above, and on failure writes a static message to the log (stderr) before
     // returning the errno; it does not allocate.
     unsafe {
-        command.pre_exec(move || {
-            enter(
-                net,
-                uts,
-                &rootfs,
-                &mounts,
-                read_only_root,
-                &workdir,
-                (uid, gid, &groups),
-                no_new_privs,
-                parent,
-            )
-        });
+        command.pre_exec(move || enter(&entry));
     }
     command.spawn().map_err(|e| {
         format!(
@@ -492,18 +487,36 @@ fn fail(what: &'static [u8], path: Option<&CString>) -> io::Error {
     error
 }
 
-#[allow(clippy::too_many_arguments)]
-fn enter(
+/// Everything [`enter`] needs, prepared before the fork: after it nothing may allocate.
+struct Entry {
     net: RawFd,
     uts: Option<RawFd>,
-    rootfs: &CString,
-    mounts: &[PreparedMount],
+    rootfs: CString,
+    mounts: Vec<PreparedMount>,
     read_only_root: bool,
-    workdir: &CString,
-    (uid, gid, groups): (u32, u32, &[libc::gid_t]),
+    workdir: CString,
+    uid: u32,
+    gid: u32,
+    groups: Vec<libc::gid_t>,
     no_new_privs: bool,
+    /// The runner's pid, to tell whether it died before the parent-death signal was set.
     parent: u32,
-) -> io::Result<()> {
+}
+
+fn enter(entry: &Entry) -> io::Result<()> {
+    let Entry {
+        net,
+        uts,
+        ref rootfs,
+        ref mounts,
+        read_only_root,
+        ref workdir,
+        uid,
+        gid,
+        ref groups,
+        no_new_privs,
+        parent,
+    } = *entry;
     use std::ptr::null;
     // SAFETY: system calls on prepared, NUL-terminated buffers.
     unsafe {
