@@ -21,7 +21,6 @@
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -147,25 +146,7 @@ fn start(cluster: &'static super::TestCluster) -> Result<Capi, String> {
 
 /// `CAPI_ASSETS`, else what `hack/capi-assets.sh` prints; checked to hold what the tests use.
 pub fn assets_dir() -> Result<PathBuf, String> {
-    let dir = match std::env::var_os(ASSETS_VARIABLE).filter(|d| !d.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let script = super::repository().join("hack/capi-assets.sh");
-            let output = Command::new(&script)
-                .current_dir(super::repository())
-                .output()
-                .map_err(|e| format!("{ASSETS_VARIABLE} is not set and {} cannot run: {e}", script.display()))?;
-            if !output.status.success() {
-                return Err(format!(
-                    "{ASSETS_VARIABLE} is not set and {} failed ({}):\n{}",
-                    script.display(),
-                    output.status,
-                    String::from_utf8_lossy(&output.stderr)
-                ));
-            }
-            PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-        }
-    };
+    let dir = super::asset_path(ASSETS_VARIABLE, "hack/capi-assets.sh")?;
     const HINT: &str = "build or locate them with `export CAPI_ASSETS=$(hack/capi-assets.sh)`";
     for binary in ["cluster-api-manager", "clusterctl"] {
         if !dir.join(binary).is_file() {

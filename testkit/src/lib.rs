@@ -78,6 +78,31 @@ fn repository() -> &'static Path {
     kit.parent().unwrap_or(kit)
 }
 
+/// The path in the environment variable `variable`, else the one the repository's `script`
+/// (`hack/…-assets.sh`, which builds what is missing) prints on stdout.
+///
+/// # Errors
+/// The variable is unset and the script cannot run or fails (with its stderr).
+fn asset_path(variable: &str, script: &str) -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os(variable).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let script = repository().join(script);
+    let output = std::process::Command::new(&script)
+        .current_dir(repository())
+        .output()
+        .map_err(|e| format!("{variable} is not set and {} cannot run: {e}", script.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{variable} is not set and {} failed ({}):\n{}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()))
+}
+
 /// The running super cluster; get it with [`cluster`].
 pub struct TestCluster {
     config: kube::Config,

@@ -713,15 +713,7 @@ impl Runner {
     }
 
     fn control(&self, pod: &str, control: Control) -> Result<(), String> {
-        let state = lock(&self.shared.state);
-        let handle = state
-            .sets
-            .values()
-            .flat_map(|s| s.pods.values())
-            .find(|p| p.name == pod && !p.deleting)
-            .ok_or_else(|| format!("the runner has no pod {pod}"))?;
-        handle.control.send_replace(control);
-        drop(state);
+        set_control(&self.shared, pod, control)?;
         self.event(format!("{pod}: {control:?} requested"));
         Ok(())
     }

@@ -8,7 +8,6 @@
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
@@ -213,27 +212,10 @@ fn start_on_this_thread(binary: &Path) -> Result<(S3, Process), String> {
 
 /// `S3_SERVER`, else what `hack/s3-assets.sh` prints.
 fn server_binary() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os(SERVER_VARIABLE).filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(path));
-    }
-    let script = super::repository().join("hack/s3-assets.sh");
-    let output = Command::new(&script)
-        .current_dir(super::repository())
-        .output()
-        .map_err(|e| format!("{SERVER_VARIABLE} is not set and {} cannot run: {e}", script.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{SERVER_VARIABLE} is not set and {} failed ({}):\n{}",
-            script.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    let path = super::asset_path(SERVER_VARIABLE, "hack/s3-assets.sh")?;
     if !path.is_file() {
         return Err(format!(
-            "{} printed {}, which is no file",
-            script.display(),
+            "{SERVER_VARIABLE} or hack/s3-assets.sh names {}, which is no file",
             path.display()
         ));
     }

@@ -157,7 +157,7 @@ fn start_on_this_thread(
             .map_err(|e| format!("the generated kubeconfig is not usable: {e}"))?;
         let client = kube::Client::try_from(config.clone())
             .map_err(|e| format!("cannot build a client for the apiserver: {e}"))?;
-        wait_for_readyz(&mut processes[1], &client).await?;
+        wait_for_ok(&mut processes[1], &client, "/readyz", APISERVER_TIMEOUT).await?;
         milestones.push(("kube-apiserver", started.elapsed()));
         // Before the controller manager starts: its garbage collector finds new resource
         // types only on a 30 s discovery resync, and must know capn's kinds as owners.
@@ -374,21 +374,26 @@ current-context: capn-test
     )
 }
 
-async fn wait_for_readyz(apiserver: &mut Process, client: &kube::Client) -> Result<(), String> {
-    let deadline = Instant::now() + APISERVER_TIMEOUT;
+/// Waits until `process` answers `path` (`/readyz`, `/healthz`) with `ok` through `client`,
+/// for at most `timeout`; fails at once when the process exits, and names the last answer.
+async fn wait_for_ok(
+    process: &mut Process,
+    client: &kube::Client,
+    path: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
     loop {
-        apiserver.check_running()?;
-        let request = http::Request::get("/readyz")
-            .body(Vec::new())
-            .map_err(|e| e.to_string())?;
+        process.check_running()?;
+        let request = http::Request::get(path).body(Vec::new()).map_err(|e| e.to_string())?;
         let last = match client.request_text(request).await {
             Ok(body) if body.trim() == "ok" => return Ok(()),
             Ok(body) => body,
             Err(e) => e.to_string(),
         };
         if Instant::now() > deadline {
-            return Err(apiserver.failure(&format!(
-                "was not ready after {APISERVER_TIMEOUT:?} (last /readyz answer: {last})"
+            return Err(process.failure(&format!(
+                "did not answer {path} with ok after {timeout:?} (last answer: {last})"
             )));
         }
         tokio::time::sleep(POLL).await;
@@ -467,24 +472,7 @@ async fn wait_for_controller_manager(controller_manager: &mut Process, port: u16
     config.accept_invalid_certs = true;
     let client =
         kube::Client::try_from(config).map_err(|e| format!("cannot build a client for the controller manager: {e}"))?;
-    let deadline = Instant::now() + CONTROLLER_MANAGER_TIMEOUT;
-    loop {
-        controller_manager.check_running()?;
-        let request = http::Request::get("/healthz")
-            .body(Vec::new())
-            .map_err(|e| e.to_string())?;
-        let last = match client.request_text(request).await {
-            Ok(body) if body.trim() == "ok" => return Ok(()),
-            Ok(body) => body,
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() > deadline {
-            return Err(controller_manager.failure(&format!(
-                "was not healthy after {CONTROLLER_MANAGER_TIMEOUT:?} (last /healthz answer: {last})"
-            )));
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    wait_for_ok(controller_manager, &client, "/healthz", CONTROLLER_MANAGER_TIMEOUT).await
 }
 
 /// Runs for the rest of the test binary, keeping the children's parent thread alive and
