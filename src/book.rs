@@ -16,19 +16,11 @@ fn docs() -> PathBuf {
 
 /// Compares `docs/<relative>` with `generated`, or writes it under `UPDATE_DOCS`.
 fn check_or_update(relative: &str, generated: &str) {
-    let path = docs().join(relative);
-    if std::env::var_os("UPDATE_DOCS").is_some() {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).unwrap();
-        }
-        std::fs::write(&path, generated).unwrap();
-    }
-    let on_disk = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; run UPDATE_DOCS=1 cargo test --lib book", path.display()));
-    assert!(
-        on_disk == generated,
-        "{} is stale; run UPDATE_DOCS=1 cargo test --lib book",
-        path.display()
+    crate::generated::assert_current(
+        &format!("docs/{relative}"),
+        generated,
+        "UPDATE_DOCS",
+        "cargo test --lib book",
     );
 }
 

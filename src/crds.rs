@@ -93,21 +93,11 @@ mod tests {
         for crd in crds() {
             let name = crd_file_name(&crd);
             let text = format!("---\n{}", serde_saphyr::to_string(&crd).unwrap());
-            let path = dir.join(&name);
-            if std::env::var_os("UPDATE_CRDS").is_some() {
-                std::fs::create_dir_all(&dir).unwrap();
-                std::fs::write(&path, &text).unwrap();
-            }
-            let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e}; run UPDATE_CRDS=1 cargo test --lib crds_directory",
-                    path.display()
-                )
-            });
-            assert!(
-                on_disk == text,
-                "{} is stale; run UPDATE_CRDS=1 cargo test --lib crds_directory",
-                path.display()
+            crate::generated::assert_current(
+                &format!("crds/{name}"),
+                &text,
+                "UPDATE_CRDS",
+                "cargo test --lib crds_directory",
             );
             expected.insert(name);
         }

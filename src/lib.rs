@@ -46,6 +46,8 @@ mod book;
 #[cfg(test)]
 mod doc_references;
 #[cfg(test)]
+mod generated;
+#[cfg(test)]
 mod module_graph;
 
 /// A 64-bit hash of `value` (std's SipHash with its fixed keys, the same in every run of

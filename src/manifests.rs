@@ -288,7 +288,6 @@ mod tests {
     /// `UPDATE_MANIFESTS=1 cargo test --lib clusterctl_files`.
     #[test]
     fn clusterctl_files_match_the_code() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clusterctl");
         let mut files = vec![(
             "metadata.yaml".to_string(),
             format!("---\n{}", serde_saphyr::to_string(&metadata()).unwrap()),
@@ -302,21 +301,11 @@ mod tests {
             files.push((p.components_file().to_string(), text));
         }
         for (name, text) in files {
-            let path = dir.join(&name);
-            if std::env::var_os("UPDATE_MANIFESTS").is_some() {
-                std::fs::create_dir_all(&dir).unwrap();
-                std::fs::write(&path, &text).unwrap();
-            }
-            let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e}; run UPDATE_MANIFESTS=1 cargo test --lib clusterctl_files",
-                    path.display()
-                )
-            });
-            assert!(
-                on_disk == text,
-                "{} is stale; run UPDATE_MANIFESTS=1 cargo test --lib clusterctl_files",
-                path.display()
+            crate::generated::assert_current(
+                &format!("clusterctl/{name}"),
+                &text,
+                "UPDATE_MANIFESTS",
+                "cargo test --lib clusterctl_files",
             );
         }
     }
