@@ -37,6 +37,9 @@ pub const UPGRADE_PREFLIGHT: &str = "UpgradePreflight";
 pub const MEMBERS_SYNCED: &str = "MembersSynced";
 /// Condition type on the NestedControlPlane.
 pub const PUBLIC_CRDS_SYNCED: &str = "PublicCRDsSynced";
+/// Condition type on the NestedControlPlane: the syncer runs the tenant's pods in the super
+/// cluster (docs/design.md §11).
+pub const WORKLOADS_SYNCED: &str = "WorkloadsSynced";
 
 /// Phases shown by `kubectl get` (`status.phase`).
 pub mod phase {
@@ -172,7 +175,10 @@ reasons! {
     // PublicCRDsSynced
     Synced: success, [PUBLIC_CRDS_SYNCED], "Every public CRD of the super cluster is installed in the tenant.";
     TenantOwnsCRD: failure, [PUBLIC_CRDS_SYNCED], "The tenant has its own CRD of a public CRD's name; that one is left alone.";
-    TenantUnreachable: failure, [PUBLIC_CRDS_SYNCED], "The tenant apiserver could not be reached.";
+    TenantUnreachable: failure, [PUBLIC_CRDS_SYNCED, WORKLOADS_SYNCED], "The tenant apiserver could not be reached.";
+    // WorkloadsSynced
+    WorkloadsSyncing: success, [WORKLOADS_SYNCED], "The syncer watches the tenant and runs its pods in the workload namespace.";
+    WorkloadSyncDisabled: success, [WORKLOADS_SYNCED], "spec.workloads.sync is false: the tenant brings its own nodes, nothing is synced.";
     // Events of steps taken, with no condition of their own.
     UpgradePlanned: success, [], "A stepped upgrade was planned; the message lists its steps.";
     UpgradeStepStarted: progress, [], "An upgrade step started.";

@@ -93,6 +93,55 @@ pub struct NestedControlPlaneSpec {
     /// Who may connect to the control plane's pods: the channel's NetworkPolicies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<ControlPlaneNetworkPolicy>,
+    /// The tenant's workloads: whether capn's syncer runs the tenant's pods in the super
+    /// cluster, and the bounds they run within (docs/design.md §11). Absent: synced, at Pod
+    /// Security `baseline`, with no quota and no default limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<Workloads>,
+}
+
+/// How a tenant's pods run in the super cluster (docs/design.md §11). They all run in one
+/// workload namespace of the super cluster, `<namespace>-<name>-workloads`, which carries
+/// the Pod Security label, the ResourceQuota and the LimitRange set here.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Workloads {
+    /// Copy the tenant's pods (and the ConfigMaps, Secrets and tokens they use) into the
+    /// super cluster and their status back (default `true`). `false` for a tenant that
+    /// brings its own nodes: nothing is synced and the workload namespace is removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<bool>,
+    /// The Pod Security Standards level the tenant's pods must meet
+    /// (<https://kubernetes.io/docs/concepts/security/pod-security-standards/>):
+    /// `baseline` (default: no host namespaces, host paths, privileged containers or added
+    /// capabilities) or `restricted`. A pod that breaks it is not synced and gets
+    /// `PodScheduled=False` and an Event in the tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurityLevel>,
+    /// The `hard` limits of the workload namespace's ResourceQuota (`pods`,
+    /// `requests.cpu`, `limits.memory`, ...), bounding everything the tenant runs. Absent:
+    /// no ResourceQuota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_quota:
+        Option<std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    /// The workload namespace's LimitRange: default requests and limits of containers that
+    /// set none (a ResourceQuota on `requests.*` or `limits.*` refuses such pods without
+    /// them). Absent: no LimitRange.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_range: Option<Vec<k8s_openapi::api::core::v1::LimitRangeItem>>,
+}
+
+/// A Pod Security Standards level, spelt as the `pod-security.kubernetes.io/enforce` label
+/// spells it.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PodSecurityLevel {
+    /// Prevents known privilege escalations; an ordinary image such as nginx runs.
+    #[default]
+    Baseline,
+    /// Baseline plus the hardening rules: non-root, no privilege escalation, all
+    /// capabilities dropped, a seccomp profile.
+    Restricted,
 }
 
 /// Cluster API's `rolloutBefore`: renew ahead of certificate expiry.

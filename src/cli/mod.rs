@@ -79,7 +79,7 @@ pub struct RunArgs {
     pub namespace: Option<String>,
     /// Controllers to run, like kube-controller-manager's flag: `*` enables all, `-name`
     /// disables one. Names: control-plane, etcd, apiserver, controller-manager, cluster,
-    /// public-crds.
+    /// public-crds, syncer.
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
     /// DNS domain of the super cluster, used in certificate SANs.
@@ -137,6 +137,11 @@ pub struct RunArgs {
     /// Not needed in a super cluster, where cluster DNS answers those names.
     #[arg(long, value_name = "FILE")]
     pub etcd_hosts_file: Option<std::path::PathBuf>,
+    /// How often the syncer's patrol removes what outlived its tenant object (super pods of
+    /// deleted tenant pods, unused copies) and the workloads of deleted control planes, as
+    /// a Go duration.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
+    pub syncer_patrol_interval: std::time::Duration,
 }
 
 impl RunArgs {
@@ -241,6 +246,7 @@ pub fn parse_controllers(list: &[String]) -> anyhow::Result<EnabledControllers> 
         controller_manager: false,
         cluster: false,
         public_crds: false,
+        syncer: false,
     };
     for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         if item == "*" {
@@ -258,8 +264,9 @@ pub fn parse_controllers(list: &[String]) -> anyhow::Result<EnabledControllers> 
             "controller-manager" => &mut enabled.controller_manager,
             "cluster" => &mut enabled.cluster,
             "public-crds" => &mut enabled.public_crds,
+            "syncer" => &mut enabled.syncer,
             other => anyhow::bail!(
-                "unknown controller {other:?}; known: control-plane, etcd, apiserver, controller-manager, cluster, public-crds"
+                "unknown controller {other:?}; known: control-plane, etcd, apiserver, controller-manager, cluster, public-crds, syncer"
             ),
         };
         *slot = on;
@@ -289,6 +296,7 @@ pub async fn main() -> anyhow::Result<()> {
                 capn_pods,
                 capn_image: args.capn_image,
                 etcd_hosts_file: args.etcd_hosts_file,
+                syncer_patrol: args.syncer_patrol_interval,
             };
             let client = crate::client::infer()
                 .await

@@ -11,6 +11,7 @@
 //!   [`component::controller_manager`].
 //! - [`cluster`]: NestedCluster — the CAPI infrastructure object.
 //! - [`public_crds`]: the super cluster's public CRDs, copied into every tenant.
+//! - [`syncer`]: the tenants' pods, run in the super cluster (docs/design.md §11).
 //! - [`shared`]: what every reconciler uses (watch caches, certificate Secrets, Events,
 //!   reads, the status memo); [`round`]: what every step of a pass shares (the clock, the
 //!   gate, the recheck schedule). Neither imports a reconciler.
@@ -22,6 +23,7 @@ mod error;
 pub mod public_crds;
 pub mod round;
 pub mod shared;
+pub mod syncer;
 
 use std::sync::Arc;
 
@@ -46,6 +48,8 @@ pub struct EnabledControllers {
     pub cluster: bool,
     /// The public CRD sync (docs/design.md §7).
     pub public_crds: bool,
+    /// The syncer of the tenants' workloads (docs/design.md §11).
+    pub syncer: bool,
 }
 
 impl Default for EnabledControllers {
@@ -57,6 +61,7 @@ impl Default for EnabledControllers {
             controller_manager: true,
             cluster: true,
             public_crds: true,
+            syncer: true,
         }
     }
 }
@@ -92,6 +97,9 @@ pub struct Settings {
     /// --etcd-hosts-file`, [`crate::etcd::HostsFile`]); `None` dials the names, which cluster
     /// DNS answers in a super cluster.
     pub etcd_hosts_file: Option<std::path::PathBuf>,
+    /// How often the syncer's patrol runs (`capn run --syncer-patrol-interval`, default
+    /// [`syncer::DEFAULT_PATROL`]).
+    pub syncer_patrol: std::time::Duration,
 }
 
 /// Default of [`Settings::upgrade_step_timeout`]: a step rolls three StatefulSets, each
@@ -127,6 +135,7 @@ impl Default for Settings {
             upgrade_step_timeout: DEFAULT_UPGRADE_STEP_TIMEOUT,
             capn_image: DEFAULT_CAPN_IMAGE.to_string(),
             etcd_hosts_file: None,
+            syncer_patrol: syncer::DEFAULT_PATROL,
         }
     }
 }
@@ -283,6 +292,9 @@ pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Setti
     drop(subscriptions);
     if enabled.public_crds {
         tasks.push(tokio::spawn(public_crds::run(ctx.clone())));
+    }
+    if enabled.syncer {
+        tasks.push(tokio::spawn(syncer::run(ctx.clone())));
     }
     // Abort the others when this future is dropped (tests restart controllers this way).
     let _guard = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());

@@ -493,7 +493,7 @@ fn preflight_summary(p: &PreflightStatus) -> String {
 /// host; through the kubeconfig's server when the slice lists none.
 async fn tenant_metrics(round: &Round<'_>) -> Result<Vec<String>, String> {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
-    let config = crate::controllers::public_crds::tenant_config(round.ctx, round.ncp, round.ns)
+    let config = crate::controllers::shared::tenant::tenant_config(round.ctx, round.ncp, round.ns)
         .await
         .map_err(|e| e.to_string())?;
     let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -22,9 +21,8 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::{NestedControlPlane, PublicCrdsStatus};
 use crate::controllers::round::Now;
-use crate::controllers::shared::read::cluster_name;
+use crate::controllers::shared::tenant::tenant_client;
 use crate::controllers::{Context, ReconcileError, events};
-use crate::pki::{SecretNames, kubeconfig_from_secret};
 use crate::status::{ConditionUpdate, PUBLIC_CRDS_SYNCED, Reason, set_condition};
 
 /// Runs the sync until the stream ends: every ready control plane is reconciled when it
@@ -69,49 +67,6 @@ async fn public_crds(ctx: &Context) -> Result<Vec<CustomResourceDefinition>, Rec
         .labels(&format!("{PUBLIC_LABEL}=true"))
         .match_any();
     Ok(api.list(&params).await?.items)
-}
-
-/// Builds a client for the nested control plane of `ncp` from its admin kubeconfig.
-///
-/// # Errors
-/// A missing or unparsable kubeconfig Secret.
-pub(crate) async fn tenant_client(
-    ctx: &Context,
-    ncp: &NestedControlPlane,
-    ns: &str,
-) -> Result<kube::Client, ReconcileError> {
-    Ok(kube::Client::try_from(tenant_config(ctx, ncp, ns).await?)?)
-}
-
-/// The client configuration of [`tenant_client`], for callers that dial each apiserver
-/// replica themselves.
-///
-/// # Errors
-/// A missing or unparsable kubeconfig Secret.
-pub(crate) async fn tenant_config(
-    ctx: &Context,
-    ncp: &NestedControlPlane,
-    ns: &str,
-) -> Result<kube::Config, ReconcileError> {
-    let names = SecretNames::new(&cluster_name(ncp));
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .get(&names.kubeconfig)
-        .await?;
-    let text = kubeconfig_from_secret(&secret).map_err(|source| ReconcileError::Pki {
-        secret: names.kubeconfig.clone(),
-        source,
-    })?;
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)
-        .map_err(|e| ReconcileError::Kube(kube::Error::InferKubeconfig(e)))?;
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .map_err(|e| ReconcileError::Kube(kube::Error::InferKubeconfig(e)))?;
-    if let Some(hook) = &ctx.settings.tenant_config_hook {
-        (hook.0)(ncp, &mut config);
-    }
-    config.connect_timeout = Some(Duration::from_secs(5));
-    config.read_timeout = Some(Duration::from_secs(15));
-    Ok(config)
 }
 
 /// Syncs the public CRDs into one ready nested control plane and reports the outcome.

@@ -32,6 +32,25 @@ pub enum Level {
     Restricted,
 }
 
+impl From<crate::api::PodSecurityLevel> for Level {
+    fn from(level: crate::api::PodSecurityLevel) -> Self {
+        match level {
+            crate::api::PodSecurityLevel::Baseline => Level::Baseline,
+            crate::api::PodSecurityLevel::Restricted => Level::Restricted,
+        }
+    }
+}
+
+impl Level {
+    /// The level's value in the `pod-security.kubernetes.io/enforce` namespace label.
+    pub const fn label_value(self) -> &'static str {
+        match self {
+            Level::Baseline => "baseline",
+            Level::Restricted => "restricted",
+        }
+    }
+}
+
 /// The rule a tenant pod broke: the Pod Security Admission check it follows, or one of the
 /// syncer's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,0 +1,298 @@
+//! The syncer (docs/design.md §11): runs each tenant's pods in the super cluster. For every
+//! ready NestedControlPlane whose `spec.workloads.sync` is not `false`, a worker of its own
+//! ([`worker`], sharing [`scope`]) watches the tenant's pods through the admin kubeconfig and syncs them into
+//! the control plane's workload namespace ([`workload_namespace`]); one tenant's queue or
+//! outage never holds up another's. When the control plane goes, or turns syncing off, its
+//! workload namespace goes, and with it everything synced for it. With `--watch-filter`,
+//! each capn instance syncs the tenants it reconciles.
+//!
+//! - [`pods`]: one tenant pod, down and up; [`references`] and [`tokens`]: what it mounts;
+//! - [`nodes`]: the tenant Nodes and their Leases;
+//! - [`patrol`]: orphans, confirmed against the tenant before removal.
+
+mod nodes;
+mod patrol;
+mod pods;
+mod references;
+mod scope;
+mod tokens;
+mod worker;
+pub mod workload_namespace;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::{Resource, ResourceExt};
+
+pub use nodes::VIRTUAL_NODE_LABEL;
+pub use tokens::REFRESH_AT;
+
+use crate::api::{NestedControlPlane, Workloads};
+use crate::controllers::round::Now;
+use crate::controllers::shared::tenant::tenant_client;
+use crate::controllers::{Context, ReconcileError, events};
+use crate::status::{ConditionUpdate, Reason, WORKLOADS_SYNCED, set_condition};
+use crate::syncer::admission::Level;
+use crate::syncer::names::ControlPlaneRef;
+use crate::syncer::names::tenancy;
+use crate::syncer::pod::{ApiServerAddress, Target};
+
+/// Default of [`crate::controllers::Settings::syncer_patrol`].
+pub const DEFAULT_PATROL: Duration = Duration::from_secs(60);
+
+/// The running workers, by control plane, with what they were started from.
+#[derive(Default)]
+struct Workers(Mutex<HashMap<ControlPlaneRef, Worker>>);
+
+struct Worker {
+    started_from: Started,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a worker depends on: a change restarts it.
+#[derive(Clone, Debug, PartialEq)]
+struct Started {
+    level: Level,
+    workloads: Option<Workloads>,
+    apiserver: ApiServerAddress,
+}
+
+/// Runs the syncer until the stream ends.
+pub async fn run(ctx: Arc<Context>) {
+    let workers = Arc::new(Workers::default());
+    let controller = Controller::new(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config());
+    let store = controller.store();
+    let sweep = sweep_forever(ctx.clone(), workers.clone(), store);
+    let queue =
+        controller
+            .shutdown_on_signal()
+            .run(
+                move |ncp, ctx| {
+                    let workers = workers.clone();
+                    async move {
+                        crate::controllers::instrumented(&ctx.clone(), "syncer", reconcile(ncp, ctx, &workers)).await
+                    }
+                },
+                |_, error, _| {
+                    tracing::info!(error = %error, "syncer start failed; backing off");
+                    Action::requeue(Duration::from_secs(15))
+                },
+                ctx,
+            )
+            .for_each(|_| async {});
+    tokio::join!(queue, sweep);
+}
+
+/// Starts, restarts or stops the worker of one control plane, and reports
+/// `WorkloadsSynced`.
+async fn reconcile(
+    ncp: Arc<NestedControlPlane>,
+    ctx: Arc<Context>,
+    workers: &Workers,
+) -> Result<Action, ReconcileError> {
+    let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let control_plane = ControlPlaneRef::new(&ns, ncp.name_any());
+    let workloads = ncp.spec.workloads.clone();
+    let enabled = workloads.as_ref().and_then(|w| w.sync) != Some(false);
+    if ncp.meta().deletion_timestamp.is_some() || !enabled {
+        workers.stop(&control_plane);
+        workload_namespace::delete(&ctx.client, &control_plane).await?;
+        if !enabled {
+            let update = ConditionUpdate::new(
+                WORKLOADS_SYNCED,
+                true,
+                Reason::WorkloadSyncDisabled,
+                "spec.workloads.sync is false: the tenant's pods are not run by the super cluster".to_owned(),
+            );
+            report(&ctx, &ncp, &ns, update).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    let ready = ncp.status.as_ref().is_some_and(|s| s.ready);
+    let Some(endpoint) = ncp.spec.control_plane_endpoint.clone().filter(|_| ready) else {
+        return Ok(Action::await_change());
+    };
+    let level: Level = workloads
+        .as_ref()
+        .and_then(|w| w.pod_security)
+        .unwrap_or_default()
+        .into();
+    let started = Started {
+        level,
+        workloads: workloads.clone(),
+        apiserver: ApiServerAddress {
+            host: endpoint.host.clone(),
+            port: u16::try_from(endpoint.port).unwrap_or(443),
+        },
+    };
+    if workers.running(&control_plane, &started) {
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+    let result = start(&ctx, &ncp, &ns, &control_plane, &started, workers).await;
+    let update = match &result {
+        Ok(()) => ConditionUpdate::new(
+            WORKLOADS_SYNCED,
+            true,
+            Reason::WorkloadsSyncing,
+            format!(
+                "the tenant's pods run in the super cluster namespace {} at Pod Security level {}",
+                control_plane.workload_namespace(),
+                level.label_value()
+            ),
+        ),
+        Err(e) => ConditionUpdate::new(
+            WORKLOADS_SYNCED,
+            false,
+            Reason::TenantUnreachable,
+            format!("the syncer could not start: {e}"),
+        ),
+    };
+    report(&ctx, &ncp, &ns, update).await?;
+    result.map(|()| Action::requeue(Duration::from_secs(300)))
+}
+
+/// Makes the workload namespace and starts the worker.
+async fn start(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    ns: &str,
+    control_plane: &ControlPlaneRef,
+    started: &Started,
+    workers: &Workers,
+) -> Result<(), ReconcileError> {
+    let desired = workload_namespace::desired(control_plane, started.level, started.workloads.as_ref());
+    workload_namespace::apply(&ctx.client, &desired).await?;
+    let tenant_client = tenant_client(ctx, ncp, ns).await?;
+    let start = worker::Start {
+        super_client: ctx.client.clone(),
+        tenant_client,
+        target: Target {
+            control_plane: control_plane.clone(),
+            apiserver: started.apiserver.clone(),
+            level: started.level,
+        },
+        patrol_every: ctx.settings.syncer_patrol,
+        metrics: ctx.metrics.clone(),
+    };
+    tracing::info!(tenant = %control_plane.key(), namespace = %control_plane.workload_namespace(), "syncing the tenant's workloads");
+    let task = tokio::spawn(worker::run(start));
+    workers.insert(
+        control_plane.clone(),
+        Worker {
+            started_from: started.clone(),
+            task,
+        },
+    );
+    Ok(())
+}
+
+/// Writes `WorkloadsSynced` when it changed (only this controller's condition: the
+/// conditions list is a map by type).
+async fn report(
+    ctx: &Context,
+    ncp: &NestedControlPlane,
+    ns: &str,
+    update: ConditionUpdate,
+) -> Result<(), ReconcileError> {
+    let old = ncp.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let mut conditions = old.clone();
+    set_condition(&mut conditions, update, ncp.meta().generation, &Now::take().k8s);
+    let condition = conditions.iter().find(|c| c.type_ == WORKLOADS_SYNCED).cloned();
+    if condition.as_ref() == old.iter().find(|c| c.type_ == WORKLOADS_SYNCED) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": NestedControlPlane::api_version(&()),
+        "kind": NestedControlPlane::kind(&()),
+        "status": {"conditions": [condition]},
+    });
+    Api::<NestedControlPlane>::namespaced(ctx.client.clone(), ns)
+        .patch_status(
+            &ncp.name_any(),
+            &PatchParams::apply("capn-syncer").force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    events::publish_condition_changes(ctx, ncp, &old, &conditions).await;
+    Ok(())
+}
+
+/// Every patrol period: stops the workers of control planes that are gone and deletes
+/// their workload namespaces, and those of control planes deleted while capn was not
+/// running. A control plane missing from the cache is confirmed gone with a read first
+/// (it may be another capn instance's under `--watch-filter`, or the cache may lag).
+async fn sweep_forever(
+    ctx: Arc<Context>,
+    workers: Arc<Workers>,
+    store: kube::runtime::reflector::Store<NestedControlPlane>,
+) {
+    if store.wait_until_ready().await.is_err() {
+        return;
+    }
+    let mut tick = tokio::time::interval(ctx.settings.syncer_patrol);
+    loop {
+        tick.tick().await;
+        if let Err(error) = sweep(&ctx, &workers).await {
+            tracing::info!(%error, "syncer sweep failed; trying again next round");
+        }
+    }
+}
+
+async fn sweep(ctx: &Context, workers: &Workers) -> Result<(), kube::Error> {
+    let params = ListParams::default().labels(&format!("{}=true", workload_namespace::WORKLOADS_LABEL));
+    for namespace in Api::<Namespace>::all(ctx.client.clone()).list(&params).await?.items {
+        let Some((ns, name)) = namespace
+            .annotations()
+            .get(tenancy::CLUSTER)
+            .and_then(|key| key.split_once('/'))
+        else {
+            continue;
+        };
+        if ctx.settings.namespace.as_deref().is_some_and(|watched| watched != ns) {
+            continue;
+        }
+        let gone = Api::<NestedControlPlane>::namespaced(ctx.client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .is_none();
+        if gone && namespace.metadata.deletion_timestamp.is_none() {
+            let control_plane = ControlPlaneRef::new(ns, name);
+            tracing::info!(tenant = %control_plane.key(), "removing the workloads of a control plane that is gone");
+            workers.stop(&control_plane);
+            workload_namespace::delete(&ctx.client, &control_plane).await?;
+        }
+    }
+    Ok(())
+}
+
+impl Workers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ControlPlaneRef, Worker>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a live worker of `control_plane` runs from `started`.
+    fn running(&self, control_plane: &ControlPlaneRef, started: &Started) -> bool {
+        self.lock()
+            .get(control_plane)
+            .is_some_and(|w| w.started_from == *started && !w.task.is_finished())
+    }
+
+    fn insert(&self, control_plane: ControlPlaneRef, worker: Worker) {
+        self.lock().insert(control_plane, worker);
+    }
+
+    fn stop(&self, control_plane: &ControlPlaneRef) {
+        self.lock().remove(control_plane);
+    }
+}

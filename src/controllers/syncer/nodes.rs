@@ -1,0 +1,254 @@
+//! The tenant's Nodes: one for each super node that runs a tenant pod, made when the first
+//! pod is bound to it and removed when none is left (docs/design.md §11). A tenant Node
+//! carries what scheduling and `kubectl get nodes` need (the well-known labels, capacity,
+//! allocatable, node info and the `Ready` condition) and no super-cluster address: its only
+//! address is its hostname. The syncer renews its Lease in `kube-node-lease` as the kubelet
+//! does (every 10 seconds, for 40), so the tenant's node lifecycle controller sees a
+//! healthy node and never evicts its pods; its `Ready` condition follows the super node's.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::scope::{TENANT_FIELD_MANAGER, Tenant};
+
+/// Label on every tenant Node the syncer made.
+pub const VIRTUAL_NODE_LABEL: &str = "tenancy.x-k8s.io/virtual-node";
+/// The super node labels a tenant Node carries (where the pod runs, for topology spread
+/// and affinity; nothing that identifies super-cluster infrastructure beyond that).
+const COPIED_LABELS: [&str; 6] = [
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+];
+/// How often the Leases are renewed (the kubelet's `nodeLeaseRenewInterval`: a quarter of
+/// the 40-second lease).
+const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// The Lease's duration (the kubelet's `nodeLeaseDurationSeconds`).
+const LEASE_SECONDS: i32 = 40;
+/// How often the `Ready` condition is read again from the super node.
+const STATUS_EVERY: u32 = 6;
+/// A Node younger than this is never removed as unused: the pod bound to it may not be in
+/// the watch cache yet.
+const GRACE: Duration = Duration::from_secs(60);
+
+/// The tenant Node for the super node `super_node`.
+pub(super) fn tenant_node(super_node: &Node, now: Timestamp) -> Node {
+    let name = super_node.name_any();
+    let mut labels: std::collections::BTreeMap<String, String> = super_node
+        .labels()
+        .iter()
+        .filter(|(k, _)| COPIED_LABELS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.insert(VIRTUAL_NODE_LABEL.to_owned(), "true".to_owned());
+    let status = super_node.status.clone().unwrap_or_default();
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            capacity: status.capacity,
+            allocatable: status.allocatable,
+            node_info: status.node_info,
+            conditions: Some(ready(super_node, now)),
+            addresses: Some(vec![NodeAddress {
+                type_: "Hostname".to_owned(),
+                address: name,
+            }]),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+/// The super node's `Ready` condition, heartbeat now (`Unknown` when it reports none).
+fn ready(super_node: &Node, now: Timestamp) -> Vec<NodeCondition> {
+    let reported = super_node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready").cloned())
+        .unwrap_or(NodeCondition {
+            type_: "Ready".to_owned(),
+            status: "Unknown".to_owned(),
+            reason: Some("NodeStatusUnknown".to_owned()),
+            ..NodeCondition::default()
+        });
+    vec![NodeCondition {
+        last_heartbeat_time: Some(Time(now)),
+        ..reported
+    }]
+}
+
+/// Makes the tenant Node `name` (and its Lease) unless it exists.
+///
+/// # Errors
+/// The super node cannot be read, or the tenant refuses the Node.
+pub(super) async fn ensure(tenant: &Tenant, name: &str) -> Result<(), kube::Error> {
+    if tenant.tenant_nodes.get(&ObjectRef::new(name)).is_some() {
+        return Ok(());
+    }
+    let super_node = Api::<Node>::all(tenant.super_client.clone()).get(name).await?;
+    let node = tenant_node(&super_node, Timestamp::now());
+    let nodes = Api::<Node>::all(tenant.tenant_client.clone());
+    // A Node keeps the status it is created with (the kubelet registers that way).
+    let created = match nodes.create(&PostParams::default(), &node).await {
+        Ok(created) => created,
+        Err(kube::Error::Api(e)) if e.code == 409 => nodes.get(name).await?,
+        Err(e) => return Err(e),
+    };
+    renew(tenant, &created).await
+}
+
+/// Renews the Lease of the tenant Node `node` (creating it, owned by the Node as the
+/// kubelet's is).
+async fn renew(tenant: &Tenant, node: &Node) -> Result<(), kube::Error> {
+    let name = node.name_any();
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some("kube-node-lease".to_owned()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".to_owned(),
+                kind: "Node".to_owned(),
+                name: name.clone(),
+                uid: node.metadata.uid.clone().unwrap_or_default(),
+                ..OwnerReference::default()
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name.clone()),
+            lease_duration_seconds: Some(LEASE_SECONDS),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    let mut value = serde_json::to_value(&lease).unwrap_or_default();
+    value["apiVersion"] = "coordination.k8s.io/v1".into();
+    value["kind"] = "Lease".into();
+    Api::<Lease>::namespaced(tenant.tenant_client.clone(), "kube-node-lease")
+        .patch(
+            &name,
+            &PatchParams::apply(TENANT_FIELD_MANAGER).force(),
+            &Patch::Apply(&value),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Runs forever: renews every tenant Node's Lease, follows the super nodes' `Ready`, and
+/// removes the Nodes no tenant pod is bound to any more. A failure is logged and tried
+/// again at the next tick: a tenant apiserver that is down holds up only this tenant.
+pub(super) async fn heartbeats(tenant: &Tenant) {
+    let mut tick = tokio::time::interval(RENEW_EVERY);
+    let mut round: u32 = 0;
+    loop {
+        tick.tick().await;
+        round = round.wrapping_add(1);
+        let in_use: BTreeSet<String> = tenant
+            .tenant_pods
+            .state()
+            .iter()
+            .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+            .collect();
+        for node in tenant.tenant_nodes.state() {
+            let result = if in_use.contains(&node.name_any()) || young(&node) {
+                beat(tenant, &node, round % STATUS_EVERY == 0).await
+            } else {
+                remove(tenant, &node).await
+            };
+            if let Err(error) = result {
+                tracing::info!(%error, node = %node.name_any(), "tenant Node heartbeat failed");
+            }
+        }
+    }
+}
+
+fn young(node: &Node) -> bool {
+    node.metadata.creation_timestamp.as_ref().is_none_or(|t| {
+        Timestamp::now().duration_since(t.0) < k8s_openapi::jiff::SignedDuration::try_from(GRACE).unwrap_or_default()
+    })
+}
+
+async fn beat(tenant: &Tenant, node: &Node, with_status: bool) -> Result<(), kube::Error> {
+    renew(tenant, node).await?;
+    if with_status {
+        let super_node = Api::<Node>::all(tenant.super_client.clone())
+            .get(&node.name_any())
+            .await?;
+        let patch = serde_json::json!({"status": {"conditions": ready(&super_node, Timestamp::now())}});
+        Api::<Node>::all(tenant.tenant_client.clone())
+            .patch_status(&node.name_any(), &PatchParams::default(), &Patch::Strategic(patch))
+            .await?;
+    }
+    Ok(())
+}
+
+async fn remove(tenant: &Tenant, node: &Node) -> Result<(), kube::Error> {
+    match Api::<Node>::all(tenant.tenant_client.clone())
+        .delete(&node.name_any(), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_node_shows_capacity_and_readiness_but_no_super_address() {
+        let super_node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "worker-1", "labels": {
+                "kubernetes.io/hostname": "worker-1", "kubernetes.io/os": "linux",
+                "node-role.kubernetes.io/infra": "", "secret.example/rack": "r7"}},
+            "status": {
+                "capacity": {"cpu": "8", "pods": "110"},
+                "allocatable": {"cpu": "7500m", "pods": "110"},
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False"},
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
+        }))
+        .unwrap();
+        let now = Timestamp::now();
+        let node = tenant_node(&super_node, now);
+        let labels = node.labels();
+        assert_eq!(labels.get(VIRTUAL_NODE_LABEL).map(String::as_str), Some("true"));
+        assert_eq!(labels.get("kubernetes.io/os").map(String::as_str), Some("linux"));
+        assert!(!labels.contains_key("secret.example/rack") && !labels.contains_key("node-role.kubernetes.io/infra"));
+        let status = node.status.unwrap();
+        assert_eq!(status.allocatable.unwrap()["cpu"].0, "7500m");
+        assert_eq!(
+            status.addresses.unwrap(),
+            [NodeAddress {
+                type_: "Hostname".into(),
+                address: "worker-1".into()
+            }]
+        );
+        let conditions = status.conditions.unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(
+            (conditions[0].type_.as_str(), conditions[0].status.as_str()),
+            ("Ready", "True")
+        );
+        assert_eq!(conditions[0].last_heartbeat_time, Some(Time(now)));
+    }
+}

@@ -1,0 +1,316 @@
+//! One tenant pod, both ways (docs/design.md §11): down, its super pod with the objects it
+//! refers to and its tokens; up, the super pod's status and node onto the tenant pod; and
+//! its end, where the syncer plays the kubelet's last part (a terminating tenant pod is
+//! removed once its super pod is gone).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+
+use super::scope::{FIELD_MANAGER, Tenant};
+use super::{nodes, references, tokens};
+use crate::controllers::events::Occurrence;
+use crate::syncer::diff::{Ownership, ownership, pod_drift};
+use crate::syncer::names::NameLimit;
+use crate::syncer::names::tenancy::{MissingField, TenantObject};
+use crate::syncer::pod::{TranslateError, translate};
+use crate::syncer::upward::tenant_status;
+
+/// How soon a pod that waits (for a tenant object it refers to, for its super pod to go)
+/// is looked at again without being woken.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Why one pod's sync failed; retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SyncError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Incomplete(#[from] MissingField),
+}
+
+impl SyncError {
+    /// Short stable reason for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SyncError::Kube(_) => "APIError",
+            SyncError::Incomplete(_) => "TenantObjectIncomplete",
+        }
+    }
+}
+
+/// Syncs the tenant pod `pod` (see the module documentation).
+///
+/// # Errors
+/// A refused or failed request to either apiserver.
+pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, SyncError> {
+    let identity = TenantObject::of(&pod.metadata)?;
+    let super_name = tenant
+        .control_plane()
+        .super_name(NameLimit::Subdomain, &identity.namespace, &identity.name);
+    let live = tenant
+        .super_pods
+        .get(&ObjectRef::new(&super_name).within(&tenant.namespace));
+    match live
+        .as_ref()
+        .map(|l| ownership(tenant.control_plane(), NameLimit::Subdomain, &identity, &l.metadata))
+    {
+        Some(Ownership::Foreign) => {
+            let note = format!(
+                "the super cluster already has a pod {super_name} in {} that is not this pod's copy; it is left alone",
+                tenant.namespace
+            );
+            event(tenant, &pod, true, "NameConflict", note).await;
+            return Ok(Action::requeue(Duration::from_secs(300)));
+        }
+        Some(Ownership::Stale) => {
+            // The copy of an earlier pod of this name: it goes first.
+            delete_super(tenant, &super_name, None).await?;
+            return Ok(Action::requeue(WAIT));
+        }
+        _ => {}
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return terminate(tenant, &pod, live.as_deref(), &super_name).await;
+    }
+    if is_finished(&pod) && live.is_none() {
+        return Ok(Action::await_change());
+    }
+    let mut next = Action::await_change();
+    // A pod the syncer bound is translated as it was before binding (its `nodeName` is the
+    // syncer's, not the tenant's).
+    let source = if bound_by_syncer(tenant, &pod) {
+        let mut unbound = (*pod).clone();
+        if let Some(spec) = unbound.spec.as_mut() {
+            spec.node_name = None;
+        }
+        std::borrow::Cow::Owned(unbound)
+    } else {
+        std::borrow::Cow::Borrowed(&*pod)
+    };
+    let translation = match translate(&source, &tenant.target) {
+        Ok(t) => t,
+        Err(TranslateError::MissingField(e)) => return Err(e.into()),
+        Err(refused) => return refuse(tenant, &pod, &refused).await,
+    };
+    if references::sync(tenant, &identity.namespace, &translation.references).await? {
+        next = Action::requeue(WAIT);
+    }
+    let created = live.is_none();
+    let live = match live {
+        Some(live) if pod_drift(&translation.pod, &live).is_empty() => live,
+        _ => Arc::new(apply_super(tenant, &super_name, &translation.pod).await?),
+    };
+    if let Some(secret) = &translation.token_secret {
+        let refresh = tokens::sync(tenant, &identity, secret, &live).await?;
+        next = sooner(next, refresh);
+    }
+    if created && !translation.dropped_tolerations.is_empty() {
+        let keys: Vec<_> = translation
+            .dropped_tolerations
+            .iter()
+            .map(|t| t.key.clone().unwrap_or_default())
+            .collect();
+        let note = format!("tolerations not carried to the super cluster: {}", keys.join(", "));
+        event(tenant, &pod, false, "TolerationsDropped", note).await;
+    }
+    upward(tenant, &pod, &live).await?;
+    Ok(next)
+}
+
+/// The earlier of two actions' requeues.
+fn sooner(a: Action, b: Option<Duration>) -> Action {
+    match b {
+        Some(after) if a == Action::await_change() || after < WAIT => Action::requeue(after),
+        _ => a,
+    }
+}
+
+/// A pod that ran to its end: nothing more to run.
+fn is_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Whether the tenant pod's `nodeName` is a tenant Node the syncer made (it bound the pod),
+/// rather than the tenant's own wish.
+fn bound_by_syncer(tenant: &Tenant, pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|node| tenant.tenant_nodes.get(&ObjectRef::new(node)).is_some())
+}
+
+/// Creates or updates the super pod (server-side apply: the syncer's fields only, so the
+/// super cluster's own additions stay and a label the tenant removed goes).
+async fn apply_super(tenant: &Tenant, name: &str, pod: &Pod) -> Result<Pod, kube::Error> {
+    let mut pod = pod.clone();
+    pod.metadata.name = Some(name.to_owned());
+    let mut value = serde_json::to_value(&pod).unwrap_or_default();
+    value["apiVersion"] = "v1".into();
+    value["kind"] = "Pod".into();
+    Api::<Pod>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+        .patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&value))
+        .await
+}
+
+/// Deletes the super pod `name` with `grace` seconds (its own when `None`); gone already is
+/// no error.
+async fn delete_super(tenant: &Tenant, name: &str, grace: Option<i64>) -> Result<(), kube::Error> {
+    let params = DeleteParams {
+        grace_period_seconds: grace.and_then(|g| u32::try_from(g).ok()),
+        ..DeleteParams::default()
+    };
+    match Api::<Pod>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+        .delete(name, &params)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A terminating tenant pod: its super pod is deleted with the tenant's grace period, and
+/// once that is gone the tenant pod is removed (`gracePeriodSeconds: 0`, as the kubelet
+/// does when the containers have stopped).
+async fn terminate(tenant: &Tenant, pod: &Pod, live: Option<&Pod>, super_name: &str) -> Result<Action, SyncError> {
+    match live {
+        Some(live) if live.metadata.deletion_timestamp.is_none() => {
+            delete_super(tenant, super_name, pod.metadata.deletion_grace_period_seconds).await?;
+            Ok(Action::requeue(WAIT))
+        }
+        Some(_) => Ok(Action::requeue(WAIT)),
+        None => {
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions {
+                    uid: pod.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let api = Api::<Pod>::namespaced(tenant.tenant_client.clone(), &pod.namespace().unwrap_or_default());
+            match api.delete(&pod.name_any(), &params).await {
+                Ok(_) => Ok(Action::await_change()),
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(Action::await_change()),
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// A pod the syncer will not run: `PodScheduled=False` with the rule's reason and what was
+/// refused, and a Warning Event, both in the tenant; no super object.
+async fn refuse(tenant: &Tenant, pod: &Pod, refused: &TranslateError) -> Result<Action, SyncError> {
+    let message = format!("not run by the super cluster: {refused}");
+    let condition = PodCondition {
+        type_: "PodScheduled".to_owned(),
+        status: "False".to_owned(),
+        reason: Some(refused.reason().to_owned()),
+        message: Some(message.clone()),
+        last_transition_time: Some(Time(Timestamp::now())),
+        ..PodCondition::default()
+    };
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let current = conditions.iter().find(|c| c.type_ == "PodScheduled");
+    if current.is_some_and(|c| c.status == "False" && c.message.as_deref() == Some(message.as_str())) {
+        return Ok(Action::await_change());
+    }
+    let mut conditions: Vec<PodCondition> = conditions.into_iter().filter(|c| c.type_ != "PodScheduled").collect();
+    conditions.push(condition);
+    Api::<Pod>::namespaced(tenant.tenant_client.clone(), &pod.namespace().unwrap_or_default())
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": "Pending", "conditions": conditions}})),
+        )
+        .await?;
+    event(tenant, pod, true, refused.reason(), message).await;
+    Ok(Action::await_change())
+}
+
+/// The way up: the tenant pod bound to its super pod's node (whose tenant Node is made
+/// first), and its status from the super pod's.
+async fn upward(tenant: &Tenant, pod: &Pod, live: &Pod) -> Result<(), kube::Error> {
+    let up = tenant_status(pod, live, Timestamp::now());
+    let api = Api::<Pod>::namespaced(tenant.tenant_client.clone(), &pod.namespace().unwrap_or_default());
+    let unbound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none();
+    if let Some(node) = up.bind_to.as_deref().filter(|_| unbound) {
+        nodes::ensure(tenant, node).await?;
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(pod.name_any()),
+                uid: pod.metadata.uid.clone(),
+                ..ObjectMeta::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(node.to_owned()),
+                ..ObjectReference::default()
+            },
+        };
+        match api
+            .create_subresource::<_, serde_json::Value>("binding", &pod.name_any(), &PostParams::default(), &binding)
+            .await
+        {
+            Ok(_) => {}
+            // Bound already (a watch that lagged): the status below still goes up.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if changes(pod.status.as_ref(), &up.status) {
+        api.patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "status": up.status })),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Whether merging `desired` into `current` (a JSON merge patch, as written) changes it.
+/// Comparing the merged result, not the two statuses, keeps a field the patch does not
+/// name from causing a write at every reconcile.
+fn changes(
+    current: Option<&k8s_openapi::api::core::v1::PodStatus>,
+    desired: &k8s_openapi::api::core::v1::PodStatus,
+) -> bool {
+    let current = serde_json::to_value(current.cloned().unwrap_or_default()).unwrap_or_default();
+    let mut merged = current.clone();
+    json_patch::merge(&mut merged, &serde_json::to_value(desired).unwrap_or_default());
+    merged != current
+}
+
+/// Publishes an Event about the tenant pod in the tenant; a failure is logged, never
+/// fatal.
+async fn event(tenant: &Tenant, pod: &Pod, warning: bool, reason: &str, note: String) {
+    let regarding = pod.object_ref(&());
+    let occurrence = Occurrence {
+        warning,
+        reason,
+        action: "Sync",
+        note,
+        regarding,
+        related: None,
+    };
+    if let Err(error) = tenant.recorder.publish(&occurrence).await {
+        tracing::info!(%error, pod = %pod.name_any(), "could not publish an Event in the tenant");
+    }
+}

@@ -1,0 +1,169 @@
+//! The tenant objects a pod refers to (ConfigMaps, Secrets, PersistentVolumeClaims of its
+//! namespace), copied under their mapped names into the workload namespace before the pod.
+//! The tenant is the source of truth: a copy that differs from its tenant object (changed
+//! in the tenant, or on the super side) is applied again.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::scope::{FIELD_MANAGER, Tenant};
+use crate::syncer::diff::metadata_drift;
+use crate::syncer::names::NameLimit;
+use crate::syncer::names::tenancy::super_metadata;
+use crate::syncer::pod::{Reference, ReferenceKind};
+
+/// The legacy service-account token Secret type: a copy of one is made `Opaque`, so that
+/// the super cluster's token controller never fills it with a super-cluster token.
+const SERVICE_ACCOUNT_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
+
+/// Copies every reference of a pod in the tenant namespace `namespace`. Returns whether one
+/// of them does not exist in the tenant yet (the super pod waits for it, as a kubelet
+/// would, and the pod is looked at again).
+///
+/// # Errors
+/// A failed read of the tenant or write of the super cluster.
+pub(super) async fn sync(
+    tenant: &Tenant,
+    namespace: &str,
+    references: &BTreeSet<Reference>,
+) -> Result<bool, kube::Error> {
+    let mut waiting = false;
+    for reference in references {
+        let present = match reference.kind {
+            ReferenceKind::ConfigMap => config_map(tenant, namespace, &reference.name).await?,
+            ReferenceKind::Secret => secret(tenant, namespace, &reference.name).await?,
+            ReferenceKind::PersistentVolumeClaim => claim(tenant, namespace, &reference.name).await?,
+        };
+        waiting |= !present;
+    }
+    Ok(waiting)
+}
+
+/// The copy's metadata, or `None` when the tenant object lacks its identity.
+fn copy_meta(tenant: &Tenant, meta: &ObjectMeta) -> Option<ObjectMeta> {
+    super_metadata(tenant.control_plane(), NameLimit::Subdomain, meta).ok()
+}
+
+fn apply<K: serde::Serialize>(kind: &str, object: &K) -> serde_json::Value {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    value["apiVersion"] = "v1".into();
+    value["kind"] = kind.into();
+    value
+}
+
+async fn config_map(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+    let Some(source) = Api::<ConfigMap>::namespaced(tenant.tenant_client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(false);
+    };
+    let Some(metadata) = copy_meta(tenant, &source.metadata) else {
+        return Ok(false);
+    };
+    let copy = ConfigMap {
+        metadata,
+        data: source.data,
+        binary_data: source.binary_data,
+        immutable: None,
+    };
+    let live = tenant
+        .super_config_maps
+        .get(&ObjectRef::new(copy.metadata.name.as_deref().unwrap_or_default()).within(&tenant.namespace));
+    let same = live.is_some_and(|l| {
+        l.data == copy.data
+            && l.binary_data == copy.binary_data
+            && metadata_drift(&copy.metadata, &l.metadata).is_empty()
+    });
+    if !same {
+        Api::<ConfigMap>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+            .patch(
+                copy.metadata.name.as_deref().unwrap_or_default(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(apply("ConfigMap", &copy)),
+            )
+            .await?;
+    }
+    Ok(true)
+}
+
+async fn secret(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+    let Some(source) = Api::<Secret>::namespaced(tenant.tenant_client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(false);
+    };
+    let Some(metadata) = copy_meta(tenant, &source.metadata) else {
+        return Ok(false);
+    };
+    let type_ = source
+        .type_
+        .filter(|t| t != SERVICE_ACCOUNT_TOKEN_TYPE)
+        .or_else(|| Some("Opaque".to_owned()));
+    let copy = Secret {
+        metadata,
+        data: source.data,
+        type_,
+        ..Secret::default()
+    };
+    let live = tenant
+        .super_secrets
+        .get(&ObjectRef::new(copy.metadata.name.as_deref().unwrap_or_default()).within(&tenant.namespace));
+    let same = live.is_some_and(|l| {
+        l.data == copy.data && l.type_ == copy.type_ && metadata_drift(&copy.metadata, &l.metadata).is_empty()
+    });
+    if !same {
+        Api::<Secret>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+            .patch(
+                copy.metadata.name.as_deref().unwrap_or_default(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(apply("Secret", &copy)),
+            )
+            .await?;
+    }
+    Ok(true)
+}
+
+/// A claim's copy asks for the same storage (class, access modes, size, volume mode) and
+/// nothing that names super-cluster objects: no `volumeName`, `selector` or data source,
+/// which would reach volumes and objects outside the tenant's own. A claim's spec is
+/// immutable but for its size, so the copy is made once.
+async fn claim(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+    let Some(source) = Api::<PersistentVolumeClaim>::namespaced(tenant.tenant_client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(false);
+    };
+    let Some(metadata) = copy_meta(tenant, &source.metadata) else {
+        return Ok(false);
+    };
+    let spec = source.spec.unwrap_or_default();
+    let copy = PersistentVolumeClaim {
+        metadata,
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: spec.access_modes,
+            resources: spec.resources,
+            storage_class_name: spec.storage_class_name,
+            volume_mode: spec.volume_mode,
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    };
+    let api = Api::<PersistentVolumeClaim>::namespaced(tenant.super_client.clone(), &tenant.namespace);
+    let name = copy.metadata.name.clone().unwrap_or_default();
+    if api.get_opt(&name).await?.is_none() {
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(apply("PersistentVolumeClaim", &copy)),
+        )
+        .await?;
+    }
+    Ok(true)
+}

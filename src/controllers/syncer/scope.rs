@@ -1,0 +1,56 @@
+//! What one tenant's reconciles share (docs/design.md §11): both clients, the mapping, and
+//! the watch caches of both sides. Every part of the syncer reads it; only [`super::worker`]
+//! builds it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use kube::Client;
+use kube::runtime::reflector::Store;
+
+use crate::controllers::events::Recorder;
+use crate::syncer::names::ControlPlaneRef;
+use crate::syncer::pod::Target;
+use crate::telemetry::Metrics;
+
+/// The field manager of everything the syncer writes in the super cluster.
+pub(super) const FIELD_MANAGER: &str = crate::apply::FIELD_MANAGER;
+/// The field manager of what the syncer writes in a tenant.
+pub(super) const TENANT_FIELD_MANAGER: &str = "capn-syncer";
+
+/// What one tenant's reconciles share: both clients, the mapping, and the watch caches of
+/// both sides.
+pub(super) struct Tenant {
+    /// The super cluster.
+    pub super_client: Client,
+    /// The tenant's apiserver, through its admin kubeconfig.
+    pub tenant_client: Client,
+    /// What a tenant pod translates with: the control plane, its apiserver as pods reach
+    /// it, its Pod Security level.
+    pub target: Target,
+    /// The workload namespace.
+    pub namespace: String,
+    /// The super pods of the workload namespace.
+    pub super_pods: Store<Pod>,
+    /// The super Secrets of the workload namespace (copies and token Secrets).
+    pub super_secrets: Store<Secret>,
+    /// The super ConfigMaps of the workload namespace (copies).
+    pub super_config_maps: Store<ConfigMap>,
+    /// The tenant's pods (the worker's own queue reads from it).
+    pub tenant_pods: Store<Pod>,
+    /// The tenant Nodes the syncer made.
+    pub tenant_nodes: Store<Node>,
+    /// Events in the tenant, about tenant pods.
+    pub recorder: Recorder,
+    /// How often the patrol looks for orphans and drift.
+    pub patrol_every: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Tenant {
+    /// The control plane this worker syncs.
+    pub fn control_plane(&self) -> &ControlPlaneRef {
+        &self.target.control_plane
+    }
+}
