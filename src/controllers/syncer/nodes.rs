@@ -167,7 +167,7 @@ pub(super) async fn heartbeats(tenant: &Tenant) {
             .collect();
         for node in tenant.tenant_nodes.state() {
             let result = if in_use.contains(&node.name_any()) || young(&node) {
-                beat(tenant, &node, round % STATUS_EVERY == 0).await
+                beat(tenant, &node, round.is_multiple_of(STATUS_EVERY)).await
             } else {
                 remove(tenant, &node).await
             };
