@@ -57,6 +57,20 @@ pub(crate) fn tenant_hook(runner: &Runner) -> capn::controllers::TenantConfigHoo
     ))
 }
 
+/// The settings of capn in this test's runtime next to `runner`: it dials the tenant's etcd
+/// members through the runner's hosts file, and the tenant apiserver (the upgrade preflight,
+/// the syncer) at the address the runner gives it.
+fn in_process_settings(ns: &str, runner: &Runner) -> capn::controllers::Settings {
+    let mut settings = capn::controllers::Settings {
+        namespace: Some(ns.to_owned()),
+        etcd_hosts_file: Some(runner.hosts_file()),
+        tenant_config_hook: Some(tenant_hook(runner)),
+        ..capn::controllers::Settings::default()
+    };
+    settings.enabled.public_crds = false;
+    settings
+}
+
 /// A booted control plane `demo` in its own namespace.
 pub(crate) struct Booted {
     pub client: Client,
@@ -69,6 +83,8 @@ pub(crate) struct Booted {
 pub(crate) enum Running {
     InProcess(Capn),
     Process(CapnProcess),
+    /// Between a stop and a start.
+    Stopped,
 }
 
 /// How a booted control plane's capn is started: in this test's runtime, or as `capn run`
@@ -94,17 +110,11 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     // capn dials the tenant's etcd members by name through the runner's hosts file.
     let hosts = runner.hosts_file();
     let capn = match start {
-        StartCapn::InProcess => {
-            // It dials the tenant apiserver too (the upgrade preflight reads its metrics).
-            let mut settings = capn::controllers::Settings {
-                namespace: Some(ns.clone()),
-                etcd_hosts_file: Some(hosts.clone()),
-                tenant_config_hook: Some(tenant_hook(&runner)),
-                ..capn::controllers::Settings::default()
-            };
-            settings.enabled.public_crds = false;
-            Running::InProcess(Capn::start_with_settings(&client, settings, &[]))
-        }
+        StartCapn::InProcess => Running::InProcess(Capn::start_with_settings(
+            &client,
+            in_process_settings(&ns, &runner),
+            &[],
+        )),
         StartCapn::Process(mut args) => {
             args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
             Running::Process(start_capn_process(&ns, &args))
@@ -197,10 +207,28 @@ impl Booted {
             .unwrap()
     }
 
+    /// Stops capn at once, in the middle of whatever it does (its task aborted: no request
+    /// in flight completes, nothing is cleaned up, as with SIGKILL), and starts it again.
+    ///
+    /// # Panics
+    /// When capn runs as a process.
+    pub async fn kill_and_restart_capn(&mut self) {
+        let Running::InProcess(capn) = std::mem::replace(&mut self.capn, Running::Stopped) else {
+            panic!("capn runs as a process here");
+        };
+        capn.stop().await;
+        self.capn = Running::InProcess(Capn::start_with_settings(
+            &self.client,
+            in_process_settings(&self.ns, &self.runner),
+            &[],
+        ));
+    }
+
     pub async fn stop(self) {
         match self.capn {
             Running::InProcess(capn) => capn.stop().await,
             Running::Process(process) => drop(process),
+            Running::Stopped => {}
         }
         drop(self.runner);
     }
@@ -209,7 +237,7 @@ impl Booted {
     pub fn capn_log(&self) -> Option<String> {
         match &self.capn {
             Running::Process(process) => Some(process.log()),
-            Running::InProcess(_) => None,
+            Running::InProcess(_) | Running::Stopped => None,
         }
     }
 }

@@ -273,3 +273,152 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
     drop(node);
     booted.stop().await;
 }
+
+/// The admin client of the control plane `name` booted beside `demo`.
+async fn tenant_client_of(booted: &Booted, name: &str) -> Client {
+    let secret = crate::harness::secret(&booted.client, &booted.ns, &format!("{name}-kubeconfig"))
+        .await
+        .unwrap_or_else(|| panic!("{name}-kubeconfig exists once {name} is ready"));
+    let kubeconfig = crate::harness::secret_value(&secret, "value");
+    Client::try_from(booted.runner.client_config(&kubeconfig).await.unwrap()).unwrap()
+}
+
+/// The tenant pods of `shop` that are Running, once there are `count`.
+async fn running_pods(booted: &Booted, tenant: &Client, count: usize) -> Vec<Pod> {
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "shop");
+    booted
+        .runner
+        .wait_for(&format!("{count} tenant pods Running"), BOOTED_STEP, || async {
+            let running: Vec<Pod> = pods
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .collect();
+            (running.len() == count).then_some(running)
+        })
+        .await
+}
+
+/// Two tenants with the same namespace, Deployment and pod names run side by side, each in
+/// its own workload namespace; capn stopped abruptly while it syncs them (its task aborted
+/// between requests, as SIGKILL would) converges after the restart with exactly one super
+/// pod per tenant pod; a `hostPath` pod is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync() {
+    let mut booted = boot_with("syncer, two tenants", None, StartCapn::InProcess).await;
+    let (client, ns) = (booted.client.clone(), booted.ns.clone());
+    crate::harness::apply_doc(
+        &client,
+        &ns,
+        json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+            "metadata": {"name": "other"}, "spec": {"version": "1.36"}}),
+    )
+    .await;
+    let ncps = Api::<NestedControlPlane>::namespaced(client.clone(), &ns);
+    booted
+        .runner
+        .wait_for("the second control plane is ready", BOOTED_STEP * 3, || async {
+            ncps.get("other").await.ok()?.status.filter(|s| s.ready).map(|_| ())
+        })
+        .await;
+    let tenants = [
+        ("demo", tenant_client(&booted).await),
+        ("other", tenant_client_of(&booted, "other").await),
+    ];
+    let mut nodes = Vec::new();
+    for (name, tenant) in &tenants {
+        let workloads = ControlPlaneRef::new(&ns, *name).workload_namespace();
+        booted
+            .runner
+            .wait_for("the workload namespace exists", BOOTED_STEP, || async {
+                Api::<Namespace>::all(client.clone())
+                    .get_opt(&workloads)
+                    .await
+                    .ok()
+                    .flatten()
+            })
+            .await;
+        nodes.push(StandInNode::start(&client, &workloads).await);
+        Api::<Namespace>::all(tenant.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "shop"}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        Api::<Deployment>::namespaced(tenant.clone(), "shop")
+            .create(&PostParams::default(), &deployment("shop", 5))
+            .await
+            .unwrap();
+    }
+    // Stop capn once the first super pod exists: the rest of the sync is under way.
+    let first = Api::<Pod>::namespaced(client.clone(), &ControlPlaneRef::new(&ns, "demo").workload_namespace());
+    booted
+        .runner
+        .wait_for("a first super pod", BOOTED_STEP, || async {
+            (!first.list(&ListParams::default()).await.ok()?.items.is_empty()).then_some(())
+        })
+        .await;
+    booted.kill_and_restart_capn().await;
+
+    for (name, tenant) in &tenants {
+        let running = running_pods(&booted, tenant, 5).await;
+        let control_plane = ControlPlaneRef::new(&ns, *name);
+        let copies = Api::<Pod>::namespaced(client.clone(), &control_plane.workload_namespace())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
+        let mut copied: Vec<(String, String)> = copies
+            .iter()
+            .map(|p| {
+                let a = p.annotations();
+                assert_eq!(a["tenancy.x-k8s.io/cluster"], control_plane.key());
+                (a["tenancy.x-k8s.io/name"].clone(), a["tenancy.x-k8s.io/uid"].clone())
+            })
+            .collect();
+        let mut expected: Vec<(String, String)> = running.iter().map(|p| (p.name_any(), p.uid().unwrap())).collect();
+        copied.sort();
+        expected.sort();
+        assert_eq!(
+            copied, expected,
+            "{name}: exactly one super pod per tenant pod, no duplicate, no orphan"
+        );
+    }
+    say("syncer: two tenants with the same names converged after capn was stopped mid-sync");
+
+    // A pod with a hostPath volume is refused.
+    let (_, other) = &tenants[1];
+    let host_path: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "reader", "namespace": "shop"},
+        "spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}],
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                "volumeMounts": [{"name": "root", "mountPath": "/host"}]}]}
+    }))
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(other.clone(), "shop");
+    pods.create(&PostParams::default(), &host_path).await.unwrap();
+    let refused = booted
+        .runner
+        .wait_for("the hostPath pod is refused", BOOTED_STEP, || async {
+            let conditions = pods.get("reader").await.ok()?.status?.conditions?;
+            conditions
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        })
+        .await;
+    assert_eq!(refused.reason.as_deref(), Some("HostPathVolumesForbidden"));
+    let other_workloads = ControlPlaneRef::new(&ns, "other").workload_namespace();
+    assert!(
+        Api::<Pod>::namespaced(client.clone(), &other_workloads)
+            .get_opt("reader-x-shop-x-other")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    drop(nodes);
+    booted.stop().await;
+}

@@ -264,6 +264,7 @@ async fn short_validity_renews_every_leaf_and_status_names_the_next_renewal() {
         ..Settings::default()
     };
     settings.enabled.public_crds = false;
+    settings.enabled.syncer = false;
     let capn = Capn::start_with_settings(&client, settings, &[]);
     let stand_in = RollingStandIn::start(&client, &ns);
     apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;

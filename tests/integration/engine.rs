@@ -828,6 +828,7 @@ async fn a_step_that_does_not_finish_in_time_fails_without_rolling_back_and_a_re
         ..capn::controllers::Settings::default()
     };
     settings.enabled.public_crds = false;
+    settings.enabled.syncer = false;
     let capn = Capn::start_with_settings(&client, settings, &[]);
     f.apply(json!({
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",

@@ -32,7 +32,8 @@ pub struct Capn(tokio::task::JoinHandle<()>);
 
 impl Capn {
     /// Starts every controller for `namespace` but the public CRD sync (its CRDs are
-    /// cluster-wide; only its own test turns it on).
+    /// cluster-wide; only its own test turns it on) and the syncer (it needs a tenant
+    /// apiserver that runs; the booted tests turn it on).
     pub fn start(client: &Client, namespace: &str) -> Self {
         Self::start_with_channels(client, namespace, &[])
     }
@@ -45,6 +46,7 @@ impl Capn {
             ..Settings::default()
         };
         settings.enabled.public_crds = false;
+        settings.enabled.syncer = false;
         Self::start_with_settings(client, settings, dirs)
     }
 

@@ -64,6 +64,7 @@ async fn budgets_and_network_policies_are_applied_follow_replicas_and_are_pruned
         ..Settings::default()
     };
     settings.enabled.public_crds = false;
+    settings.enabled.syncer = false;
     let capn = Capn::start_with_settings(&client, settings, &["prune-test"]);
     apply_doc(
         &client,

@@ -136,3 +136,39 @@ fn collect(spec: &PodSpec, config_maps: &mut BTreeSet<String>, secrets: &mut BTr
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_way_a_pod_names_a_config_map_or_secret_counts_as_a_use() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "imagePullSecrets": [{"name": "pull"}],
+                "volumes": [
+                    {"name": "a", "configMap": {"name": "cm-volume"}},
+                    {"name": "b", "secret": {"secretName": "secret-volume"}},
+                    {"name": "c", "projected": {"sources": [
+                        {"configMap": {"name": "cm-projected"}},
+                        {"secret": {"name": "token"}}]}}],
+                "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "secret-env-from"}}]}],
+                "containers": [{"name": "c", "env": [
+                    {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm-env", "key": "k"}}},
+                    {"name": "Y", "valueFrom": {"secretKeyRef": {"name": "secret-env", "key": "k"}}}],
+                    "envFrom": [{"configMapRef": {"name": "cm-env-from"}}]}]}
+        }))
+        .unwrap();
+        let (config_maps, secrets) = referenced(&[std::sync::Arc::new(pod)]);
+        let names = |set: BTreeSet<String>| set.into_iter().collect::<Vec<_>>();
+        assert_eq!(
+            names(config_maps),
+            ["cm-env", "cm-env-from", "cm-projected", "cm-volume"]
+        );
+        assert_eq!(
+            names(secrets),
+            ["pull", "secret-env", "secret-env-from", "secret-volume", "token"]
+        );
+    }
+}

@@ -314,3 +314,32 @@ async fn event(tenant: &Tenant, pod: &Pod, warning: bool, reason: &str, note: St
         tracing::info!(%error, pod = %pod.name_any(), "could not publish an Event in the tenant");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::PodStatus;
+
+    use super::changes;
+
+    fn status(value: serde_json::Value) -> PodStatus {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_status_is_written_only_when_merging_it_would_change_the_tenant_pod() {
+        let current = status(serde_json::json!({
+            "phase": "Running", "podIP": "10.0.0.5", "nominatedNodeName": "n1",
+            "conditions": [{"type": "Ready", "status": "True"}]}));
+        // The same, without a field the merge leaves alone: no write.
+        let same = status(serde_json::json!({
+            "phase": "Running", "podIP": "10.0.0.5",
+            "conditions": [{"type": "Ready", "status": "True"}]}));
+        assert!(!changes(Some(&current), &same));
+        // A changed condition list is a write (lists are replaced whole).
+        let not_ready = status(serde_json::json!({
+            "phase": "Running", "podIP": "10.0.0.5",
+            "conditions": [{"type": "Ready", "status": "False"}]}));
+        assert!(changes(Some(&current), &not_ready));
+        assert!(changes(None, &same));
+    }
+}
