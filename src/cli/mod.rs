@@ -131,10 +131,12 @@ pub struct RunArgs {
     /// capn's own image: the etcd restore init containers run `capn etcd-restore` from it.
     #[arg(long, env = "CAPN_IMAGE", default_value = crate::controllers::DEFAULT_CAPN_IMAGE, value_name = "IMAGE")]
     pub capn_image: String,
-    /// A file in `/etc/hosts` format mapping tenant etcd member names
-    /// (`<c>-etcd-<i>.<c>-etcd.<ns>.svc`) to addresses, for running capn outside the pod
-    /// network (tests, development). Read again when it changes; TLS still verifies the name.
-    /// Not needed in a super cluster, where cluster DNS answers those names.
+    /// A file in `/etc/hosts` format mapping the tenants' in-cluster names (etcd members
+    /// `<c>-etcd-<i>.<c>-etcd.<ns>.svc`, apiservers `<c>-apiserver.<ns>.svc`) to addresses,
+    /// for running capn outside the pod network (tests, development): etcd membership and
+    /// backups, the upgrade preflight, the public CRD sync and the syncer dial through it.
+    /// Read again when it changes; TLS still verifies the name. Not needed in a super
+    /// cluster, where cluster DNS answers those names.
     #[arg(long, value_name = "FILE")]
     pub etcd_hosts_file: Option<std::path::PathBuf>,
     /// How often the syncer's patrol removes what outlived its tenant object (super pods of

@@ -93,7 +93,7 @@ pub struct Settings {
     /// capn's own image, which the etcd restore init containers run (`capn run
     /// --capn-image`, default [`DEFAULT_CAPN_IMAGE`]).
     pub capn_image: String,
-    /// Name → address overrides for dialing tenant etcd members (`capn run
+    /// Name → address overrides for dialing tenant etcd members and apiservers (`capn run
     /// --etcd-hosts-file`, [`crate::etcd::HostsFile`]); `None` dials the names, which cluster
     /// DNS answers in a super cluster.
     pub etcd_hosts_file: Option<std::path::PathBuf>,

@@ -47,10 +47,58 @@ pub(crate) async fn tenant_config(
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| ReconcileError::Kube(kube::Error::InferKubeconfig(e)))?;
+    if let Some(hosts) = &ctx.settings.etcd_hosts_file {
+        dial_through_hosts_file(&mut config, &crate::etcd::HostsFile::new(hosts));
+    }
     if let Some(hook) = &ctx.settings.tenant_config_hook {
         (hook.0)(ncp, &mut config);
     }
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(15));
     Ok(config)
+}
+
+/// When the hosts file (`capn run --etcd-hosts-file`) names the server's host, dials that
+/// address and still verifies the certificate for the name (kube's `tls_server_name`), as
+/// for the tenant's etcd members: outside the pod network the in-cluster names of the tenant
+/// apiservers do not resolve.
+fn dial_through_hosts_file(config: &mut kube::Config, hosts: &crate::etcd::HostsFile) {
+    let url = config.cluster_url.clone();
+    let Some(host) = url.host().filter(|h| h.parse::<std::net::IpAddr>().is_err()) else {
+        return;
+    };
+    let Some(address) = hosts.lookup(host) else {
+        return;
+    };
+    let port = url.port_u16().unwrap_or(443);
+    let dialled = match address {
+        std::net::IpAddr::V4(a) => format!("https://{a}:{port}"),
+        std::net::IpAddr::V6(a) => format!("https://[{a}]:{port}"),
+    };
+    if let Ok(dialled) = dialled.parse() {
+        config.tls_server_name.get_or_insert_with(|| host.to_owned());
+        config.cluster_url = dialled;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_the_hosts_file_maps_is_dialled_at_its_address_and_verified_for_the_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hosts");
+        std::fs::write(&path, "198.18.7.3 demo-apiserver.tenant-a.svc\n").unwrap();
+        let hosts = crate::etcd::HostsFile::new(&path);
+        let mut config = kube::Config::new("https://demo-apiserver.tenant-a.svc:6443".parse().unwrap());
+        dial_through_hosts_file(&mut config, &hosts);
+        assert_eq!(config.cluster_url.to_string(), "https://198.18.7.3:6443/");
+        assert_eq!(config.tls_server_name.as_deref(), Some("demo-apiserver.tenant-a.svc"));
+        // A name the file does not know is dialled as it is.
+        let mut other = kube::Config::new("https://other.tenant-a.svc:6443".parse().unwrap());
+        dial_through_hosts_file(&mut other, &hosts);
+        assert_eq!(other.cluster_url.host(), Some("other.tenant-a.svc"));
+        assert!(other.tls_server_name.is_none());
+    }
 }
