@@ -95,11 +95,11 @@
 //!    their non-root user), Service environment variables, `minReadySeconds`; a runner pod
 //!    has no object, so the downward API's `metadata.uid` reads empty. Refused loudly:
 //!    sidecar init containers (`restartPolicy: Always`), exec/gRPC probes, host namespaces,
-//!    privileged containers, other volume kinds, `envFrom`, `valueFrom` other than
-//!    `fieldRef`, `configMapKeyRef` and `secretKeyRef`.
-//! 7. **`configMapKeyRef` and `secretKeyRef` from the watch caches.** As the kubelet, the
-//!    runner builds a container's environment when it starts the container (and again at
-//!    each restart), so a ConfigMap or Secret changed meanwhile reaches the next start and
+//!    privileged containers, other volume kinds, `valueFrom` other than `fieldRef`,
+//!    `configMapKeyRef` and `secretKeyRef`.
+//! 7. **`configMapKeyRef`, `secretKeyRef` and `envFrom` from the watch caches.** As the
+//!    kubelet, the runner builds a container's environment when it starts the container (and
+//!    again at each restart), so a ConfigMap or Secret changed meanwhile reaches the next start and
 //!    never a running process; a missing object or key that is not `optional` keeps the
 //!    container from starting (the kubelet's `CreateContainerConfigError`) and is retried
 //!    every second. The value is read from the runner's watch of the namespace's ConfigMaps
@@ -1619,7 +1619,12 @@ fn refresh_dns(shared: &Shared) {
     let (mut names, warnings) = dns::records(&shared.namespace, DNS_DOMAIN, &records, &services);
     match shared.hosts {
         HostsScope::Own => {
-            lock(&RUNNER_RECORDS).insert(shared.host_link.clone(), names.clone());
+            // Checked under the registry's lock: once `Drop` has set `stopping` and removed
+            // this runner's names, none comes back.
+            let mut registry = lock(&RUNNER_RECORDS);
+            if !shared.stopping.load(Ordering::SeqCst) {
+                registry.insert(shared.host_link.clone(), names.clone());
+            }
         }
         HostsScope::AllRunners => {
             names = dns::Records::new();

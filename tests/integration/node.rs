@@ -125,12 +125,12 @@ async fn get(ip: Ipv4Addr, path: &str) -> String {
 /// Deletes the pod and waits until its object is gone and none of its processes runs.
 async fn delete_and_wait(api: &Api<Pod>, ns: &str, name: &str) {
     let key = format!("{ns}/{name}");
-    let pids: Vec<i32> = node()
+    let processes: Vec<(i32, u64)> = node()
         .runner()
         .processes()
         .into_iter()
         .filter(|p| p.pod == key)
-        .map(|p| p.pid)
+        .map(|p| (p.pid, p.start_time))
         .collect();
     api.delete(name, &DeleteParams::default()).await.expect("delete");
     let gone = poll_until(GONE, || async {
@@ -138,15 +138,22 @@ async fn delete_and_wait(api: &Api<Pod>, ns: &str, name: &str) {
     })
     .await;
     assert!(gone.is_some(), "pod {key} is still there\n{}", node().report());
-    for pid in pids {
-        // Reaped by the node before it deleted the object: no such process, or another one.
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
-            s.lines()
-                .any(|l| l.starts_with("PPid:") && l.ends_with(&std::process::id().to_string()))
-        });
-        assert!(!alive, "process {pid} of {key} still runs");
+    for (pid, start_time) in processes {
+        // Reaped by the node before it deleted the object: no such process, or another one
+        // (the pid reused) that started at another time.
+        assert_ne!(
+            start_time_of(pid),
+            Some(start_time),
+            "process {pid} of {key} still runs"
+        );
     }
     assert!(node().pod_ip(ns, name).is_none(), "the node still has {key}");
+}
+
+/// Field 22 (start time, in clock ticks after boot) of /proc/<pid>/stat.
+fn start_time_of(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,6 +199,11 @@ async fn the_scheduler_places_a_pod_on_the_node_which_runs_it_until_it_is_delete
     let sleeper = wait_pod(&api, "sleeper", "running", running_and_ready).await;
     assert_ne!(pod_ip(&sleeper), ip);
 
+    let key = format!("{ns}/web");
+    assert!(
+        node.runner().processes().iter().any(|p| p.pod == key),
+        "a process for {key}"
+    );
     delete_and_wait(&api, &ns, "web").await;
     delete_and_wait(&api, &ns, "sleeper").await;
     node.runner()
@@ -200,7 +212,7 @@ async fn the_scheduler_places_a_pod_on_the_node_which_runs_it_until_it_is_delete
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_sees_its_projected_volume_and_downward_api_environment() {
+async fn a_pod_sees_its_projected_volume_and_its_downward_api_and_env_from_environment() {
     let client = cluster().client();
     let ns = namespace(&client).await;
     let secret: Secret =
@@ -224,6 +236,7 @@ async fn a_pod_sees_its_projected_volume_and_downward_api_environment() {
                 "name": "server",
                 "image": AGNHOST,
                 "args": ["test-webserver", "--port=8080"],
+                "envFrom": [{"configMapRef": {"name": "ca"}, "prefix": "FROM_"}],
                 "env": [
                     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -264,6 +277,7 @@ async fn a_pod_sees_its_projected_volume_and_downward_api_environment() {
         format!("POD_IP={ip}"),
         format!("NODE={}", node().name()),
         "TOKEN=s3cret".to_owned(),
+        "FROM_ca.crt=a CA".to_owned(),
     ] {
         assert!(environ.contains(&want), "{want} not in {environ:?}");
     }

@@ -474,6 +474,17 @@ fn admit(
     versions: &mut BTreeMap<PathBuf, Result<String, String>>,
 ) -> Result<PodSpec, (String, String)> {
     let mut spec = pod.spec.clone().unwrap_or_default();
+    if let Some(volume) = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.persistent_volume_claim.is_some())
+    {
+        return Err((
+            "CreateContainerError".to_owned(),
+            format!("volume {}: the capn test node has no persistent volumes", volume.name),
+        ));
+    }
     for container in spec
         .init_containers
         .iter_mut()

@@ -177,9 +177,6 @@ pub(super) fn check_template(
                 ));
             }
         }
-        if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-            return refuse(format!("container {name}: envFrom is not supported by the runner"));
-        }
         for probe in [
             &container.startup_probe,
             &container.readiness_probe,
@@ -458,15 +455,53 @@ pub(super) fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// The container's environment, in order, as the kubelet builds it from `env`. Without
-/// `sources` (planning, before any start) a `configMapKeyRef` reads as empty.
+/// The variables of the container's `envFrom` (each ConfigMap's or Secret's keys, with the
+/// `prefix`), which `env` then overrides, as the kubelet orders them. Without `sources`
+/// (planning, before any start) there are none.
+///
+/// # Errors
+/// A source that does not exist and is not `optional` (`CreateContainerConfigError`).
+fn env_from(container: &Container, sources: Option<&Sources<'_>>) -> Result<Vec<(String, String)>, String> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    let Some(sources) = sources else { return Ok(vars) };
+    for from in container.env_from.iter().flatten() {
+        let (source, optional) = if let Some(c) = &from.config_map_ref {
+            (Source::ConfigMap(c.name.clone()), c.optional)
+        } else if let Some(s) = &from.secret_ref {
+            (Source::Secret(s.name.clone()), s.optional)
+        } else {
+            continue;
+        };
+        match sources.data(&source) {
+            Some(data) => {
+                let prefix = from.prefix.as_deref().unwrap_or_default();
+                for (key, value) in data {
+                    let name = format!("{prefix}{key}");
+                    vars.retain(|(n, _)| *n != name);
+                    vars.push((name, String::from_utf8_lossy(&value).into_owned()));
+                }
+            }
+            None if optional == Some(true) => {}
+            None => {
+                return Err(format!(
+                    "CreateContainerConfigError: container {}: envFrom: {source} does not exist (yet)",
+                    container.name
+                ));
+            }
+        }
+    }
+    Ok(vars)
+}
+
+/// The container's environment, in order, as the kubelet builds it from `envFrom` then
+/// `env`. Without `sources` (planning, before any start) a `configMapKeyRef` reads as empty.
 fn environment(
     container: &Container,
     pod: &PodIdentity,
     sources: Option<&Sources<'_>>,
 ) -> Result<Vec<(String, String)>, String> {
-    let mut vars: Vec<(String, String)> = Vec::new();
-    let mut map: BTreeMap<String, String> = BTreeMap::new();
+    let mut vars: Vec<(String, String)> = env_from(container, sources)?;
+    let mut map: BTreeMap<String, String> = vars.iter().cloned().collect();
     for EnvVar {
         name,
         value,
