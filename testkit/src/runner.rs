@@ -1342,6 +1342,57 @@ fn delete_pod(pod: &mut PodHandle) {
     }
 }
 
+/// The pod's named container ports, for checking Service target ports.
+fn named_ports(spec: &PodSpec) -> BTreeMap<String, u16> {
+    spec.containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
+        .collect()
+}
+
+impl PodShared {
+    /// A pod not started yet: `(name, hostname, namespace)` (the name is `<namespace>/<name>`
+    /// for the node's pods), its restart policy, its StatefulSet (or name) for milestones, and
+    /// its directory.
+    fn new(
+        (name, hostname, namespace): (&str, &str, &str),
+        restart_policy: &str,
+        set: &str,
+        dir: PathBuf,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.to_owned(),
+            hostname: hostname.to_owned(),
+            namespace: namespace.to_owned(),
+            restart_policy: restart_policy.to_owned(),
+            init_failed: AtomicBool::new(false),
+            set: set.to_owned(),
+            dir,
+            ip: Mutex::new(None),
+            net_inode: AtomicU64::new(0),
+            containers: Mutex::new(BTreeMap::new()),
+            waiting: Mutex::new(Some("starting".into())),
+            hosts: Mutex::new(String::new()),
+            volumes: Mutex::new(Vec::new()),
+            done: AtomicBool::new(false),
+        })
+    }
+}
+
+/// Starts a pod's task ([`run_pod`]) and returns what controls it.
+fn launch(
+    shared: &Arc<Shared>,
+    pod: &Arc<PodShared>,
+    identity: PodIdentity,
+    spec: PodSpec,
+    claims: BTreeMap<String, PathBuf>,
+) -> (watch::Sender<Control>, JoinHandle<()>) {
+    let (control, receiver) = watch::channel(Control::Run);
+    let task = tokio::spawn(run_pod(shared.clone(), pod.clone(), identity, spec, claims, receiver));
+    (control, task)
+}
+
 /// Creates a pod's record and starts its task.
 fn start_pod(
     shared: &Arc<Shared>,
@@ -1369,31 +1420,15 @@ fn start_pod(
         .as_ref()
         .map(|s| s.service_name.clone().unwrap_or_default())
         .unwrap_or_default();
-    let ports = spec
-        .containers
-        .iter()
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
-        .collect();
+    let ports = named_ports(&spec);
     let set_name = sts.name_any();
     shared.milestone(&set_name, name, timeline::Stage::PodCreated);
-    let pod_shared = Arc::new(PodShared {
-        name: name.to_owned(),
-        hostname: name.to_owned(),
-        namespace: shared.namespace.clone(),
-        restart_policy: "Always".to_owned(),
-        init_failed: AtomicBool::new(false),
-        set: set_name,
-        dir: shared.dir.join("pods").join(name),
-        ip: Mutex::new(None),
-        net_inode: AtomicU64::new(0),
-        containers: Mutex::new(BTreeMap::new()),
-        waiting: Mutex::new(Some("starting".into())),
-        hosts: Mutex::new(String::new()),
-        volumes: Mutex::new(Vec::new()),
-        done: AtomicBool::new(false),
-    });
-    let (control, receiver) = watch::channel(Control::Run);
+    let pod_shared = PodShared::new(
+        (name, name, &shared.namespace),
+        "Always",
+        &set_name,
+        shared.dir.join("pods").join(name),
+    );
     let identity = PodIdentity {
         name: name.to_owned(),
         namespace: shared.namespace.clone(),
@@ -1405,14 +1440,7 @@ fn start_pod(
         labels: labels.clone(),
         annotations,
     };
-    let task = tokio::spawn(run_pod(
-        shared.clone(),
-        pod_shared.clone(),
-        identity,
-        spec,
-        claims,
-        receiver,
-    ));
+    let (control, task) = launch(shared, &pod_shared, identity, spec, claims);
     PodHandle {
         name: name.to_owned(),
         revision: revision.to_owned(),

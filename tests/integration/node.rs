@@ -10,12 +10,12 @@ use capn_testkit::net::http_get;
 use capn_testkit::runner::Runner;
 use capn_testkit::{cluster, node, poll_until, test_namespace};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, ContainerState, Node, Pod, Secret, Service, ServiceAccount};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::harness::capn_binary;
+use crate::harness::{capn_binary, local_etcd_release};
 
 /// From creating a pod to it running and ready: scheduling, sandbox, process start, status,
 /// on a loaded two-core machine.
@@ -25,8 +25,10 @@ const GONE: Duration = Duration::from_secs(60);
 const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.53";
 
 /// A namespace with the `default` ServiceAccount the ServiceAccount admission plugin wants
-/// (no controller makes it in the super cluster).
+/// (no controller makes it in the super cluster), once the node runs: pods are run only by
+/// a node that was started ([`node`]), which the first test to get here does.
 async fn namespace(client: &Client) -> String {
+    node();
     let ns = test_namespace(client).await;
     let account: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "default"}})).expect("a ServiceAccount");
@@ -47,23 +49,21 @@ fn pod(name: &str, spec: Value) -> Pod {
 }
 
 /// agnhost's `netexec` on port 8080, ready when it answers.
-fn netexec(name: &str) -> Pod {
-    pod(
-        name,
-        json!({"containers": [{
-            "name": "netexec",
-            "image": AGNHOST,
-            "args": ["netexec", "--http-port=8080"],
-            "ports": [{"containerPort": 8080, "name": "http"}],
-            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1},
-        }]}),
-    )
+fn netexec() -> Value {
+    json!({"containers": [{
+        "name": "netexec",
+        "image": AGNHOST,
+        "args": ["netexec", "--http-port=8080"],
+        "ports": [{"containerPort": 8080, "name": "http"}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1},
+    }]})
 }
 
-async fn create(api: &Api<Pod>, pod: &Pod) {
-    api.create(&PostParams::default(), pod)
+/// Creates [`pod`] `name` with `spec`.
+async fn create(api: &Api<Pod>, name: &str, spec: Value) {
+    api.create(&PostParams::default(), &pod(name, spec))
         .await
-        .unwrap_or_else(|e| panic!("creating pod {:?}: {e}", pod.metadata.name));
+        .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
 }
 
 fn condition(pod: &Pod, kind: &str) -> Option<String> {
@@ -101,6 +101,14 @@ fn running_and_ready(pod: &Pod) -> bool {
         && condition(pod, "Ready").as_deref() == Some("True")
 }
 
+/// The state of the pod's first container (empty before the node reports one).
+fn first_state(pod: &Pod) -> ContainerState {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref()?.first()?.state.clone())
+        .unwrap_or_default()
+}
+
 fn pod_ip(pod: &Pod) -> Ipv4Addr {
     pod.status
         .as_ref()
@@ -133,8 +141,9 @@ async fn delete_and_wait(api: &Api<Pod>, ns: &str, name: &str) {
         .map(|p| (p.pid, p.start_time))
         .collect();
     api.delete(name, &DeleteParams::default()).await.expect("delete");
+    // The API server removes a pod that has ended at once, before the node has seen it go.
     let gone = poll_until(GONE, || async {
-        matches!(api.get_opt(name).await, Ok(None)).then_some(())
+        (matches!(api.get_opt(name).await, Ok(None)) && node().pod_ip(ns, name).is_none()).then_some(())
     })
     .await;
     assert!(gone.is_some(), "pod {key} is still there\n{}", node().report());
@@ -147,7 +156,6 @@ async fn delete_and_wait(api: &Api<Pod>, ns: &str, name: &str) {
             "process {pid} of {key} still runs"
         );
     }
-    assert!(node().pod_ip(ns, name).is_none(), "the node still has {key}");
 }
 
 /// Field 22 (start time, in clock ticks after boot) of /proc/<pid>/stat.
@@ -162,15 +170,9 @@ async fn the_scheduler_places_a_pod_on_the_node_which_runs_it_until_it_is_delete
     let node = node();
     let ns = namespace(&client).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    create(&api, &netexec("web")).await;
-    create(
-        &api,
-        &pod(
-            "sleeper",
-            json!({"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}),
-        ),
-    )
-    .await;
+    create(&api, "web", netexec()).await;
+    let pause = json!({"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]});
+    create(&api, "sleeper", pause).await;
 
     let web = wait_pod(&api, "web", "running and ready", running_and_ready).await;
     let spec = web.spec.as_ref().expect("a spec");
@@ -229,9 +231,7 @@ async fn a_pod_sees_its_projected_volume_and_its_downward_api_and_env_from_envir
         .await
         .expect("the ConfigMap");
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let files = pod(
-        "files",
-        json!({
+    let files = json!({
             "containers": [{
                 "name": "server",
                 "image": AGNHOST,
@@ -250,9 +250,8 @@ async fn a_pod_sees_its_projected_volume_and_its_downward_api_and_env_from_envir
                 {"configMap": {"name": "ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
                 {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
             ]}}],
-        }),
-    );
-    create(&api, &files).await;
+    });
+    create(&api, "files", files).await;
     let running = wait_pod(&api, "files", "running and ready", running_and_ready).await;
     let ip = pod_ip(&running);
     assert_eq!(get(ip, "/var/run/secrets/tenant/token").await, "s3cret");
@@ -289,46 +288,18 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
     let client = cluster().client();
     let ns = namespace(&client).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let once = |name: &str, path: &str| {
-        pod(
-            name,
-            json!({"restartPolicy": "Never", "containers": [{
-                "name": "read",
-                "image": AGNHOST,
-                "command": ["/agnhost", "mounttest", format!("--file_mode={path}")],
-            }]}),
-        )
-    };
-    create(&api, &once("done", "/etc/hostname")).await;
-    create(
-        &api,
-        &pod(
-            "fails",
-            json!({"restartPolicy": "Never", "containers": [{
-                "name": "exit", "image": AGNHOST, "args": ["fake-subcommand-that-fails"]}]}),
-        ),
-    )
-    .await;
-    create(
-        &api,
-        &pod(
-            "elsewhere",
-            json!({"containers": [{"name": "web", "image": "docker.io/library/nginx:1.27"}]}),
-        ),
-    )
-    .await;
+    let done = json!({"restartPolicy": "Never", "containers": [{
+        "name": "read", "image": AGNHOST, "command": ["/agnhost", "mounttest", "--file_mode=/etc/hostname"]}]});
+    create(&api, "done", done).await;
+    let fails = json!({"restartPolicy": "Never", "containers": [{
+        "name": "exit", "image": AGNHOST, "args": ["fake-subcommand-that-fails"]}]});
+    create(&api, "fails", fails).await;
+    let elsewhere = json!({"containers": [{"name": "web", "image": "docker.io/library/nginx:1.27"}]});
+    create(&api, "elsewhere", elsewhere).await;
 
     let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
     let done = wait_pod(&api, "done", "Succeeded", |p| phase(p) == "Succeeded").await;
-    let terminated = done
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .expect("statuses")[0]
-        .state
-        .as_ref()
-        .and_then(|s| s.terminated.clone())
-        .expect("terminated");
+    let terminated = first_state(&done).terminated.expect("terminated");
     assert_eq!(
         (terminated.exit_code, terminated.reason.as_deref()),
         (0, Some("Completed"))
@@ -337,23 +308,13 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
     assert_eq!(condition(&fails, "Ready").as_deref(), Some("False"));
 
     let refused = wait_pod(&api, "elsewhere", "refused", |p| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|c| c[0].state.as_ref()?.waiting.as_ref()?.reason.clone())
-            .as_deref()
-            == Some("ErrImagePull")
+        first_state(p).waiting.and_then(|w| w.reason).as_deref() == Some("ErrImagePull")
     })
     .await;
     assert_eq!(phase(&refused), "Pending");
-    let message = refused
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .expect("statuses")[0]
-        .state
-        .as_ref()
-        .and_then(|s| s.waiting.as_ref()?.message.clone())
+    let message = first_state(&refused)
+        .waiting
+        .and_then(|w| w.message)
         .unwrap_or_default();
     assert!(message.contains("agnhost") && message.contains("pause"), "{message}");
     for name in ["done", "fails", "elsewhere"] {
@@ -430,20 +391,6 @@ fn reach_statefulset(release: &str) -> Value {
     })
 }
 
-/// The release of the super cluster's etcd, which the release cache holds.
-fn etcd_release() -> String {
-    let output = std::process::Command::new(cluster().assets_dir().join("etcd"))
-        .arg("--version")
-        .output()
-        .expect("etcd --version runs");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    text.lines()
-        .find_map(|l| l.strip_prefix("etcd Version: "))
-        .unwrap_or_else(|| panic!("etcd --version printed no version: {text}"))
-        .trim()
-        .to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_pod_reaches_a_service_that_a_runner_runs_in_another_pod_network() {
     let client = cluster().client();
@@ -452,7 +399,7 @@ async fn a_node_pod_reaches_a_service_that_a_runner_runs_in_another_pod_network(
     let runner = Runner::start(&client, &ns, capn_binary())
         .await
         .expect("the runner starts");
-    crate::harness::apply_doc(&client, &ns, reach_statefulset(&etcd_release())).await;
+    crate::harness::apply_doc(&client, &ns, reach_statefulset(&local_etcd_release())).await;
     let service: Service = serde_json::from_value(json!({
         "metadata": {"name": "reach"},
         "spec": {"selector": {"app": "reach"}, "ports": [{"port": 2379, "targetPort": 2379}]},
@@ -463,7 +410,7 @@ async fn a_node_pod_reaches_a_service_that_a_runner_runs_in_another_pod_network(
         .await
         .expect("the Service");
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    create(&api, &netexec("client")).await;
+    create(&api, "client", netexec()).await;
     let ip = pod_ip(&wait_pod(&api, "client", "running and ready", running_and_ready).await);
     assert_ne!(runner.host_address(), node.address(), "two pod networks");
     for name in [format!("reach.{ns}.svc"), format!("reach.{ns}.svc.cluster.local")] {
@@ -474,7 +421,7 @@ async fn a_node_pod_reaches_a_service_that_a_runner_runs_in_another_pod_network(
                 (code == 200 && body.contains("etcdserver")).then_some(body)
             })
             .await;
-        assert!(answered.contains(&etcd_release()), "{answered}");
+        assert!(answered.contains(&local_etcd_release()), "{answered}");
     }
     delete_and_wait(&api, &ns, "client").await;
     runner.check().unwrap_or_else(|e| panic!("{e}\n{}", runner.report()));

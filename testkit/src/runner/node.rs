@@ -65,8 +65,7 @@ mod status;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
@@ -76,12 +75,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
-use tokio::sync::watch;
 
 use super::pod::{self, Binaries, PodIdentity};
 use super::{
-    Base, Control, HostsScope, PodHandle, PodShared, RESYNC, Runner, SetState, Shared, Stores, delete_pod, lock,
-    refresh_dns, run_pod, watch_volume_sources,
+    Base, HostsScope, PodHandle, PodShared, RESYNC, Runner, SetState, Shared, Stores, delete_pod, launch, lock,
+    named_ports, refresh_dns, watch_volume_sources,
 };
 
 /// The image whose binary the node runs.
@@ -102,7 +100,9 @@ pub struct Node {
 static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
 
 /// The node of this test process, started by the first caller (with the super cluster,
-/// [`crate::cluster`], if that is not up yet) and shared by every test.
+/// [`crate::cluster`], if that is not up yet) and shared by every test. Nothing runs pods
+/// before it is called: a test whose pods must run calls it first (it returns at once once
+/// started; the first start takes a few seconds: the Node, the scheduler's `/healthz`).
 ///
 /// # Panics
 /// When it cannot start: not root, `kube-scheduler` or `agnhost` missing from the release
@@ -564,29 +564,14 @@ fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
     let name = pod.name_any();
     let namespace = pod.namespace().unwrap_or_default();
     let labels = pod.labels().clone();
-    let ports = spec
-        .containers
-        .iter()
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
-        .collect();
-    let pod_shared = Arc::new(PodShared {
-        name: key.clone(),
-        hostname: name.clone(),
-        namespace: namespace.clone(),
-        restart_policy: spec.restart_policy.clone().unwrap_or_else(|| "Always".to_owned()),
-        init_failed: AtomicBool::new(false),
-        set: key.clone(),
-        dir: shared.dir.join("pods").join(&namespace).join(&name),
-        ip: Mutex::new(None),
-        net_inode: AtomicU64::new(0),
-        containers: Mutex::new(BTreeMap::new()),
-        waiting: Mutex::new(Some("starting".into())),
-        hosts: Mutex::new(String::new()),
-        volumes: Mutex::new(Vec::new()),
-        done: AtomicBool::new(false),
-    });
-    let (control, receiver) = watch::channel(Control::Run);
+    let ports = named_ports(&spec);
+    let restart_policy = spec.restart_policy.clone().unwrap_or_else(|| "Always".to_owned());
+    let pod_shared = PodShared::new(
+        (&key, &name, &namespace),
+        &restart_policy,
+        &key,
+        shared.dir.join("pods").join(&namespace).join(&name),
+    );
     let identity = PodIdentity {
         name,
         namespace,
@@ -602,14 +587,7 @@ fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
         annotations: pod.annotations().clone(),
     };
     let subdomain = spec.subdomain.clone().unwrap_or_default();
-    let task = tokio::spawn(run_pod(
-        shared.clone(),
-        pod_shared.clone(),
-        identity,
-        spec,
-        BTreeMap::new(),
-        receiver,
-    ));
+    let (control, task) = launch(shared, &pod_shared, identity, spec, BTreeMap::new());
     PodHandle {
         name: key,
         revision: String::new(),
