@@ -2335,3 +2335,26 @@ fn tail(path: &Path, lines: usize) -> String {
         Err(e) => format!("(cannot read {}: {e})", path.display()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::restarts;
+
+    #[test]
+    fn a_container_restarts_as_its_pods_restart_policy_says() {
+        // (policy, init container, exit code) → started again.
+        for (policy, init, code, again) in [
+            ("Always", false, 0, true),
+            ("Always", false, 1, true),
+            ("OnFailure", false, 0, false),
+            ("OnFailure", false, 1, true),
+            ("Never", false, 1, false),
+            // An init container runs again until it succeeds, unless the pod never restarts.
+            ("Always", true, 1, true),
+            ("OnFailure", true, 1, true),
+            ("Never", true, 1, false),
+        ] {
+            assert_eq!(restarts(policy, init, code), again, "{policy} init={init} exit {code}");
+        }
+    }
+}

@@ -600,3 +600,53 @@ fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
         deleting: false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(image: &str, command: Option<&[&str]>, args: Option<&[&str]>) -> Container {
+        let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect();
+        Container {
+            name: "c".into(),
+            image: Some(image.into()),
+            command: command.map(strings),
+            args: args.map(strings),
+            ..Container::default()
+        }
+    }
+
+    #[test]
+    fn agnhost_and_pause_run_agnhost_and_other_images_are_refused() {
+        assert_eq!(repository("registry.k8s.io/pause:3.10"), PAUSE_IMAGE);
+        assert_eq!(
+            repository("registry.k8s.io/e2e-test-images/agnhost:2.53@sha256:ab"),
+            AGNHOST_IMAGE
+        );
+        assert_eq!(repository("localhost:5000/pause"), "localhost:5000/pause");
+
+        // No command: the image's entrypoint, the args to it.
+        let mut netexec = container(&format!("{AGNHOST_IMAGE}:2.53"), None, Some(&["netexec"]));
+        stand_in(&mut netexec).expect("agnhost runs");
+        assert_eq!(netexec.command, Some(vec!["/agnhost".to_owned()]));
+        assert_eq!(netexec.args, Some(vec!["netexec".to_owned()]));
+        // A command is kept; one that is not agnhost is refused.
+        let mut given = container(&format!("{AGNHOST_IMAGE}:2.53"), Some(&["/agnhost", "pause"]), None);
+        stand_in(&mut given).expect("agnhost runs");
+        assert_eq!(given.command, Some(vec!["/agnhost".to_owned(), "pause".to_owned()]));
+        let mut shell = container(&format!("{AGNHOST_IMAGE}:2.53"), Some(&["/bin/sh"]), None);
+        assert!(stand_in(&mut shell).is_err());
+
+        let mut pause = container(&format!("{PAUSE_IMAGE}:3.10"), Some(&["/pause"]), Some(&["-v"]));
+        stand_in(&mut pause).expect("pause runs");
+        assert_eq!(pause.command, Some(vec!["/agnhost".to_owned(), "pause".to_owned()]));
+        assert_eq!(pause.args, None);
+
+        let mut nginx = container("nginx:1.27", None, None);
+        let refused = stand_in(&mut nginx).unwrap_err();
+        assert!(
+            refused.contains(AGNHOST_IMAGE) && refused.contains(PAUSE_IMAGE),
+            "{refused}"
+        );
+    }
+}

@@ -174,3 +174,106 @@ fn container_status(
         "lastState": last_state,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::runner::{Termination, lock};
+
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+            "status": {"qosClass": "BestEffort"},
+        }))
+        .expect("a Pod")
+    }
+
+    fn seen<'a>(pod: &'a Pod, running: Option<&'a PodShared>, refused: Option<&'a (String, String)>) -> Value {
+        pod_status(&Seen {
+            pod,
+            host_ip: Ipv4Addr::new(198, 18, 0, 1),
+            running,
+            refused,
+            start_time: SystemTime::UNIX_EPOCH,
+        })
+    }
+
+    fn shared(policy: &str) -> std::sync::Arc<PodShared> {
+        PodShared::new(("ns/web", "web", "ns"), policy, "ns/web", PathBuf::from("/nonexistent"))
+    }
+
+    #[test]
+    fn a_running_ready_container_makes_a_running_ready_pod() {
+        let pod = pod();
+        let running = shared("Always");
+        *lock(&running.ip) = Some(Ipv4Addr::new(198, 18, 0, 7));
+        lock(&running.containers).insert(
+            "c".into(),
+            ContainerReport {
+                name: "c".into(),
+                pid: Some(42),
+                ready: true,
+                started: true,
+                running_since: Some(SystemTime::UNIX_EPOCH),
+                ..ContainerReport::default()
+            },
+        );
+        let status = seen(&pod, Some(&running), None);
+        assert_eq!(status["phase"], "Running");
+        assert_eq!(status["podIP"], "198.18.0.7");
+        assert_eq!(status["hostIP"], "198.18.0.1");
+        assert_eq!(status["qosClass"], "BestEffort");
+        assert_eq!(status["startTime"], "1970-01-01T00:00:00Z");
+        for condition in status["conditions"].as_array().expect("conditions") {
+            assert_eq!(condition["status"], "True", "{condition}");
+        }
+        let container = &status["containerStatuses"][0];
+        assert_eq!(container["ready"], true);
+        assert_eq!(container["state"]["running"]["startedAt"], "1970-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn finished_containers_end_the_pod_by_their_exit_codes() {
+        let pod = pod();
+        for (code, phase, reason) in [(0, "Succeeded", "Completed"), (3, "Failed", "Error")] {
+            let ended = shared("Never");
+            lock(&ended.containers).insert(
+                "c".into(),
+                ContainerReport {
+                    name: "c".into(),
+                    finished: true,
+                    terminated: Some(Termination {
+                        exit_code: code,
+                        started: SystemTime::UNIX_EPOCH,
+                        finished: SystemTime::UNIX_EPOCH,
+                    }),
+                    ..ContainerReport::default()
+                },
+            );
+            let status = seen(&pod, Some(&ended), None);
+            assert_eq!(status["phase"], phase);
+            assert_eq!(status["containerStatuses"][0]["state"]["terminated"]["reason"], reason);
+            assert_eq!(status["containerStatuses"][0]["state"]["terminated"]["exitCode"], code);
+        }
+    }
+
+    #[test]
+    fn a_refused_pod_stays_pending_with_the_reason_on_each_container() {
+        let pod = pod();
+        let refusal = ("ErrImagePull".to_owned(), "only agnhost and pause".to_owned());
+        let status = seen(&pod, None, Some(&refusal));
+        assert_eq!(status["phase"], "Pending");
+        assert_eq!(
+            status["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "ErrImagePull"
+        );
+        assert_eq!(
+            status["containerStatuses"][0]["state"]["waiting"]["message"],
+            "only agnhost and pause"
+        );
+        assert!(status.get("podIP").is_none());
+    }
+}
