@@ -219,7 +219,7 @@ struct Book {
 async fn start_here() -> Result<(Node, crate::process::Process), String> {
     let client = crate::cluster().client();
     let cache = pod::release_cache();
-    let binaries = objects::release_binaries(&cache)?;
+    let (release, binaries) = objects::release_binaries(&cache)?;
     let agnhost = binaries["agnhost"].clone();
     let name = format!(
         "capn-node-{:04x}{:04x}",
@@ -249,7 +249,7 @@ async fn start_here() -> Result<(Node, crate::process::Process), String> {
     )?;
     let libraries = pod::libraries(&agnhost)?;
     lock(&shared.state).libraries.insert(agnhost, libraries);
-    let uid = objects::register(&client, &name, shared.host_ip).await?;
+    let uid = objects::register(&client, &name, shared.host_ip, &release).await?;
     let scheduler = objects::start_scheduler(&binaries["kube-scheduler"], &shared.dir).await?;
     let mut tasks = watch_volume_sources(
         &shared,

@@ -39,11 +39,12 @@ fn micro_time(t: SystemTime) -> String {
         .to_string()
 }
 
-/// Registers the Node `name` (its status written at once, Ready) and creates its Lease.
+/// Registers the Node `name` at `address`, as a kubelet of `release` (`1.36.3`): its status
+/// written at once (Ready), its not-ready taint lifted, its Lease created. Returns its uid.
 ///
 /// # Errors
 /// When the API server refuses.
-pub(super) async fn register(client: &Client, name: &str, address: Ipv4Addr) -> Result<String, String> {
+pub(super) async fn register(client: &Client, name: &str, address: Ipv4Addr, release: &str) -> Result<String, String> {
     let nodes: Api<Node> = Api::all(client.clone());
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": {
@@ -51,7 +52,7 @@ pub(super) async fn register(client: &Client, name: &str, address: Ipv4Addr) -> 
             "labels": {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"),
+                "kubernetes.io/arch": arch(),
             },
         },
     }))
@@ -71,8 +72,8 @@ pub(super) async fn register(client: &Client, name: &str, address: Ipv4Addr) -> 
         ],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
         "nodeInfo": {
-            "architecture": std::env::consts::ARCH, "bootID": "", "containerRuntimeVersion": "capn-node://0",
-            "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "capn-node", "machineID": "",
+            "architecture": arch(), "bootID": "", "containerRuntimeVersion": "capn-node://0",
+            "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": format!("v{release}"), "machineID": "",
             "operatingSystem": "linux", "osImage": "capn test node", "systemUUID": "",
         },
         "conditions": conditions(&since, &since),
@@ -88,6 +89,15 @@ pub(super) async fn register(client: &Client, name: &str, address: Ipv4Addr) -> 
         .map_err(|e| format!("cannot lift the not-ready taint of Node {name}: {e}"))?;
     heartbeat(client, name, &uid, &since).await?;
     Ok(uid)
+}
+
+/// This machine's architecture as Go names it (`amd64`, `arm64`).
+fn arch() -> String {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64".to_owned(),
+        "aarch64" => "arm64".to_owned(),
+        other => other.to_owned(),
+    }
 }
 
 /// The node's capacity, also its allocatable: generous, as one machine running test pods.
@@ -181,13 +191,14 @@ async fn ensure_namespace(client: &Client, name: &str) -> Result<(), String> {
     }
 }
 
-/// The binaries of the super cluster's release in the release cache: `kube-scheduler` and
-/// `agnhost` next to the other Kubernetes binaries of that release.
+/// The super cluster's release (`1.36.3`, from its kube-apiserver's `--version`), and its
+/// binaries in the release cache: `kube-scheduler` and `agnhost` next to the other Kubernetes
+/// binaries of that release.
 ///
 /// # Errors
 /// When the super cluster's release cannot be told or a binary is missing (with the command
 /// that builds it).
-pub(super) fn release_binaries(cache: &Path) -> Result<BTreeMap<&'static str, PathBuf>, String> {
+pub(super) fn release_binaries(cache: &Path) -> Result<(String, BTreeMap<&'static str, PathBuf>), String> {
     let apiserver = crate::cluster().assets_dir().join("kube-apiserver");
     let text = super::super::sandbox::run_host_command(&apiserver, &["--version"])?;
     let release = super::super::pod::parse_version(&text)
@@ -204,7 +215,7 @@ pub(super) fn release_binaries(cache: &Path) -> Result<BTreeMap<&'static str, Pa
         }
         out.insert(name, path);
     }
-    Ok(out)
+    Ok((release, out))
 }
 
 /// Starts the real kube-scheduler against the super cluster (admin kubeconfig, no leader
