@@ -3,7 +3,8 @@
 # `stable` channel, each with the etcd it runs by default: the releases the boot tests run
 # (tests/integration/boot.rs RELEASES) through the runner, which takes each image's release
 # from the cache of hack/kube-assets.sh. One hack/kube-assets.sh call per pair; it builds only
-# what the cache lacks.
+# what the cache lacks, and only the control plane (KUBE_NODE_BINARIES=0: the test kit's node runs
+# the super cluster's release alone, which hack/kube-assets.sh builds in full).
 #
 #   hack/release-assets.sh          # build what is missing, with progress on stderr
 #   hack/release-assets.sh --list   # print "<kubernetes> <etcd>" per release, build nothing
@@ -45,6 +46,6 @@ i=0
 while read -r kube etcd; do
   i=$((i + 1))
   printf '[release-assets %(%H:%M:%S)T] %d/%d: Kubernetes v%s with etcd v%s\n' -1 "$i" "$total" "$kube" "$etcd" >&2
-  KUBE_VERSION="v$kube" ETCD_VERSION="v$etcd" hack/kube-assets.sh >/dev/null
+  KUBE_NODE_BINARIES=0 KUBE_VERSION="v$kube" ETCD_VERSION="v$etcd" hack/kube-assets.sh >/dev/null
 done <<<"$pairs"
 printf '[release-assets %(%H:%M:%S)T] every release of the stable channel is built\n' -1 >&2

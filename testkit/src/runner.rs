@@ -9,8 +9,9 @@
 //!   whose hostname is the pod name;
 //! - its volumes: Secret and ConfigMap volumes (`items`, `defaultMode`, `optional`) in the
 //!   kubelet's atomic-writer layout ([`atomic_writer`]) and kept up to date while the pod
-//!   runs, emptyDir, and the StatefulSet's volume claims, with the owner and modes the kubelet
-//!   gives them (`fsGroup` included);
+//!   runs, projected (secret, configMap, downwardAPI sources) and downwardAPI volumes
+//!   ([`projected`]), emptyDir, and the StatefulSet's volume claims, with the owner and modes
+//!   the kubelet gives them (`fsGroup` included);
 //! - for every container, a process started exactly from the container's `command` + `args`
 //!   (`$(VAR)` expanded from `env` like the kubelet, downward-API `fieldRef`s and
 //!   `configMapKeyRef`s included, the environment built anew at every start), in a
@@ -66,7 +67,11 @@
 //!    true of capn's Services).
 //! 4. **Network.** Pod addresses come from a private 198.18.N.0/24 (RFC 2544) on a bridge in
 //!    the runner's own network namespace; the host reaches it through the interface
-//!    `capn<N>`. Pods have no default route: nothing leaves the pod network.
+//!    `capn<N>`. Pods have no default route. Their one other route, to 198.18.0.0/15 through
+//!    the host, reaches the other pod networks of this host (other runners', and the
+//!    [`node`]'s, whose pods reach the Services a runner runs): forwarding is enabled on each
+//!    network's host link `capn<N>` alone, never through the host's global `ip_forward`.
+//!    Nothing else leaves the pod network.
 //! 5. **Volumes.** Secret and ConfigMap volumes are written as the kubelet writes them (the
 //!    payload in a timestamped `..<time>` directory, published by renaming the `..data` link
 //!    over the old one, and `<key> -> ..data/<key>`), from the runner's own watch of the
@@ -81,16 +86,20 @@
 //!    directories that live as long as the StatefulSet, whatever its
 //!    `persistentVolumeClaimRetentionPolicy` says; [`Runner::wipe_claim`] empties one while
 //!    its pod is stopped, standing in for a deleted claim replaced by a new, empty one.
+//!    Projected and downwardAPI volumes are written once, when the pod starts, and not
+//!    refreshed; projected `serviceAccountToken`, `clusterTrustBundle` and `podCertificate`
+//!    sources, and `resourceFieldRef` items, are refused.
 //! 6. **Not emulated:** Pod and Endpoints objects in the super cluster (claims: item 9),
 //!    PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
 //!    and resource limits, seccomp profiles, capability sets (the processes simply run as
-//!    their non-root user), Service environment variables, `minReadySeconds`. Refused loudly:
+//!    their non-root user), Service environment variables, `minReadySeconds`; a runner pod
+//!    has no object, so the downward API's `metadata.uid` reads empty. Refused loudly:
 //!    sidecar init containers (`restartPolicy: Always`), exec/gRPC probes, host namespaces,
-//!    privileged containers, other volume kinds, `envFrom`, `valueFrom` other than
-//!    `fieldRef`, `configMapKeyRef` and `secretKeyRef`.
-//! 7. **`configMapKeyRef` and `secretKeyRef` from the watch caches.** As the kubelet, the
-//!    runner builds a container's environment when it starts the container (and again at
-//!    each restart), so a ConfigMap or Secret changed meanwhile reaches the next start and
+//!    privileged containers, other volume kinds, `valueFrom` other than `fieldRef`,
+//!    `configMapKeyRef` and `secretKeyRef`.
+//! 7. **`configMapKeyRef`, `secretKeyRef` and `envFrom` from the watch caches.** As the
+//!    kubelet, the runner builds a container's environment when it starts the container (and
+//!    again at each restart), so a ConfigMap or Secret changed meanwhile reaches the next start and
 //!    never a running process; a missing object or key that is not `optional` keeps the
 //!    container from starting (the kubelet's `CreateContainerConfigError`) and is retried
 //!    every second. The value is read from the runner's watch of the namespace's ConfigMaps
@@ -129,8 +138,10 @@
 mod atomic_writer;
 mod dns;
 pub mod forward;
+pub mod node;
 mod pod;
 mod probe;
+mod projected;
 mod sandbox;
 pub mod timeline;
 
@@ -194,7 +205,12 @@ pub struct Runner {
 
 struct Shared {
     client: Client,
+    /// The runner's namespace; for the node, its name (its pods are in every namespace).
     namespace: String,
+    /// What the pods see as `spec.nodeName`.
+    node_name: String,
+    /// Whose names the pods' hosts files hold.
+    hosts: HostsScope,
     /// Where the binaries come from (adaptation 1).
     binaries: Binaries,
     dir: PathBuf,
@@ -219,6 +235,19 @@ struct Shared {
     stopping: Arc<AtomicBool>,
     quiet: bool,
 }
+
+/// Whose names the pods of a runner or node resolve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HostsScope {
+    /// The runner's own Services (and it publishes them in [`RUNNER_RECORDS`]).
+    Own,
+    /// Every runner's of this process (the node, whose pods run in any namespace).
+    AllRunners,
+}
+
+/// The names the pods of every live runner of this process resolve, by the runner's host
+/// link: what the node's pods resolve (node adaptation on DNS).
+static RUNNER_RECORDS: Mutex<BTreeMap<String, dns::Records>> = Mutex::new(BTreeMap::new());
 
 #[derive(Default)]
 struct State {
@@ -267,7 +296,16 @@ struct PodHandle {
 
 /// What a pod's task reports.
 struct PodShared {
+    /// `<name>` for a runner pod, `<namespace>/<name>` for the node's.
     name: String,
+    /// The pod's own name: its hostname and its DNS name.
+    hostname: String,
+    /// Its namespace (the runner's own; any for the node).
+    namespace: String,
+    /// `Always`, `OnFailure` or `Never` (a runner pod: `Always`, its StatefulSet's).
+    restart_policy: String,
+    /// An init container failed under `restartPolicy: Never`: the pod has failed.
+    init_failed: AtomicBool,
     /// Its StatefulSet's name.
     set: String,
     dir: PathBuf,
@@ -305,14 +343,38 @@ struct ClaimRecord {
 /// A running or finished container, for reports.
 #[derive(Clone, Debug, Default)]
 pub struct ContainerReport {
+    /// The container's name.
     pub name: String,
+    /// Its process while it runs.
     pub pid: Option<i32>,
+    /// It passes its readiness probe (or has none and runs).
     pub ready: bool,
+    /// It passed its startup probe (or has none and runs).
     pub started: bool,
+    /// How many times it was restarted.
     pub restarts: u32,
+    /// How its last run ended (`exited (exit status: 1)`), if it ended.
     pub last_exit: Option<String>,
+    /// The last probe failure, if any.
     pub last_probe_error: Option<String>,
+    /// Its output (stdout and stderr).
     pub log: PathBuf,
+    /// When the current run started (wall clock), while it runs.
+    pub running_since: Option<std::time::SystemTime>,
+    /// How its last run ended, if one did.
+    pub terminated: Option<Termination>,
+    /// It ended and its pod's restart policy does not start it again.
+    pub finished: bool,
+}
+
+/// How one run of a container ended.
+#[derive(Clone, Debug)]
+pub struct Termination {
+    /// The exit code (128 + the signal for a process killed by one).
+    pub exit_code: i32,
+    /// When that run started and ended (wall clock).
+    pub started: std::time::SystemTime,
+    pub finished: std::time::SystemTime,
 }
 
 /// A pod as the runner sees it.
@@ -392,61 +454,33 @@ impl Runner {
     /// # Errors
     /// As [`Runner::start`].
     pub async fn start_with_cache(client: &Client, namespace: &str, cache: &Path, capn: &Path) -> Result<Self, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("the runner needs root: it creates network and mount namespaces and veth pairs (run the tests or the demo as root)".into());
-        }
-        let spawner = Spawner::start()?;
-        let dir = tempfile::Builder::new()
-            .prefix("capn-runner-")
-            .tempdir()
-            .map_err(|e| format!("cannot create the runner directory: {e}"))?
-            .keep();
-        // It holds the pods' private keys. The pods reach their files through bind mounts,
-        // never through this path.
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(|e| format!("cannot restrict {}: {e}", dir.display()))?;
-        let network = match Network::create() {
-            Ok(network) => network,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
         let sets_api: Api<StatefulSet> = Api::namespaced(client.clone(), namespace);
         let services_api: Api<Service> = Api::namespaced(client.clone(), namespace);
-        let secrets_api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-        let config_maps_api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
         let claims_api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
         let (claim_objects, claims_writer) = reflector::store();
         let (sets, sets_writer) = reflector::store();
         let (services, services_writer) = reflector::store();
         let (secrets, secrets_writer) = reflector::store();
         let (config_maps, config_maps_writer) = reflector::store();
-        let shared = Arc::new(Shared {
-            client: client.clone(),
-            namespace: namespace.to_owned(),
-            binaries: Binaries {
-                cache: cache.to_owned(),
-                capn: capn.to_owned(),
+        let shared = Shared::create(
+            Base {
+                client: client.clone(),
+                namespace: namespace.to_owned(),
+                node_name: "capn-runner".to_owned(),
+                hosts: HostsScope::Own,
+                binaries: Binaries {
+                    cache: cache.to_owned(),
+                    capn: capn.to_owned(),
+                    fixed: BTreeMap::new(),
+                },
             },
-            dir,
-            spawner: Mutex::new(Some(spawner)),
-            host_link: network.host_link().to_owned(),
-            host_ip: network.host_address(),
-            network: Mutex::new(Some(network)),
-            services,
-            secrets,
-            config_maps,
-            claim_objects,
-            state: Mutex::new(State::default()),
-            wake: Notify::new(),
-            volumes_wake: Notify::new(),
-            volume_passes: AtomicU64::new(0),
-            milestones: Mutex::default(),
-            stopping: Arc::new(AtomicBool::new(false)),
-            quiet: std::env::var_os("CAPN_RUNNER_QUIET").is_some_and(|v| v != "0"),
-        });
+            Stores {
+                services,
+                secrets,
+                config_maps,
+                claim_objects,
+            },
+        )?;
         let mut tasks = Vec::new();
         let watch_sets = reflector::reflector(
             sets_writer,
@@ -467,45 +501,11 @@ impl Runner {
                 stream.for_each(|_| async { shared.wake.notify_one() }).await;
             }));
         }
-        // The kubelet's watch-based Secret and ConfigMap managers: pods read their volumes
-        // from these caches, and every change wakes the refresh of the volumes.
-        let watch_secrets =
-            reflector::reflector(secrets_writer, watcher(secrets_api, watcher::Config::default())).default_backoff();
-        let watch_config_maps =
-            reflector::reflector(config_maps_writer, watcher(config_maps_api, watcher::Config::default()))
-                .default_backoff();
-        for (kind, stream) in [
-            ("Secrets", watch_secrets.map(|e| e.map(drop)).boxed()),
-            ("ConfigMaps", watch_config_maps.map(|e| e.map(drop)).boxed()),
-        ] {
-            let shared = shared.clone();
-            tasks.push(tokio::spawn(async move {
-                stream
-                    .for_each(|event| {
-                        if let Err(e) = event {
-                            // Retried with back-off; meanwhile volumes keep what they have.
-                            shared.event(format!("watching {kind}: {e}"));
-                        }
-                        shared.volumes_wake.notify_one();
-                        async {}
-                    })
-                    .await;
-            }));
-        }
-        let volumes_shared = shared.clone();
-        tasks.push(tokio::spawn(async move {
-            // No `wait_until_ready` here: volumes exist only once the main loop below has seen
-            // these caches ready, and kube-runtime 5.0's `wait_until_ready` wakes only the last
-            // of several tasks waiting at once (DelayedInit polls one futures oneshot, which
-            // keeps one waker), so a second waiter could sleep forever.
-            loop {
-                refresh_volumes(&volumes_shared);
-                tokio::select! {
-                    () = volumes_shared.volumes_wake.notified() => {}
-                    () = tokio::time::sleep(VOLUME_RESYNC) => {}
-                }
-            }
-        }));
+        tasks.extend(watch_volume_sources(
+            &shared,
+            (Api::namespaced(client.clone(), namespace), secrets_writer),
+            (Api::namespaced(client.clone(), namespace), config_maps_writer),
+        ));
         let loop_shared = shared.clone();
         tasks.push(tokio::spawn(async move {
             let _ = sets.wait_until_ready().await;
@@ -897,6 +897,7 @@ impl Drop for Runner {
         // Joins the spawner thread; a queued spawn sees `stopping` and starts nothing.
         lock(&self.shared.spawner).take();
         lock(&self.shared.network).take();
+        lock(&RUNNER_RECORDS).remove(&self.shared.host_link);
         let _ = std::fs::remove_dir_all(&self.shared.dir);
         if !self.shared.quiet {
             eprintln!(
@@ -909,11 +910,129 @@ impl Drop for Runner {
     }
 }
 
+/// What a [`Shared`] is, besides its watch caches.
+struct Base {
+    client: Client,
+    namespace: String,
+    node_name: String,
+    hosts: HostsScope,
+    binaries: Binaries,
+}
+
+/// The watch caches a [`Shared`] reads (filled by the caller's watches).
+struct Stores {
+    services: Store<Service>,
+    secrets: Store<Secret>,
+    config_maps: Store<ConfigMap>,
+    claim_objects: Store<PersistentVolumeClaim>,
+}
+
+/// The Secret and ConfigMap watches (the kubelet's watch-based managers: pods read their
+/// volumes from these caches, and every change wakes the refresh of the volumes), and the
+/// refresh task.
+fn watch_volume_sources(
+    shared: &Arc<Shared>,
+    (secrets_api, secrets_writer): (Api<Secret>, reflector::store::Writer<Secret>),
+    (config_maps_api, config_maps_writer): (Api<ConfigMap>, reflector::store::Writer<ConfigMap>),
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let watch_secrets =
+        reflector::reflector(secrets_writer, watcher(secrets_api, watcher::Config::default())).default_backoff();
+    let watch_config_maps =
+        reflector::reflector(config_maps_writer, watcher(config_maps_api, watcher::Config::default()))
+            .default_backoff();
+    for (kind, stream) in [
+        ("Secrets", watch_secrets.map(|e| e.map(drop)).boxed()),
+        ("ConfigMaps", watch_config_maps.map(|e| e.map(drop)).boxed()),
+    ] {
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            stream
+                .for_each(|event| {
+                    if let Err(e) = event {
+                        // Retried with back-off; meanwhile volumes keep what they have.
+                        shared.event(format!("watching {kind}: {e}"));
+                    }
+                    shared.volumes_wake.notify_one();
+                    async {}
+                })
+                .await;
+        }));
+    }
+    let volumes_shared = shared.clone();
+    tasks.push(tokio::spawn(async move {
+        // No `wait_until_ready` here: volumes exist only once the main loop has seen these
+        // caches ready, and kube-runtime 5.0's `wait_until_ready` wakes only the last of
+        // several tasks waiting at once (DelayedInit polls one futures oneshot, which keeps
+        // one waker), so a second waiter could sleep forever.
+        loop {
+            refresh_volumes(&volumes_shared);
+            tokio::select! {
+                () = volumes_shared.volumes_wake.notified() => {}
+                () = tokio::time::sleep(VOLUME_RESYNC) => {}
+            }
+        }
+    }));
+    tasks
+}
+
 impl Shared {
-    /// The watch caches Secret and ConfigMap volumes are read from.
-    fn sources(&self) -> Sources<'_> {
+    /// The spawner thread, the directory and the pod network of a runner or node.
+    ///
+    /// # Errors
+    /// Without root, or when the directory or the pod network cannot be created.
+    fn create(base: Base, stores: Stores) -> Result<Arc<Self>, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("the runner needs root: it creates network and mount namespaces and veth pairs (run the tests or the demo as root)".into());
+        }
+        let spawner = Spawner::start()?;
+        let dir = tempfile::Builder::new()
+            .prefix("capn-runner-")
+            .tempdir()
+            .map_err(|e| format!("cannot create the runner directory: {e}"))?
+            .keep();
+        // It holds the pods' private keys. The pods reach their files through bind mounts,
+        // never through this path.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| format!("cannot restrict {}: {e}", dir.display()))?;
+        let network = match Network::create() {
+            Ok(network) => network,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        Ok(Arc::new(Self {
+            client: base.client,
+            namespace: base.namespace,
+            node_name: base.node_name,
+            hosts: base.hosts,
+            binaries: base.binaries,
+            dir,
+            spawner: Mutex::new(Some(spawner)),
+            host_link: network.host_link().to_owned(),
+            host_ip: network.host_address(),
+            network: Mutex::new(Some(network)),
+            services: stores.services,
+            secrets: stores.secrets,
+            config_maps: stores.config_maps,
+            claim_objects: stores.claim_objects,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            volumes_wake: Notify::new(),
+            volume_passes: AtomicU64::new(0),
+            milestones: Mutex::default(),
+            stopping: Arc::new(AtomicBool::new(false)),
+            quiet: std::env::var_os("CAPN_RUNNER_QUIET").is_some_and(|v| v != "0"),
+        }))
+    }
+
+    /// The watch caches the Secret and ConfigMap volumes of a pod in `namespace` are read
+    /// from (the runner's hold its own namespace, the node's every namespace).
+    fn sources<'a>(&'a self, namespace: &'a str) -> Sources<'a> {
         Sources {
-            namespace: &self.namespace,
+            namespace,
             secrets: &self.secrets,
             config_maps: &self.config_maps,
         }
@@ -1223,6 +1342,57 @@ fn delete_pod(pod: &mut PodHandle) {
     }
 }
 
+/// The pod's named container ports, for checking Service target ports.
+fn named_ports(spec: &PodSpec) -> BTreeMap<String, u16> {
+    spec.containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
+        .collect()
+}
+
+impl PodShared {
+    /// A pod not started yet: `(name, hostname, namespace)` (the name is `<namespace>/<name>`
+    /// for the node's pods), its restart policy, its StatefulSet (or name) for milestones, and
+    /// its directory.
+    fn new(
+        (name, hostname, namespace): (&str, &str, &str),
+        restart_policy: &str,
+        set: &str,
+        dir: PathBuf,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.to_owned(),
+            hostname: hostname.to_owned(),
+            namespace: namespace.to_owned(),
+            restart_policy: restart_policy.to_owned(),
+            init_failed: AtomicBool::new(false),
+            set: set.to_owned(),
+            dir,
+            ip: Mutex::new(None),
+            net_inode: AtomicU64::new(0),
+            containers: Mutex::new(BTreeMap::new()),
+            waiting: Mutex::new(Some("starting".into())),
+            hosts: Mutex::new(String::new()),
+            volumes: Mutex::new(Vec::new()),
+            done: AtomicBool::new(false),
+        })
+    }
+}
+
+/// Starts a pod's task ([`run_pod`]) and returns what controls it.
+fn launch(
+    shared: &Arc<Shared>,
+    pod: &Arc<PodShared>,
+    identity: PodIdentity,
+    spec: PodSpec,
+    claims: BTreeMap<String, PathBuf>,
+) -> (watch::Sender<Control>, JoinHandle<()>) {
+    let (control, receiver) = watch::channel(Control::Run);
+    let task = tokio::spawn(run_pod(shared.clone(), pod.clone(), identity, spec, claims, receiver));
+    (control, task)
+}
+
 /// Creates a pod's record and starts its task.
 fn start_pod(
     shared: &Arc<Shared>,
@@ -1250,44 +1420,27 @@ fn start_pod(
         .as_ref()
         .map(|s| s.service_name.clone().unwrap_or_default())
         .unwrap_or_default();
-    let ports = spec
-        .containers
-        .iter()
-        .flat_map(|c| c.ports.iter().flatten())
-        .filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?)))
-        .collect();
+    let ports = named_ports(&spec);
     let set_name = sts.name_any();
     shared.milestone(&set_name, name, timeline::Stage::PodCreated);
-    let pod_shared = Arc::new(PodShared {
-        name: name.to_owned(),
-        set: set_name,
-        dir: shared.dir.join("pods").join(name),
-        ip: Mutex::new(None),
-        net_inode: AtomicU64::new(0),
-        containers: Mutex::new(BTreeMap::new()),
-        waiting: Mutex::new(Some("starting".into())),
-        hosts: Mutex::new(String::new()),
-        volumes: Mutex::new(Vec::new()),
-        done: AtomicBool::new(false),
-    });
-    let (control, receiver) = watch::channel(Control::Run);
+    let pod_shared = PodShared::new(
+        (name, name, &shared.namespace),
+        "Always",
+        &set_name,
+        shared.dir.join("pods").join(name),
+    );
     let identity = PodIdentity {
         name: name.to_owned(),
         namespace: shared.namespace.clone(),
         ip: Ipv4Addr::UNSPECIFIED,
         host_ip: shared.host_ip,
-        node_name: "capn-runner".to_owned(),
+        node_name: shared.node_name.clone(),
+        uid: String::new(),
+        service_account: "default".to_owned(),
         labels: labels.clone(),
         annotations,
     };
-    let task = tokio::spawn(run_pod(
-        shared.clone(),
-        pod_shared.clone(),
-        identity,
-        spec,
-        claims,
-        receiver,
-    ));
+    let (control, task) = launch(shared, &pod_shared, identity, spec, claims);
     PodHandle {
         name: name.to_owned(),
         revision: revision.to_owned(),
@@ -1316,9 +1469,9 @@ fn refresh_volumes(shared: &Shared) {
         .filter(|p| !p.deleting)
         .map(|p| p.shared.clone())
         .collect();
-    let sources = shared.sources();
     let mut events = Vec::new();
     for pod in pods {
+        let sources = shared.sources(&pod.namespace);
         let mut volumes = lock(&pod.volumes);
         for refreshed in volumes.iter_mut() {
             let volume = &refreshed.volume;
@@ -1479,7 +1632,7 @@ fn refresh_dns(shared: &Shared) {
             let ip = (*lock(&p.shared.ip))?;
             Some((
                 dns::PodRecord {
-                    name: p.name.clone(),
+                    name: p.shared.hostname.clone(),
                     ip,
                     ready: pod_ready(&p.shared),
                     labels: p.labels.clone(),
@@ -1491,7 +1644,25 @@ fn refresh_dns(shared: &Shared) {
         })
         .collect();
     let records: Vec<dns::PodRecord> = pods.iter().map(|(r, _)| r.clone()).collect();
-    let (names, warnings) = dns::records(&shared.namespace, DNS_DOMAIN, &records, &services);
+    let (mut names, warnings) = dns::records(&shared.namespace, DNS_DOMAIN, &records, &services);
+    match shared.hosts {
+        HostsScope::Own => {
+            // Checked under the registry's lock: once `Drop` has set `stopping` and removed
+            // this runner's names, none comes back.
+            let mut registry = lock(&RUNNER_RECORDS);
+            if !shared.stopping.load(Ordering::SeqCst) {
+                registry.insert(shared.host_link.clone(), names.clone());
+            }
+        }
+        HostsScope::AllRunners => {
+            names = dns::Records::new();
+            for records in lock(&RUNNER_RECORDS).values() {
+                for (name, ips) in records {
+                    names.entry(name.clone()).or_default().extend(ips.iter().copied());
+                }
+            }
+        }
+    }
     for warning in warnings {
         if state.warned.insert(warning.clone()) && !shared.quiet {
             eprintln!("capn runner [{}]: warning: {warning}", shared.namespace);
@@ -1504,7 +1675,7 @@ fn refresh_dns(shared: &Shared) {
     }
     drop(state);
     for (record, pod) in pods {
-        let text = dns::hosts_file(&record, &shared.namespace, DNS_DOMAIN, &names);
+        let text = dns::hosts_file(&record, &pod.namespace, DNS_DOMAIN, &names);
         let mut written = lock(&pod.hosts);
         if *written != text && write_dns_file(&pod.dir.join("dns"), "hosts", &text).is_ok() {
             *written = text;
@@ -1532,7 +1703,7 @@ async fn run_pod(
 ) {
     let name = pod.name.clone();
     let result = async {
-        let namespaces = Namespaces::create(Some(&name))?;
+        let namespaces = Namespaces::create(Some(&pod.hostname))?;
         // Registered from its creation on: the kernel may have given this namespace the
         // inode number of another runner's retired pod, whose leftovers check would
         // otherwise see it held by no live pod while the veth is attached.
@@ -1566,7 +1737,7 @@ async fn run_pod(
     let dns_dir = pod.dir.join("dns");
     let files = [
         ("resolv.conf", dns::resolv_conf(&shared.namespace, DNS_DOMAIN)),
-        ("hostname", format!("{name}\n")),
+        ("hostname", format!("{}\n", pod.hostname)),
     ];
     for (file, text) in files {
         if let Err(e) = write_dns_file(&dns_dir, file, &text) {
@@ -1587,7 +1758,14 @@ async fn run_pod(
             finish_pod(&shared, &pod, Some(ip), Some(namespaces));
             return;
         }
-        match pod::materialize_volumes(&shared.sources(), &spec, &claims, &claims_dir, &pod.dir) {
+        match pod::materialize_volumes(
+            &shared.sources(&identity.namespace),
+            &identity,
+            &spec,
+            &claims,
+            &claims_dir,
+            &pod.dir,
+        ) {
             Ok((volumes, sourced)) => {
                 *lock(&pod.volumes) = sourced
                     .into_iter()
@@ -1719,7 +1897,9 @@ fn finish_pod(shared: &Shared, pod: &PodShared, ip: Option<Ipv4Addr>, namespaces
 enum Ended {
     /// An init container exited 0.
     Completed,
-    Exited(String),
+    /// It exited (how, and its exit code: 128 + the signal for a signal).
+    Exited(String, i32),
+    /// A probe failed and it was killed.
     Unhealthy(String),
     Paused,
     Deleted,
@@ -1758,7 +1938,7 @@ async fn run_container(
             }
         }
         // The environment as the kubelet builds it at this start (configMapKeyRef included).
-        let launch = match plan.launch_now(&shared.sources()) {
+        let launch = match plan.launch_now(&shared.sources(plan.namespace())) {
             Ok(launch) => launch,
             Err(why) => {
                 *lock(&pod.waiting) = Some(why);
@@ -1809,10 +1989,12 @@ async fn run_container(
             state.processes.push(record);
             state.live.insert(pid, id.clone());
         }
+        let since = std::time::SystemTime::now();
         update(&pod, &plan.name, |c| {
             c.pid = Some(pid);
             c.started = plan.startup.is_none();
             c.ready = false;
+            c.running_since = Some(since);
         });
         shared.event(format!(
             "{id}: started pid {pid}: {} {}",
@@ -1830,8 +2012,10 @@ async fn run_container(
             c.pid = None;
             c.ready = false;
             c.started = false;
+            c.running_since = None;
         });
         shared.wake.notify_one();
+        let code = exit_code(&ended);
         match ended {
             Ended::Deleted => {
                 shared.event(format!("{id}: stopped"));
@@ -1845,7 +2029,34 @@ async fn run_container(
                 shared.event(format!("{id}: killed and held stopped"));
                 backoff = Duration::ZERO;
             }
-            Ended::Exited(how) | Ended::Unhealthy(how) => {
+            Ended::Exited(how, _) | Ended::Unhealthy(how) if !restarts(&pod.restart_policy, plan.init, code) => {
+                update(&pod, &plan.name, |c| {
+                    c.last_exit = Some(how.clone());
+                    c.terminated = Some(Termination {
+                        exit_code: code,
+                        started: since,
+                        finished: std::time::SystemTime::now(),
+                    });
+                    c.finished = true;
+                });
+                if plan.init {
+                    pod.init_failed.store(true, Ordering::SeqCst);
+                }
+                shared.event(format!(
+                    "{id}: {how}; not restarted (restartPolicy {})",
+                    pod.restart_policy
+                ));
+                shared.wake.notify_one();
+                return false;
+            }
+            Ended::Exited(how, _) | Ended::Unhealthy(how) => {
+                update(&pod, &plan.name, |c| {
+                    c.terminated = Some(Termination {
+                        exit_code: code,
+                        started: since,
+                        finished: std::time::SystemTime::now(),
+                    });
+                });
                 if started.elapsed() >= BACKOFF_RESET {
                     backoff = Duration::ZERO;
                 }
@@ -1860,6 +2071,25 @@ async fn run_container(
                 ));
             }
         }
+    }
+}
+
+/// The exit code of a run that ended (137, as for SIGKILL, for a container killed for a
+/// failed probe).
+fn exit_code(ended: &Ended) -> i32 {
+    match ended {
+        Ended::Exited(_, code) => *code,
+        _ => 137,
+    }
+}
+
+/// Whether a container that ended with `code` starts again under the pod's `restartPolicy`
+/// (an init container: until it succeeds, unless `Never`).
+fn restarts(policy: &str, init: bool, code: i32) -> bool {
+    match policy {
+        "Never" => false,
+        "OnFailure" => code != 0,
+        _ => !init || code != 0,
     }
 }
 
@@ -1911,9 +2141,14 @@ async fn supervise(
     loop {
         match child.try_wait() {
             Ok(Some(status)) if plan.init && status.success() => return Ended::Completed,
-            Ok(Some(status)) => return Ended::Exited(format!("exited ({status})")),
+            Ok(Some(status)) => {
+                let code = status
+                    .code()
+                    .unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0));
+                return Ended::Exited(format!("exited ({status})"), code);
+            }
             Ok(None) => {}
-            Err(e) => return Ended::Exited(format!("cannot be waited for ({e})")),
+            Err(e) => return Ended::Exited(format!("cannot be waited for ({e})"), 128),
         }
         let now = Instant::now();
         if !started {
@@ -2098,5 +2333,28 @@ fn tail(path: &Path, lines: usize) -> String {
             all[all.len().saturating_sub(lines)..].join("\n")
         }
         Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::restarts;
+
+    #[test]
+    fn a_container_restarts_as_its_pods_restart_policy_says() {
+        // (policy, init container, exit code) → started again.
+        for (policy, init, code, again) in [
+            ("Always", false, 0, true),
+            ("Always", false, 1, true),
+            ("OnFailure", false, 0, false),
+            ("OnFailure", false, 1, true),
+            ("Never", false, 1, false),
+            // An init container runs again until it succeeds, unless the pod never restarts.
+            ("Always", true, 1, true),
+            ("OnFailure", true, 1, true),
+            ("Never", true, 1, false),
+        ] {
+            assert_eq!(restarts(policy, init, code), again, "{policy} init={init} exit {code}");
+        }
     }
 }

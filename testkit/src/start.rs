@@ -376,7 +376,7 @@ current-context: capn-test
 
 /// Waits until `process` answers `path` (`/readyz`, `/healthz`) with `ok` through `client`,
 /// for at most `timeout`; fails at once when the process exits, and names the last answer.
-async fn wait_for_ok(
+pub(crate) async fn wait_for_ok(
     process: &mut Process,
     client: &kube::Client,
     path: &str,

@@ -22,6 +22,20 @@ pub fn capn_binary() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_capn"))
 }
 
+/// The release of the local etcd, for an image tag the runner accepts.
+pub fn local_etcd_release() -> String {
+    let output = std::process::Command::new(capn_testkit::cluster().assets_dir().join("etcd"))
+        .arg("--version")
+        .output()
+        .expect("etcd --version runs");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.lines()
+        .find_map(|l| l.strip_prefix("etcd Version: "))
+        .unwrap_or_else(|| panic!("etcd --version printed no version: {text}"))
+        .trim()
+        .to_owned()
+}
+
 /// How long a test waits for one step of capn's controllers on the super cluster alone, where
 /// readiness is written by the test or the stand-in and no pod runs (a booted control plane's
 /// steps take [`crate::boot::BOOTED_STEP`]).

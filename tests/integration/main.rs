@@ -19,6 +19,7 @@ mod engine;
 mod events;
 mod harness;
 mod maintenance;
+mod node;
 mod operations;
 mod public_crds;
 mod request_budget;

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::harness::capn_binary;
+use crate::harness::{capn_binary, local_etcd_release};
 
 /// The deadline for a change to reach a running pod's files: the runner's bound (2 s after
 /// its watch has the change) with room for a machine shared with other tests.
@@ -32,20 +32,6 @@ const CONFIG_DIR: &str = "/etc/refresh/config";
 
 fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "runner volumes: {line}");
-}
-
-/// The release of the local etcd, for an image tag the runner accepts.
-fn local_etcd_release() -> String {
-    let output = std::process::Command::new(cluster().assets_dir().join("etcd"))
-        .arg("--version")
-        .output()
-        .expect("etcd --version runs");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    text.lines()
-        .find_map(|l| l.strip_prefix("etcd Version: "))
-        .unwrap_or_else(|| panic!("etcd --version printed no version: {text}"))
-        .trim()
-        .to_owned()
 }
 
 /// A one-member etcd on the pod's loopback, as user 65532 with fsGroup 65532, mounting Secret

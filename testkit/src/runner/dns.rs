@@ -107,10 +107,15 @@ pub(super) fn hosts_file(pod: &PodRecord, namespace: &str, domain: &str, records
         "# Kubernetes-managed hosts file (written by the capn test runner, which stands in for cluster DNS).\n\
          127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
     );
-    text.push_str(&format!(
-        "{}\t{}.{}.{namespace}.svc.{domain}\t{}\n",
-        pod.ip, pod.name, pod.subdomain, pod.name
-    ));
+    if pod.subdomain.is_empty() {
+        // A pod without a subdomain (the node's) has no DNS name of its own.
+        text.push_str(&format!("{}\t{}\n", pod.ip, pod.name));
+    } else {
+        text.push_str(&format!(
+            "{}\t{}.{}.{namespace}.svc.{domain}\t{}\n",
+            pod.ip, pod.name, pod.subdomain, pod.name
+        ));
+    }
     for (name, ips) in records {
         for ip in ips {
             text.push_str(&format!("{ip}\t{name}\n"));

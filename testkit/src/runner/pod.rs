@@ -37,6 +37,9 @@ pub(super) struct PodIdentity {
     pub ip: Ipv4Addr,
     pub host_ip: Ipv4Addr,
     pub node_name: String,
+    /// The Pod object's uid (empty for a runner pod, which has no object).
+    pub uid: String,
+    pub service_account: String,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
 }
@@ -67,6 +70,11 @@ pub(super) struct EnvSpec {
 }
 
 impl ContainerPlan {
+    /// The namespace of the container's pod (where its Secrets and ConfigMaps are).
+    pub fn namespace(&self) -> &str {
+        &self.env.identity.namespace
+    }
+
     /// The launch with the environment and arguments as the kubelet would build them now.
     ///
     /// # Errors
@@ -138,10 +146,7 @@ pub(super) fn check_template(
             && volume.empty_dir.is_none()
             && volume.persistent_volume_claim.is_none()
         {
-            return refuse(format!(
-                "volume {} is of a kind the runner does not materialize (only secret, configMap, emptyDir, persistentVolumeClaim)",
-                volume.name
-            ));
+            super::projected::check(volume)?;
         }
     }
     for container in spec.init_containers.iter().flatten().chain(&spec.containers) {
@@ -172,9 +177,6 @@ pub(super) fn check_template(
                 ));
             }
         }
-        if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-            return refuse(format!("container {name}: envFrom is not supported by the runner"));
-        }
         for probe in [
             &container.startup_probe,
             &container.readiness_probe,
@@ -202,6 +204,10 @@ pub struct Binaries {
     /// The `capn` binary that capn's own image stands for: the one cargo built for the
     /// caller (a library cannot name it; `env!("CARGO_BIN_EXE_capn")` in the root package).
     pub capn: PathBuf,
+    /// `command[0]` base names that run one given binary whatever the image's tag says (the
+    /// node's `agnhost`, which the e2e test images' own versions do not name): empty for the
+    /// runner.
+    pub fixed: BTreeMap<String, PathBuf>,
 }
 
 /// Where `hack/kube-assets.sh` keeps its builds, one directory per release:
@@ -244,7 +250,7 @@ pub(super) fn release_binary(binaries: &Binaries, base: &str, release: &str) -> 
 }
 
 /// The container's `command[0]` without its directory (`/usr/local/bin/etcd` → `etcd`).
-fn command_base(container: &Container) -> Result<&str, String> {
+pub(super) fn command_base(container: &Container) -> Result<&str, String> {
     let name = &container.name;
     let command0 =
         container.command.as_ref().and_then(|c| c.first()).ok_or_else(|| {
@@ -280,8 +286,11 @@ fn binary_for(
 ) -> Result<PathBuf, String> {
     let name = &container.name;
     let image = container.image.as_deref().unwrap_or_default();
-    let (binary, wanted, build) = located_binary(container, binaries)?;
     let base = command_base(container)?;
+    if let Some(binary) = binaries.fixed.get(base) {
+        return Ok(binary.clone());
+    }
+    let (binary, wanted, build) = located_binary(container, binaries)?;
     if !binary.is_file() {
         return Err(format!(
             "MISSING RELEASE: container {name} wants image {image} (release {wanted}), and {} does not exist; \
@@ -446,15 +455,53 @@ pub(super) fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// The container's environment, in order, as the kubelet builds it from `env`. Without
-/// `sources` (planning, before any start) a `configMapKeyRef` reads as empty.
+/// The variables of the container's `envFrom` (each ConfigMap's or Secret's keys, with the
+/// `prefix`), which `env` then overrides, as the kubelet orders them. Without `sources`
+/// (planning, before any start) there are none.
+///
+/// # Errors
+/// A source that does not exist and is not `optional` (`CreateContainerConfigError`).
+fn env_from(container: &Container, sources: Option<&Sources<'_>>) -> Result<Vec<(String, String)>, String> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    let Some(sources) = sources else { return Ok(vars) };
+    for from in container.env_from.iter().flatten() {
+        let (source, optional) = if let Some(c) = &from.config_map_ref {
+            (Source::ConfigMap(c.name.clone()), c.optional)
+        } else if let Some(s) = &from.secret_ref {
+            (Source::Secret(s.name.clone()), s.optional)
+        } else {
+            continue;
+        };
+        match sources.data(&source) {
+            Some(data) => {
+                let prefix = from.prefix.as_deref().unwrap_or_default();
+                for (key, value) in data {
+                    let name = format!("{prefix}{key}");
+                    vars.retain(|(n, _)| *n != name);
+                    vars.push((name, String::from_utf8_lossy(&value).into_owned()));
+                }
+            }
+            None if optional == Some(true) => {}
+            None => {
+                return Err(format!(
+                    "CreateContainerConfigError: container {}: envFrom: {source} does not exist (yet)",
+                    container.name
+                ));
+            }
+        }
+    }
+    Ok(vars)
+}
+
+/// The container's environment, in order, as the kubelet builds it from `envFrom` then
+/// `env`. Without `sources` (planning, before any start) a `configMapKeyRef` reads as empty.
 fn environment(
     container: &Container,
     pod: &PodIdentity,
     sources: Option<&Sources<'_>>,
 ) -> Result<Vec<(String, String)>, String> {
-    let mut vars: Vec<(String, String)> = Vec::new();
-    let mut map: BTreeMap<String, String> = BTreeMap::new();
+    let mut vars: Vec<(String, String)> = env_from(container, sources)?;
+    let mut map: BTreeMap<String, String> = vars.iter().cloned().collect();
     for EnvVar {
         name,
         value,
@@ -525,13 +572,14 @@ fn environment(
 }
 
 /// The downward API fields a runner pod has.
-fn field_value(path: &str, pod: &PodIdentity) -> Option<String> {
+pub(super) fn field_value(path: &str, pod: &PodIdentity) -> Option<String> {
     let quoted = |prefix: &str| path.strip_prefix(prefix)?.strip_suffix("']").map(str::to_owned);
     Some(match path {
         "metadata.name" => pod.name.clone(),
         "metadata.namespace" => pod.namespace.clone(),
         "spec.nodeName" => pod.node_name.clone(),
-        "spec.serviceAccountName" => "default".to_owned(),
+        "metadata.uid" => pod.uid.clone(),
+        "spec.serviceAccountName" => pod.service_account.clone(),
         "status.podIP" | "status.podIPs" => pod.ip.to_string(),
         "status.hostIP" | "status.hostIPs" => pod.host_ip.to_string(),
         _ => {
@@ -731,6 +779,7 @@ impl SourcedVolume {
 /// volume's directory by name, and the Secret and ConfigMap volumes to keep up to date.
 pub(super) fn materialize_volumes(
     sources: &Sources<'_>,
+    identity: &PodIdentity,
     spec: &PodSpec,
     claims: &BTreeMap<String, PathBuf>,
     claims_dir: &Path,
@@ -749,7 +798,10 @@ pub(super) fn materialize_volumes(
     }
     for volume in spec.volumes.iter().flatten() {
         let dir = pod_dir.join("volumes").join(&volume.name);
-        let path = materialize(sources, volume, &dir, claims_dir, fs_group, &mut sourced)?;
+        let path = match super::projected::payload(volume, sources, identity) {
+            Some(payload) => super::projected::write(&dir, &payload?, fs_group)?,
+            None => materialize(sources, volume, &dir, claims_dir, fs_group, &mut sourced)?,
+        };
         out.insert(volume.name.clone(), path);
     }
     Ok((out, sourced))
@@ -812,7 +864,7 @@ fn prepare_claim(dir: &Path, fs_group: Option<u32>) -> Result<(), NotYet> {
 /// included, through lchown), `rw-rw----` (read-only volumes `r--r-----`) added to files,
 /// plus setgid and `--x--x---` on directories; a link's mode is left alone (chmod would
 /// change its target).
-fn apply_fs_group(path: &Path, group: u32, read_only: bool) -> std::io::Result<()> {
+pub(super) fn apply_fs_group(path: &Path, group: u32, read_only: bool) -> std::io::Result<()> {
     let meta = fs::symlink_metadata(path)?;
     std::os::unix::fs::lchown(path, None, Some(group))?;
     if meta.file_type().is_symlink() {
@@ -835,7 +887,7 @@ fn apply_fs_group(path: &Path, group: u32, read_only: bool) -> std::io::Result<(
 }
 
 /// `path` if it is relative and stays inside its base.
-fn safe_relative(path: &str) -> Option<&Path> {
+pub(super) fn safe_relative(path: &str) -> Option<&Path> {
     let p = Path::new(path);
     p.components().all(|c| matches!(c, Component::Normal(_))).then_some(p)
 }
@@ -876,8 +928,11 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     let name = &container.name;
     let command = container.command.clone().unwrap_or_default();
     let command0 = command.first().cloned().unwrap_or_default();
-    let (binary, _, _) = located_binary(container, ctx.binaries)?;
     let base = command_base(container)?.to_owned();
+    let binary = match ctx.binaries.fixed.get(&base) {
+        Some(binary) => binary.clone(),
+        None => located_binary(container, ctx.binaries)?.0,
+    };
     // A bare name is found on the image's PATH; the Kubernetes images keep it here.
     let program = if command0.contains('/') {
         PathBuf::from(&command0)
@@ -1262,6 +1317,7 @@ mod tests {
         let binaries = Binaries {
             cache: PathBuf::from("/cache"),
             capn: PathBuf::from("/target/debug/capn"),
+            fixed: BTreeMap::new(),
         };
         let found = |base: &str, release: &str| release_binary(&binaries, base, release);
         assert_eq!(

@@ -22,6 +22,9 @@ use std::thread;
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Every runner's and the node's pod network: one /24 of it each.
+pub(super) const POD_NETWORKS: &str = "198.18.0.0/15";
+
 /// A thread that forks every process of the runner. `PR_SET_PDEATHSIG` fires when the *thread*
 /// that forked a child ends; tokio's threads come and go, this one lives as long as the runner.
 pub(super) struct Spawner {
@@ -222,6 +225,11 @@ impl Network {
         ip(None, &["link", "set", link, "addrgenmode", "none"])?;
         ip(None, &["addr", "add", &gateway, "dev", link])?;
         ip(None, &["link", "set", link, "up"])?;
+        // Forwarding on this link only (not the host's global switch): packets from these
+        // pods to another pod network of this host (the node's, another runner's) are routed
+        // on, and so are the answers.
+        std::fs::write(format!("/proc/sys/net/ipv4/conf/{link}/forwarding"), "1")
+            .map_err(|e| format!("cannot enable forwarding on {link}: {e}"))?;
         ip(Some(&self.node.net), &["link", "set", "uplink", "master", "br0"])?;
         ip(Some(&self.node.net), &["link", "set", "uplink", "up"])?;
         Ok(())
@@ -276,6 +284,10 @@ impl Network {
             )?;
             ip(Some(&pod.net), &["link", "set", "eth0", "up"])?;
             ip(Some(&pod.net), &["link", "set", "lo", "up"])?;
+            // The other pod networks of this host (198.18.0.0/15) through the host; still no
+            // default route.
+            let gateway = self.address(1).to_string();
+            ip(Some(&pod.net), &["route", "add", POD_NETWORKS, "via", &gateway])?;
             Ok::<_, String>(())
         })();
         if let Err(e) = result {
@@ -325,7 +337,7 @@ fn host_prefixes() -> Result<BTreeSet<[u8; 3]>, String> {
         .collect())
 }
 
-fn random_u16() -> u16 {
+pub(super) fn random_u16() -> u16 {
     let mut bytes = [0u8; 2];
     let _ = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
     u16::from_ne_bytes(bytes)

@@ -1,0 +1,652 @@
+//! The node: a real Node of the super cluster that runs ordinary pods, placed by the real
+//! kube-scheduler, so that pods a syncer copies into the super cluster run for real.
+//!
+//! [`node()`] starts it on first use, once per test process (like [`crate::cluster`]), on a
+//! thread of its own that lives as long as the process. It
+//! - registers the Node `capn-node-<random>` (capacity and allocatable: 16 CPUs, 64 GiB,
+//!   110 pods; addresses: its bridge's host-side address as InternalIP, and its name as
+//!   Hostname; the kubelet's port as `kubeletEndpoint`; Ready with no pressure), renews its
+//!   Lease in `kube-node-lease` and the conditions' heartbeat every 10 s;
+//! - starts the real kube-scheduler of the super cluster's release against the super
+//!   cluster (admin kubeconfig, leader election off) and waits for its `/healthz`;
+//! - plays the kubelet for every Pod whose `spec.nodeName` is the node, in any namespace:
+//!   each pod runs with the runner's machinery (its own network and UTS namespaces on the
+//!   node's bridge, volumes, containers as processes in their own mount namespaces, probes,
+//!   restarts: see the runner's documentation, whose adaptations hold here too), and its
+//!   status is written as the kubelet writes it (phase, conditions, IPs, start time,
+//!   `containerStatuses`); a pod being deleted has its containers stopped (SIGTERM, SIGKILL
+//!   after the grace period) and is then deleted with `gracePeriodSeconds: 0`, as the kubelet
+//!   does.
+//!
+//! # Adaptations (the complete list, besides the runner's 1-11)
+//! 1. **Images.** No image is pulled. `registry.k8s.io/e2e-test-images/agnhost:<any tag>`
+//!    runs the `agnhost` binary of the super cluster's release (its entrypoint, `/agnhost`,
+//!    when the container gives no `command`; its `command`/`args` as given otherwise), and
+//!    `registry.k8s.io/pause:<any tag>` runs `agnhost pause`. Both are taken from the release
+//!    cache of `hack/kube-assets.sh` (`kubernetes-v<release>/agnhost`), as is
+//!    `kube-scheduler`. Any other image is refused: its containers stay Waiting with reason
+//!    `ErrImagePull` and a message naming the two supported images. `imageID` and
+//!    `containerID` are `capn-node://…` names, not digests.
+//! 2. **Volumes**: the runner's (secret, configMap, emptyDir), plus `downwardAPI` and
+//!    `projected` volumes with `secret`, `configMap` and `downwardAPI` sources, written once
+//!    when the pod starts (not refreshed while it runs, unlike the kubelet's). Projected
+//!    `serviceAccountToken` sources (hence the `kube-api-access-*` volume the ServiceAccount
+//!    admission plugin adds unless `automountServiceAccountToken: false`), `resourceFieldRef`
+//!    items and persistentVolumeClaims are refused like other unsupported pods: Waiting with
+//!    reason `CreateContainerError` and the reason as message.
+//! 3. **Network.** Pods get addresses on the node's own 198.18.N.0/24 bridge (the runner's
+//!    network), reachable from the host. Every pod network of this host (the node's and each
+//!    runner's) has a route to 198.18.0.0/15 through the host, and forwarding is enabled on
+//!    each network's host-side link only (not the host's global `ip_forward`), so the node's
+//!    pods and the runners' pods reach one another, but nothing else: still no default route.
+//! 4. **DNS.** A node pod's `/etc/hosts` holds the names of every Service whose pods a live
+//!    [`super::Runner`] of this process runs (every form, `<svc>.<ns>.svc.cluster.local`
+//!    included), kept current like a runner pod's; Services of the node's own pods are not
+//!    resolved (no cluster DNS, no kube-proxy, no ClusterIP).
+//! 5. **Status.** `initContainerStatuses`, `ephemeralContainerStatuses`, resources and
+//!    `allocatedResources`, `nominatedNodeName` and readiness gates are not written; init
+//!    containers are reported only through `Initialized` and the phase. The stop of a deleted
+//!    pod uses the pod's `terminationGracePeriodSeconds`, not `deletionGracePeriodSeconds`.
+//!    No Events are recorded.
+//! 6. **No kubelet API.** Nothing listens on the announced `kubeletEndpoint` port: no logs,
+//!    exec, port-forward or metrics through the API server. Tests read a container's output
+//!    with [`Node::container_log`]. No node lifecycle controller runs, so the node is never
+//!    tainted; the heartbeat keeps it Ready should one run.
+//! 7. **One process.** The node lives as long as the test process; its pods are killed when
+//!    it exits (its directory is removed then). Pods it finds already Succeeded or Failed
+//!    are not run again.
+//! 8. **Node lifecycle.** The `node.kubernetes.io/not-ready` taint that the API server's
+//!    admission puts on every new Node is lifted by the node itself once it is Ready (the
+//!    node lifecycle controller's job, which does not run in the super cluster).
+
+mod objects;
+mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock, mpsc};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::Value;
+
+use super::pod::{self, Binaries, PodIdentity};
+use super::{
+    Base, HostsScope, PodHandle, PodShared, RESYNC, Runner, SetState, Shared, Stores, delete_pod, launch, lock,
+    named_ports, refresh_dns, watch_volume_sources,
+};
+
+/// The image whose binary the node runs.
+pub const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost";
+/// The pause image, which `agnhost pause` stands for.
+pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause";
+/// How often the Lease and the Ready heartbeat are renewed (the kubelet's default).
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The super cluster's node; get it with [`node()`].
+pub struct Node {
+    name: String,
+    runner: Runner,
+    scheduler_pid: u32,
+    scheduler_log: PathBuf,
+}
+
+static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
+
+/// The node of this test process, started by the first caller (with the super cluster,
+/// [`crate::cluster`], if that is not up yet) and shared by every test. Nothing runs pods
+/// before it is called: a test whose pods must run calls it first (it returns at once once
+/// started; the first start takes a few seconds: the Node, the scheduler's `/healthz`).
+///
+/// # Panics
+/// When it cannot start: not root, `kube-scheduler` or `agnhost` missing from the release
+/// cache (the message holds the command that builds them), the Node refused, or the scheduler
+/// unhealthy. Every later caller panics with the same message.
+pub fn node() -> &'static Node {
+    match NODE.get_or_init(start) {
+        Ok(node) => node,
+        Err(message) => panic!("the test node did not start: {message}"),
+    }
+}
+
+impl Node {
+    /// The Node's name (`capn-node-<random>`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its InternalIP: the host's address on the node's pod network.
+    pub fn address(&self) -> Ipv4Addr {
+        self.runner.host_address()
+    }
+
+    /// The address of the pod `namespace/name` while the node runs it.
+    pub fn pod_ip(&self, namespace: &str, name: &str) -> Option<Ipv4Addr> {
+        self.runner.pod_ip(&format!("{namespace}/{name}"))
+    }
+
+    /// The output so far of container `container` of pod `namespace/name` (while the node
+    /// has the pod).
+    pub fn container_log(&self, namespace: &str, name: &str, container: &str) -> Option<String> {
+        let key = format!("{namespace}/{name}");
+        let pod = self.runner.pods().into_iter().find(|p| p.name == key)?;
+        let log = pod.containers.into_iter().find(|c| c.name == container)?.log;
+        std::fs::read_to_string(log).ok()
+    }
+
+    /// The pid of the kube-scheduler the node started.
+    pub fn scheduler_pid(&self) -> u32 {
+        self.scheduler_pid
+    }
+
+    /// The machinery that runs the pods, whose pods are named `<namespace>/<name>`: its
+    /// [`Runner::pods`], [`Runner::processes`], [`Runner::leftovers`], [`Runner::check`]
+    /// and [`Runner::report`] are the node's.
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+
+    /// [`Runner::report`], with the end of the scheduler's log.
+    pub fn report(&self) -> String {
+        format!(
+            "node {}:\n{}\nlast lines of {}:\n{}",
+            self.name,
+            self.runner.report(),
+            self.scheduler_log.display(),
+            super::tail(&self.scheduler_log, 20)
+        )
+    }
+}
+
+/// Starts the node on a thread that lives as long as the process (`PR_SET_PDEATHSIG` of the
+/// scheduler and of the spawner thread's children is tied to it) and keeps its tasks running.
+fn start() -> Result<Node, String> {
+    crate::cluster();
+    let (sender, receiver) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("capn-test-node".to_owned())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = sender.send(Err(format!("cannot build a tokio runtime: {e}")));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let (node, mut scheduler) = match start_here().await {
+                    Ok(started) => started,
+                    Err(e) => {
+                        let _ = sender.send(Err(e));
+                        return;
+                    }
+                };
+                let shared = node.runner.shared.clone();
+                let _ = sender.send(Ok(node));
+                // Keeps the tasks running; reports a scheduler that dies.
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if let Err(report) = scheduler.check_running() {
+                        shared.problem(format!("kube-scheduler died: {report}"));
+                        std::future::pending::<()>().await;
+                    }
+                }
+            });
+        })
+        .map_err(|e| format!("cannot start the node thread: {e}"))?;
+    receiver
+        .recv()
+        .map_err(|_| "the node's start-up thread panicked (see its message above)".to_owned())?
+}
+
+/// What the node keeps besides the runner's state.
+#[derive(Default)]
+struct Book {
+    /// Pods the node will not run, by uid: `(reason, message)` for their containers.
+    refused: BTreeMap<String, (String, String)>,
+    /// When the node took each pod on, by uid.
+    started: BTreeMap<String, SystemTime>,
+    /// The status last written, by uid.
+    written: BTreeMap<String, Value>,
+}
+
+async fn start_here() -> Result<(Node, crate::process::Process), String> {
+    let client = crate::cluster().client();
+    let cache = pod::release_cache();
+    let (release, binaries) = objects::release_binaries(&cache)?;
+    let agnhost = binaries["agnhost"].clone();
+    let name = format!(
+        "capn-node-{:04x}{:04x}",
+        super::sandbox::random_u16(),
+        super::sandbox::random_u16()
+    );
+    let (secrets, secrets_writer) = reflector::store();
+    let (config_maps, config_maps_writer) = reflector::store();
+    let shared = Shared::create(
+        Base {
+            client: client.clone(),
+            namespace: name.clone(),
+            node_name: name.clone(),
+            hosts: HostsScope::AllRunners,
+            binaries: Binaries {
+                cache,
+                capn: PathBuf::from("/nonexistent/capn"),
+                fixed: BTreeMap::from([("agnhost".to_owned(), agnhost.clone())]),
+            },
+        },
+        Stores {
+            services: reflector::store().0,
+            secrets,
+            config_maps,
+            claim_objects: reflector::store().0,
+        },
+    )?;
+    let libraries = pod::libraries(&agnhost)?;
+    lock(&shared.state).libraries.insert(agnhost, libraries);
+    let uid = objects::register(&client, &name, shared.host_ip, &release).await?;
+    let scheduler = objects::start_scheduler(&binaries["kube-scheduler"], &shared.dir).await?;
+    let mut tasks = watch_volume_sources(
+        &shared,
+        (Api::all(client.clone()), secrets_writer),
+        (Api::all(client.clone()), config_maps_writer),
+    );
+    let (pods, pods_writer) = reflector::store();
+    let field = format!("spec.nodeName={name}");
+    let watch_pods = reflector::reflector(
+        pods_writer,
+        watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields(&field),
+        ),
+    )
+    .default_backoff();
+    let wake_shared = shared.clone();
+    tasks.push(tokio::spawn(async move {
+        watch_pods.for_each(|_| async { wake_shared.wake.notify_one() }).await;
+    }));
+    let beat = (client.clone(), name.clone(), shared.clone());
+    tasks.push(tokio::spawn(async move {
+        let (client, name, shared) = beat;
+        let since = objects::time(SystemTime::now());
+        loop {
+            tokio::time::sleep(HEARTBEAT).await;
+            if let Err(e) = objects::heartbeat(&client, &name, &uid, &since).await {
+                shared.event(format!("heartbeat: {e}"));
+            }
+        }
+    }));
+    let loop_shared = shared.clone();
+    tasks.push(tokio::spawn(async move {
+        let _ = pods.wait_until_ready().await;
+        let _ = loop_shared.secrets.wait_until_ready().await;
+        let _ = loop_shared.config_maps.wait_until_ready().await;
+        let mut book = Book::default();
+        loop {
+            reconcile(&loop_shared, &mut book, &pods).await;
+            tokio::select! {
+                () = loop_shared.wake.notified() => {}
+                () = tokio::time::sleep(RESYNC) => {}
+            }
+        }
+    }));
+    shared.event(format!(
+        "node {name} registered at {} ({}); kube-scheduler pid {}",
+        shared.host_ip,
+        shared.host_link,
+        scheduler.child.id()
+    ));
+    remove_at_exit(shared.dir.clone());
+    let node = Node {
+        name,
+        scheduler_pid: scheduler.child.id(),
+        scheduler_log: scheduler.log.clone(),
+        runner: Runner { shared, tasks },
+    };
+    Ok((node, scheduler))
+}
+
+/// `namespace/name` of a pod.
+fn key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+/// One pass: start the new pods, stop and delete the deleted ones, write every status.
+async fn reconcile(shared: &Arc<Shared>, book: &mut Book, pods: &Store<Pod>) {
+    let pods = pods.state();
+    let by_uid: BTreeMap<String, Arc<Pod>> = pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.uid.clone()?, p.clone())))
+        .collect();
+    let mut deletions = Vec::new();
+    let mut statuses = Vec::new();
+    {
+        let mut guard = lock(&shared.state);
+        let state = &mut *guard;
+        for (uid, pod) in &by_uid {
+            if state.sets.contains_key(uid) || book.refused.contains_key(uid) || book.started.contains_key(uid) {
+                continue;
+            }
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            book.started.insert(uid.clone(), SystemTime::now());
+            match admit(pod, &shared.binaries, &mut state.versions) {
+                Ok(spec) => {
+                    let handle = start_node_pod(shared, pod, spec);
+                    state.sets.insert(
+                        uid.clone(),
+                        SetState {
+                            name: key(pod),
+                            update_revision: String::new(),
+                            current_revision: String::new(),
+                            refused: None,
+                            pods: BTreeMap::from([(0, handle)]),
+                            written: None,
+                            claims: BTreeSet::new(),
+                            gone: false,
+                        },
+                    );
+                }
+                Err(refusal) => {
+                    state
+                        .events
+                        .push(format!("{}: not run: {}: {}", key(pod), refusal.0, refusal.1));
+                    book.refused.insert(uid.clone(), refusal);
+                }
+            }
+        }
+        // Deleted pods (or gone: force-deleted) stop; once stopped, their objects go.
+        let mut finished = Vec::new();
+        for (uid, set) in state.sets.iter_mut() {
+            let live = by_uid.get(uid);
+            let deleting = live.is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+            let Some(handle) = set.pods.get_mut(&0) else { continue };
+            if deleting {
+                delete_pod(handle);
+                if handle.shared.done.load(std::sync::atomic::Ordering::SeqCst) {
+                    finished.push(uid.clone());
+                    if let Some(pod) = live {
+                        deletions.push(pod.clone());
+                    }
+                }
+            } else if let Some(pod) = live {
+                let seen = status::Seen {
+                    pod,
+                    host_ip: shared.host_ip,
+                    running: Some(&handle.shared),
+                    refused: None,
+                    start_time: book.started.get(uid).copied().unwrap_or_else(SystemTime::now),
+                };
+                statuses.push((pod.clone(), status::pod_status(&seen)));
+            }
+        }
+        for uid in finished {
+            state.sets.remove(&uid);
+        }
+    }
+    for (uid, refusal) in &book.refused {
+        match by_uid.get(uid) {
+            Some(pod) if pod.metadata.deletion_timestamp.is_some() => deletions.push(pod.clone()),
+            Some(pod) => {
+                let seen = status::Seen {
+                    pod,
+                    host_ip: shared.host_ip,
+                    running: None,
+                    refused: Some(refusal),
+                    start_time: book.started.get(uid).copied().unwrap_or_else(SystemTime::now),
+                };
+                statuses.push((pod.clone(), status::pod_status(&seen)));
+            }
+            None => {}
+        }
+    }
+    book.refused
+        .retain(|uid, _| by_uid.get(uid).is_some_and(|p| p.metadata.deletion_timestamp.is_none()));
+    book.started.retain(|uid, _| by_uid.contains_key(uid));
+    book.written.retain(|uid, _| by_uid.contains_key(uid));
+    for pod in deletions {
+        delete_object(shared, &pod).await;
+    }
+    for (pod, status) in statuses {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if book.written.get(&uid) == Some(&status) {
+            continue;
+        }
+        if write_status(shared, &pod, &status).await {
+            book.written.insert(uid, status);
+        }
+    }
+    refresh_dns(shared);
+}
+
+/// Deletes a stopped pod's object at once, as the kubelet does once its containers are gone
+/// (conditional on its uid: a new pod of the same name is another pod).
+async fn delete_object(shared: &Shared, pod: &Pod) {
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&pod.name_any(), &params).await {
+        Ok(_) => shared.event(format!("{}: stopped and deleted", key(pod))),
+        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => {}
+        Err(e) => shared.event(format!("{}: deleting: {e}", key(pod))),
+    }
+}
+
+/// Writes the pod's status (conditional on its uid); true when written.
+async fn write_status(shared: &Shared, pod: &Pod, status: &Value) -> bool {
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+    let params = PatchParams {
+        field_manager: Some(objects::MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let body = serde_json::json!({"metadata": {"uid": pod.metadata.uid}, "status": status});
+    match api.patch_status(&pod.name_any(), &params, &Patch::Merge(&body)).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => false,
+        Err(e) => {
+            shared.event(format!("{}: writing its status: {e}", key(pod)));
+            false
+        }
+    }
+}
+
+/// The pod's spec with each container's image replaced by the binary that stands for it
+/// (adaptation 1), or why the node will not run it: `(reason, message)`.
+fn admit(
+    pod: &Pod,
+    binaries: &Binaries,
+    versions: &mut BTreeMap<PathBuf, Result<String, String>>,
+) -> Result<PodSpec, (String, String)> {
+    let mut spec = pod.spec.clone().unwrap_or_default();
+    if let Some(volume) = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.persistent_volume_claim.is_some())
+    {
+        return Err((
+            "CreateContainerError".to_owned(),
+            format!("volume {}: the capn test node has no persistent volumes", volume.name),
+        ));
+    }
+    for container in spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut())
+    {
+        stand_in(container).map_err(|e| ("ErrImagePull".to_owned(), e))?;
+    }
+    pod::check_template(&spec, &[], binaries, versions).map_err(|e| ("CreateContainerError".to_owned(), e))?;
+    Ok(spec)
+}
+
+/// The image's repository (`registry.k8s.io/pause:3.10` → `registry.k8s.io/pause`).
+fn repository(image: &str) -> &str {
+    let image = image.split('@').next().unwrap_or(image);
+    match image.rsplit_once(':') {
+        Some((repository, tag)) if !tag.contains('/') => repository,
+        _ => image,
+    }
+}
+
+/// Points the container at the binary its image stands for (adaptation 1).
+///
+/// # Errors
+/// For an image the node does not run.
+fn stand_in(container: &mut Container) -> Result<(), String> {
+    let image = container.image.clone().unwrap_or_default();
+    match repository(&image) {
+        AGNHOST_IMAGE => {
+            if container.command.as_ref().is_none_or(Vec::is_empty) {
+                container.command = Some(vec!["/agnhost".to_owned()]);
+            }
+            let base = pod::command_base(container)?;
+            if base != "agnhost" {
+                return Err(format!(
+                    "container {}: the agnhost image holds only /agnhost, not {base}",
+                    container.name
+                ));
+            }
+            Ok(())
+        }
+        PAUSE_IMAGE => {
+            container.command = Some(vec!["/agnhost".to_owned(), "pause".to_owned()]);
+            container.args = None;
+            Ok(())
+        }
+        _ => Err(format!(
+            "container {}: the capn test node cannot run image {image:?}: it runs only \
+             {AGNHOST_IMAGE}:<tag> (agnhost) and {PAUSE_IMAGE}:<tag> (agnhost pause)",
+            container.name
+        )),
+    }
+}
+
+/// The node's directory, removed when the test process exits.
+static DIR: OnceLock<PathBuf> = OnceLock::new();
+
+fn remove_at_exit(dir: PathBuf) {
+    if DIR.set(dir).is_ok() {
+        // SAFETY: registers a plain function; it runs once at `exit`.
+        unsafe {
+            libc::atexit(remove_dir);
+        }
+    }
+}
+
+extern "C" fn remove_dir() {
+    if let Some(dir) = DIR.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Creates a pod's record and starts its task, as the runner's `start_pod` does for a
+/// StatefulSet's pod.
+fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
+    let key = key(pod);
+    let name = pod.name_any();
+    let namespace = pod.namespace().unwrap_or_default();
+    let labels = pod.labels().clone();
+    let ports = named_ports(&spec);
+    let restart_policy = spec.restart_policy.clone().unwrap_or_else(|| "Always".to_owned());
+    let pod_shared = PodShared::new(
+        (&key, &name, &namespace),
+        &restart_policy,
+        &key,
+        shared.dir.join("pods").join(&namespace).join(&name),
+    );
+    let identity = PodIdentity {
+        name,
+        namespace,
+        ip: Ipv4Addr::UNSPECIFIED,
+        host_ip: shared.host_ip,
+        node_name: shared.node_name.clone(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        service_account: spec
+            .service_account_name
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        labels: labels.clone(),
+        annotations: pod.annotations().clone(),
+    };
+    let subdomain = spec.subdomain.clone().unwrap_or_default();
+    let (control, task) = launch(shared, &pod_shared, identity, spec, BTreeMap::new());
+    PodHandle {
+        name: key,
+        revision: String::new(),
+        labels,
+        subdomain,
+        ports,
+        shared: pod_shared,
+        control,
+        task,
+        deleting: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(image: &str, command: Option<&[&str]>, args: Option<&[&str]>) -> Container {
+        let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect();
+        Container {
+            name: "c".into(),
+            image: Some(image.into()),
+            command: command.map(strings),
+            args: args.map(strings),
+            ..Container::default()
+        }
+    }
+
+    #[test]
+    fn agnhost_and_pause_run_agnhost_and_other_images_are_refused() {
+        assert_eq!(repository("registry.k8s.io/pause:3.10"), PAUSE_IMAGE);
+        assert_eq!(
+            repository("registry.k8s.io/e2e-test-images/agnhost:2.53@sha256:ab"),
+            AGNHOST_IMAGE
+        );
+        assert_eq!(repository("localhost:5000/pause"), "localhost:5000/pause");
+
+        // No command: the image's entrypoint, the args to it.
+        let mut netexec = container(&format!("{AGNHOST_IMAGE}:2.53"), None, Some(&["netexec"]));
+        stand_in(&mut netexec).expect("agnhost runs");
+        assert_eq!(netexec.command, Some(vec!["/agnhost".to_owned()]));
+        assert_eq!(netexec.args, Some(vec!["netexec".to_owned()]));
+        // A command is kept; one that is not agnhost is refused.
+        let mut given = container(&format!("{AGNHOST_IMAGE}:2.53"), Some(&["/agnhost", "pause"]), None);
+        stand_in(&mut given).expect("agnhost runs");
+        assert_eq!(given.command, Some(vec!["/agnhost".to_owned(), "pause".to_owned()]));
+        let mut shell = container(&format!("{AGNHOST_IMAGE}:2.53"), Some(&["/bin/sh"]), None);
+        assert!(stand_in(&mut shell).is_err());
+
+        let mut pause = container(&format!("{PAUSE_IMAGE}:3.10"), Some(&["/pause"]), Some(&["-v"]));
+        stand_in(&mut pause).expect("pause runs");
+        assert_eq!(pause.command, Some(vec!["/agnhost".to_owned(), "pause".to_owned()]));
+        assert_eq!(pause.args, None);
+
+        let mut nginx = container("nginx:1.27", None, None);
+        let refused = stand_in(&mut nginx).unwrap_err();
+        assert!(
+            refused.contains(AGNHOST_IMAGE) && refused.contains(PAUSE_IMAGE),
+            "{refused}"
+        );
+    }
+}
