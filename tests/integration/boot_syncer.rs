@@ -1,5 +1,6 @@
-//! The syncer on a booted tenant (docs/design.md §11): a tenant Deployment's pods become
-//! super pods in the control plane's workload namespace, with the tenant's own
+//! The syncer on a booted tenant (docs/design.md §11), with the super cluster's real
+//! kube-scheduler and a real node ([`capn_testkit::node`]): a tenant Deployment's pods become
+//! super pods in the control plane's workload namespace and run, with the tenant's own
 //! service-account tokens (accepted by the tenant apiserver, refused by the super cluster's),
 //! the tenant's CA and apiserver address; their status and node come back up; a pod that
 //! breaks the tenant's Pod Security level is refused with a condition and an Event; deleting
@@ -20,7 +21,6 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
-use crate::stand_in_node::StandInNode;
 
 /// A tenant Deployment of `replicas` agnhost `netexec` pods in namespace `ns`.
 fn deployment(ns: &str, replicas: i32) -> Deployment {
@@ -38,6 +38,15 @@ fn deployment(ns: &str, replicas: i32) -> Deployment {
                     "args": ["netexec", "--http-port=8080"]}]}}}
     }))
     .unwrap()
+}
+
+/// A tenant Deployment of `replicas` pause pods in namespace `ns`.
+fn pause_deployment(ns: &str, replicas: i32) -> Deployment {
+    let mut deployment = deployment(ns, replicas);
+    let spec = deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    spec.containers[0].image = Some("registry.k8s.io/pause:3.10".to_owned());
+    spec.containers[0].args = None;
+    deployment
 }
 
 async fn tenant_client(booted: &Booted) -> Client {
@@ -81,7 +90,7 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         .get("tenant")
         .await
         .expect("the workload namespace's NetworkPolicy");
-    let node = StandInNode::start(&client, &workloads).await;
+    let node = tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
 
     // A Deployment in the tenant: its pods run as super pods, and come back Running.
     Api::<Namespace>::all(tenant.clone())
@@ -142,7 +151,16 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
             Some(node.name())
         );
     }
-    say("syncer: 3 tenant pods Running through their super pods");
+    // Each pod answers on its address, under its tenant name (its hostname).
+    for pod in &running {
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
+        let address = std::net::SocketAddr::new(ip.parse().unwrap(), 8080);
+        let (code, hostname) = capn_testkit::http_get(address, "/hostname")
+            .await
+            .unwrap_or_else(|e| panic!("GET /hostname of {}: {e}", pod.name_any()));
+        assert_eq!((code, hostname.trim()), (200, pod.name_any().as_str()));
+    }
+    say("syncer: 3 tenant pods Running through their super pods, each answering as itself");
 
     // The token the pods mount is the tenant's: its apiserver knows the pod's service
     // account, the super cluster refuses it.
@@ -182,6 +200,26 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         .unwrap();
     assert_eq!(root_ca.data, tenant_ca.data);
 
+    // A pod that reads its mounted token and CA and calls its apiserver through
+    // KUBERNETES_SERVICE_HOST (client-go's in-cluster configuration) is let in: the tenant
+    // apiserver answers 401 to a token it did not issue.
+    let client_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "in-cluster", "namespace": "shop"},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/e2e-test-images/agnhost:2.53",
+            "args": ["inclusterclient", "--poll-interval=1"]}]}
+    }))
+    .unwrap();
+    tenant_pods.create(&PostParams::default(), &client_pod).await.unwrap();
+    let log = booted
+        .runner
+        .wait_for("the in-cluster client called its apiserver three times", BOOTED_STEP, || async {
+            let log = node.container_log(&workloads, "in-cluster-x-shop-x-demo", "c")?;
+            (log.matches("calling /healthz").count() >= 3).then_some(log)
+        })
+        .await;
+    assert!(!log.contains("status=failed"), "the tenant apiserver accepted the pod's token:\n{log}");
+    assert!(!log.contains("authz_header=<empty>"), "{log}");
+
     // The tenant Node is Ready, with a Lease the syncer renews.
     let tenant_node = Api::<Node>::all(tenant.clone()).get(node.name()).await.unwrap();
     let ready = tenant_node.status.and_then(|s| s.conditions).unwrap_or_default();
@@ -198,6 +236,23 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
             (now != first).then_some(())
         })
         .await;
+
+    // Still Ready after the tenant's node monitor grace period (50 s, kube-controller-manager's
+    // default): the Leases keep the node lifecycle controller from marking it unreachable.
+    let nodes = Api::<Node>::all(tenant.clone());
+    booted
+        .runner
+        .wait_for("the tenant Node is older than the node monitor grace period", BOOTED_STEP, || async {
+            let created = nodes.get(node.name()).await.ok()?.metadata.creation_timestamp?;
+            let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+            (age.as_secs() > 60).then_some(())
+        })
+        .await;
+    let tenant_node = nodes.get(node.name()).await.unwrap();
+    let taints = tenant_node.spec.and_then(|s| s.taints).unwrap_or_default();
+    assert!(taints.is_empty(), "no not-ready or unreachable taint: {taints:?}");
+    let conditions = tenant_node.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"), "{conditions:?}");
 
     // A pod that asks for the host's network is refused: condition, Event, no super pod.
     let host_network: Pod = serde_json::from_value(json!({
@@ -239,6 +294,7 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         .await
         .unwrap();
     tenant_pods.delete("sneaky", &DeleteParams::default()).await.unwrap();
+    tenant_pods.delete("in-cluster", &DeleteParams::default()).await.unwrap();
     booted
         .runner
         .wait_for("every super pod is gone", BOOTED_STEP, || async {
@@ -270,7 +326,6 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         gone.is_some(),
         "the workload namespace is deleted with the control plane"
     );
-    drop(node);
     booted.stop().await;
 }
 
@@ -328,7 +383,7 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
         ("demo", tenant_client(&booted).await),
         ("other", tenant_client_of(&booted, "other").await),
     ];
-    let mut nodes = Vec::new();
+    tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
     for (name, tenant) in &tenants {
         let workloads = ControlPlaneRef::new(&ns, *name).workload_namespace();
         booted
@@ -341,7 +396,6 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
                     .flatten()
             })
             .await;
-        nodes.push(StandInNode::start(&client, &workloads).await);
         Api::<Namespace>::all(tenant.clone())
             .create(
                 &PostParams::default(),
@@ -350,7 +404,7 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
             .await
             .unwrap();
         Api::<Deployment>::namespaced(tenant.clone(), "shop")
-            .create(&PostParams::default(), &deployment("shop", 5))
+            .create(&PostParams::default(), &pause_deployment("shop", 5))
             .await
             .unwrap();
     }
@@ -419,6 +473,5 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
             .unwrap()
             .is_none()
     );
-    drop(nodes);
     booted.stop().await;
 }

@@ -25,5 +25,4 @@ mod public_crds;
 mod request_budget;
 mod runner_volumes;
 mod smoke;
-mod stand_in_node;
 mod validation;

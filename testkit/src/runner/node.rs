@@ -566,8 +566,15 @@ fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
     let labels = pod.labels().clone();
     let ports = named_ports(&spec);
     let restart_policy = spec.restart_policy.clone().unwrap_or_else(|| "Always".to_owned());
+    // The kubelet's hostname: `spec.hostname` when set, else the pod's name
+    // (`GeneratePodHostNameAndDomain`, pkg/kubelet/kubelet_pods.go).
+    let hostname = spec
+        .hostname
+        .clone()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| name.clone());
     let pod_shared = PodShared::new(
-        (&key, &name, &namespace),
+        (&key, &hostname, &namespace),
         &restart_policy,
         &key,
         shared.dir.join("pods").join(&namespace).join(&name),
