@@ -1683,9 +1683,9 @@ fn refresh_dns(shared: &Shared) {
     }
 }
 
-/// Replaces `dir/name` atomically (write, then rename).
+/// Replaces `dir/name` atomically (write, then rename). `dir` must exist: a refresh that
+/// races with the removal of a pod or runner must not make its directory again.
 fn write_dns_file(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, text)?;
     std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
@@ -1735,8 +1735,11 @@ async fn run_pod(
     };
     identity.ip = ip;
     let dns_dir = pod.dir.join("dns");
+    if let Err(e) = std::fs::create_dir_all(&dns_dir) {
+        shared.problem(format!("{name}: cannot create {}: {e}", dns_dir.display()));
+    }
     let files = [
-        ("resolv.conf", dns::resolv_conf(&shared.namespace, DNS_DOMAIN)),
+        ("resolv.conf", dns::resolv_conf(&pod.namespace, DNS_DOMAIN)),
         ("hostname", format!("{}\n", pod.hostname)),
     ];
     for (file, text) in files {

@@ -257,6 +257,14 @@ async fn a_pod_sees_its_projected_volume_and_its_downward_api_and_env_from_envir
     assert_eq!(get(ip, "/var/run/secrets/tenant/token").await, "s3cret");
     assert_eq!(get(ip, "/var/run/secrets/tenant/ca.crt").await, "a CA");
     assert_eq!(get(ip, "/var/run/secrets/tenant/namespace").await, ns);
+    // The pod's own DNS files, as the kubelet writes them for its namespace.
+    let resolv = get(ip, "/etc/resolv.conf").await;
+    assert!(
+        resolv.starts_with(&format!("search {ns}.svc.cluster.local ")),
+        "{resolv}"
+    );
+    let hosts = get(ip, "/etc/hosts").await;
+    assert!(hosts.contains(&format!("{ip}\tfiles\n")), "{hosts}");
 
     let key = format!("{ns}/files");
     let pid = node()
