@@ -212,12 +212,19 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
     tenant_pods.create(&PostParams::default(), &client_pod).await.unwrap();
     let log = booted
         .runner
-        .wait_for("the in-cluster client called its apiserver three times", BOOTED_STEP, || async {
-            let log = node.container_log(&workloads, "in-cluster-x-shop-x-demo", "c")?;
-            (log.matches("calling /healthz").count() >= 3).then_some(log)
-        })
+        .wait_for(
+            "the in-cluster client called its apiserver three times",
+            BOOTED_STEP,
+            || async {
+                let log = node.container_log(&workloads, "in-cluster-x-shop-x-demo", "c")?;
+                (log.matches("calling /healthz").count() >= 3).then_some(log)
+            },
+        )
         .await;
-    assert!(!log.contains("status=failed"), "the tenant apiserver accepted the pod's token:\n{log}");
+    assert!(
+        !log.contains("status=failed"),
+        "the tenant apiserver accepted the pod's token:\n{log}"
+    );
     assert!(!log.contains("authz_header=<empty>"), "{log}");
 
     // The tenant Node is Ready, with a Lease the syncer renews.
@@ -242,17 +249,24 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
     let nodes = Api::<Node>::all(tenant.clone());
     booted
         .runner
-        .wait_for("the tenant Node is older than the node monitor grace period", BOOTED_STEP, || async {
-            let created = nodes.get(node.name()).await.ok()?.metadata.creation_timestamp?;
-            let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
-            (age.as_secs() > 60).then_some(())
-        })
+        .wait_for(
+            "the tenant Node is older than the node monitor grace period",
+            BOOTED_STEP,
+            || async {
+                let created = nodes.get(node.name()).await.ok()?.metadata.creation_timestamp?;
+                let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+                (age.as_secs() > 60).then_some(())
+            },
+        )
         .await;
     let tenant_node = nodes.get(node.name()).await.unwrap();
     let taints = tenant_node.spec.and_then(|s| s.taints).unwrap_or_default();
     assert!(taints.is_empty(), "no not-ready or unreachable taint: {taints:?}");
     let conditions = tenant_node.status.and_then(|s| s.conditions).unwrap_or_default();
-    assert!(conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"), "{conditions:?}");
+    assert!(
+        conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{conditions:?}"
+    );
 
     // A pod that asks for the host's network is refused: condition, Event, no super pod.
     let host_network: Pod = serde_json::from_value(json!({
@@ -294,7 +308,10 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         .await
         .unwrap();
     tenant_pods.delete("sneaky", &DeleteParams::default()).await.unwrap();
-    tenant_pods.delete("in-cluster", &DeleteParams::default()).await.unwrap();
+    tenant_pods
+        .delete("in-cluster", &DeleteParams::default())
+        .await
+        .unwrap();
     booted
         .runner
         .wait_for("every super pod is gone", BOOTED_STEP, || async {
