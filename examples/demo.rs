@@ -1,7 +1,8 @@
 //! The newcomer's first command (`hack/demo.sh` builds what is missing, then runs this):
 //! a local super cluster, capn's controllers, `examples/nestedcontrolplane.yaml` applied and
 //! booted for real, the nested control plane's namespaces listed through the kubeconfig capn
-//! generated, and instructions to use that kubeconfig with kubectl. Everything is removed on
+//! generated, a Deployment of the tenant running on the super cluster's node through capn's
+//! syncer, and instructions to use that kubeconfig with kubectl. Everything is removed on
 //! exit or Ctrl-C.
 //!
 //! Needs root (the runner creates network and mount namespaces), `KUBEBUILDER_ASSETS`
@@ -49,6 +50,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 /// Where the demo's control plane lives in the super cluster (as in the README's quickstart).
 const NAMESPACE: &str = "tenant-a";
+/// The tenant Deployment the demo runs.
+const WEB_REPLICAS: usize = 3;
 /// How long the boot may take before the demo gives up.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 /// Set in the process that runs the demo (see [`main`]).
@@ -144,7 +147,7 @@ fn main() -> ExitCode {
 }
 
 fn step(n: u32, what: &str) {
-    println!("\n[{n}/5] {what}");
+    println!("\n[{n}/6] {what}");
 }
 
 fn run_demo() -> ExitCode {
@@ -330,6 +333,12 @@ async fn boot() -> Result<Running, String> {
         println!("      {:<20} {:<8} {age}", ns.name_any(), phase);
     }
 
+    step(
+        6,
+        "A Deployment in the tenant, run by the super cluster's node through capn's syncer",
+    );
+    run_web(&nested_for_workloads(&runner, &kubeconfig).await?).await?;
+
     write_kubeconfigs(dir.path(), &kubeconfig, &address, &server_name)?;
     let verbatim = dir.path().join("demo.kubeconfig");
     let local = dir.path().join("demo-local.kubeconfig");
@@ -339,6 +348,8 @@ async fn boot() -> Result<Running, String> {
     let capn_log = capn_log.display();
     let verbatim = verbatim.display();
     let local = local.display();
+    // `tenant-a` has a `-`, so the name is cut and hashed (docs/design.md §11, "Names").
+    let workloads = capn::syncer::names::ControlPlaneRef::new(NAMESPACE, "demo").workload_namespace();
     println!(
         "
 Use the nested control plane with kubectl
@@ -357,10 +368,80 @@ Use the nested control plane with kubectl
       kubectl --kubeconfig {super_kubeconfig} -n {NAMESPACE} get nestedcontrolplanes,nestedetcds,nestedapiservers,nestedcontrollermanagers,statefulsets,secrets
   Logs: capn {capn_log}; the nested components {logs}/pods/<pod>/containers/<container>/log
 
+  Run your own workload (the node runs registry.k8s.io/e2e-test-images/agnhost and
+  registry.k8s.io/pause images, any tag; each pod becomes a pod of the super cluster's
+  namespace {workloads}):
+      kubectl create deployment hello --image=registry.k8s.io/e2e-test-images/agnhost:2.53 --replicas=3 -- /agnhost netexec --http-port=8080
+      kubectl get pods -o wide
+      kubectl --kubeconfig {super_kubeconfig} -n {workloads} get pods
+
 Apply to ready: {boot_time:.1?} (the whole demo so far: {:.1?}).",
         started.elapsed(),
     );
     Ok(Running { runner, capn, dir })
+}
+
+/// A client of the tenant from its kubeconfig, for the demo's own requests.
+async fn nested_for_workloads(runner: &Runner, kubeconfig: &str) -> Result<Client, String> {
+    let config = runner.client_config(kubeconfig).await?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Starts the super cluster's node (and its kube-scheduler), creates the Deployment `web` of
+/// 3 agnhost `netexec` pods in the tenant's `default` namespace, and waits until they run.
+async fn run_web(tenant: &Client) -> Result<(), String> {
+    let node = tokio::task::spawn_blocking(capn_testkit::node)
+        .await
+        .map_err(|_| "the super cluster's node did not start".to_owned())?;
+    println!(
+        "      node {} registered; the super cluster's kube-scheduler places pods on it",
+        node.name()
+    );
+    let started = Instant::now();
+    let web: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"replicas": WEB_REPLICAS, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "agnhost",
+                    "image": "registry.k8s.io/e2e-test-images/agnhost:2.53",
+                    "command": ["/agnhost", "netexec", "--http-port=8080"]}]}}}
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &web)
+        .await
+        .map_err(|e| format!("creating the Deployment web in the tenant: {e}"))?;
+    println!(
+        "      kubectl create deployment web --image=registry.k8s.io/e2e-test-images/agnhost:2.53 --replicas={WEB_REPLICAS} -- /agnhost netexec --http-port=8080"
+    );
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(tenant.clone(), "default");
+    let running = capn_testkit::poll_until(BOOT_TIMEOUT, || async {
+        let list = pods.list(&ListParams::default().labels("app=web")).await.ok()?;
+        let running: Vec<_> = list
+            .items
+            .into_iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .collect();
+        (running.len() == WEB_REPLICAS).then_some(running)
+    })
+    .await
+    .ok_or("the tenant's pods did not reach Running")?;
+    println!(
+        "      {WEB_REPLICAS} pods Running in the tenant after {:.1?}:",
+        started.elapsed()
+    );
+    println!("      {:<28} {:<8} {:<14} NODE", "NAME", "STATUS", "IP");
+    for pod in &running {
+        let status = pod.status.clone().unwrap_or_default();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        println!(
+            "      {:<28} {:<8} {:<14} {node}",
+            pod.name_any(),
+            status.phase.unwrap_or_default(),
+            status.pod_ip.unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 async fn create_namespace(client: &Client) -> Result<(), String> {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The first command (docs/getting-started.md "Try it"): on a fresh machine, builds what is missing, then starts
 # a local super cluster, runs capn, applies examples/nestedcontrolplane.yaml, boots it for
-# real, lists the nested control plane's namespaces through the kubeconfig capn generated and
-# tells you how to use it with kubectl. Ctrl-C stops it and removes everything it started.
+# real, lists the nested control plane's namespaces through the kubeconfig capn generated, runs
+# a Deployment of the tenant on the super cluster's node through capn's syncer, and tells you
+# how to use it with kubectl. Ctrl-C stops it and removes everything it started.
 #
 #   hack/demo.sh
 #
@@ -21,12 +22,17 @@ if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || die "the demo needs root (network and mount namespaces), and sudo is not installed"
 fi
 
-step "1/2 Kubernetes binaries: etcd, kube-apiserver, kube-controller-manager (cached by version; a cold build takes about 14 minutes on 2 cores: kube-apiserver ~9, kube-controller-manager ~3, etcd ~2)"
+step "1/2 Kubernetes binaries: etcd, kube-apiserver, kube-controller-manager, and the node's kube-scheduler and agnhost (cached by version; a cold build takes about 14 minutes on 2 cores: kube-apiserver ~9, kube-controller-manager ~3, etcd ~2)"
 if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
   KUBEBUILDER_ASSETS="$(hack/kube-assets.sh)"
 fi
 for b in etcd kube-apiserver kube-controller-manager; do
   [ -x "$KUBEBUILDER_ASSETS/$b" ] || die "$KUBEBUILDER_ASSETS/$b is missing (run hack/kube-assets.sh)"
+done
+# The super cluster's node runs kube-scheduler and agnhost of the same release.
+release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
+for b in kube-scheduler agnhost; do
+  [ -x "$release_dir/$b" ] || die "$release_dir/$b is missing (run hack/kube-assets.sh)"
 done
 echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS" >&2
 # The runner takes each image's release from kube-assets.sh's cache; name it, so that sudo

@@ -64,7 +64,7 @@ mod start;
 
 pub use net::{free_ports, http_get};
 pub use process::{CapnOptions, CapnProcess};
-pub use start::StartOptions;
+pub use start::{APISERVER_ARGS_VARIABLE, StartOptions};
 
 /// How often [`wait_until`] asks again.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -123,7 +123,7 @@ static CLUSTER: OnceLock<Result<TestCluster, String>> = OnceLock::new();
 /// message holds the end of its log and the path of the log file). Every later caller panics
 /// with the same message instead of starting again.
 pub fn cluster() -> &'static TestCluster {
-    match CLUSTER.get_or_init(|| start::start(StartOptions::default())) {
+    match CLUSTER.get_or_init(|| start::start(StartOptions::from_env())) {
         Ok(cluster) => cluster,
         Err(message) => panic!("the test cluster did not start: {message}"),
     }

@@ -52,6 +52,20 @@ pub struct StartOptions {
     pub extra_apiserver_args: Vec<String>,
 }
 
+/// Variable with extra kube-apiserver flags for the cluster [`crate::cluster`] starts,
+/// separated by whitespace (a benchmark's audit log; the tests set none).
+pub const APISERVER_ARGS_VARIABLE: &str = "CAPN_TEST_CLUSTER_APISERVER_ARGS";
+
+impl StartOptions {
+    /// The options [`APISERVER_ARGS_VARIABLE`] asks for; the default when it is unset.
+    pub fn from_env() -> Self {
+        let args = std::env::var(APISERVER_ARGS_VARIABLE).unwrap_or_default();
+        Self {
+            extra_apiserver_args: args.split_whitespace().map(str::to_owned).collect(),
+        }
+    }
+}
+
 /// Starts the cluster, or says why it could not (with the failing binary's log tail).
 ///
 /// Start-up runs on a dedicated thread that then stays alive for the rest of the test binary:

@@ -1,0 +1,478 @@
+//! Issue 35's benchmark (docs/benchmarks.md, "Tenant workloads"): tenant pods run through
+//! capn's syncer, on booted tenants, the super cluster's real kube-scheduler and the test
+//! kit's node.
+//!
+//! ```sh
+//! hack/bench-workloads.sh [TENANTS] [PODS]     # default 3 tenants × 10 pods
+//! ```
+//!
+//! It boots TENANTS control planes (each with its own runner), runs the control-plane
+//! controllers in this process and the syncer as `capn run --controllers syncer` (its own
+//! process, for its memory and CPU, with an impersonated user for the audit log), then:
+//! 1. one tenant applies a Deployment of PODS pause pods: time from the apply to PODS
+//!    `Running` in the tenant, and where it went per pod (capn down: tenant pod seen → super
+//!    pod created; scheduler and node: super pod created → Running; capn up: super pod
+//!    Running → tenant pod Running);
+//! 2. every other tenant applies the same at once: time to all Running, requests per synced
+//!    pod on the super cluster (the syncer's, from the API server's audit log), the syncer's
+//!    RSS and CPU;
+//! 3. one tenant's apiserver is stopped (SIGSTOP) and the others scale to 2×PODS: their time
+//!    to Running beside step 2's, the delay a hung tenant adds.
+//!
+//! Figures are printed, never asserted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use capn::api::NestedControlPlane;
+use capn_testkit::runner::Runner;
+use capn_testkit::{audit, test_namespace};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+#[allow(dead_code)]
+#[path = "../provisioning/process.rs"]
+mod process;
+
+/// The user the syncer's requests are made as (impersonated), so the audit log tells them
+/// from everyone else's.
+const SYNCER_USER: &str = "bench-syncer";
+/// Each tenant's runner's name resolution, by the tenant's namespace.
+type Resolvers = HashMap<String, Arc<dyn Fn(&str) -> Vec<std::net::Ipv4Addr> + Send + Sync>>;
+/// How long any one phase may take.
+const PHASE: Duration = Duration::from_secs(600);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let tenants: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(3).max(2);
+    let pods: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10).max(1);
+    let dir = match tempfile::Builder::new().prefix("capn-bench-workloads-").tempdir() {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("cannot create the benchmark's directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let policy = dir.path().join("audit-policy.yaml");
+    let audit_log = dir.path().join("audit.log");
+    if let Err(e) = std::fs::write(&policy, audit::POLICY) {
+        eprintln!("cannot write {}: {e}", policy.display());
+        return ExitCode::FAILURE;
+    }
+    let flags = format!(
+        "--audit-policy-file={} --audit-log-path={} --audit-log-format=json --audit-log-maxsize=1000000",
+        policy.display(),
+        audit_log.display()
+    );
+    // SAFETY: set before any other thread exists (the runtime is built below).
+    unsafe { std::env::set_var(capn_testkit::APISERVER_ARGS_VARIABLE, flags) };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(run(tenants, pods, dir.path(), &audit_log)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("the benchmark failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One booted tenant.
+struct Tenant {
+    ns: String,
+    runner: Runner,
+    client: Client,
+}
+
+async fn run(tenants: usize, pods: usize, dir: &Path, audit_log: &Path) -> Result<(), String> {
+    let capn_binary = PathBuf::from(env!("CARGO_BIN_EXE_capn"));
+    let cluster = tokio::task::spawn_blocking(capn_testkit::cluster)
+        .await
+        .map_err(|_| "the super cluster did not start".to_owned())?;
+    let client = cluster.client();
+    println!("workloads benchmark: {tenants} tenants × {pods} pause pods");
+
+    // The tenants, booted by capn's control-plane controllers in this process.
+    let mut booted = Vec::new();
+    for _ in 0..tenants {
+        let ns = test_namespace(&client).await;
+        let runner = Runner::start(&client, &ns, &capn_binary).await?;
+        booted.push((ns, runner));
+    }
+    let hosts = dir.join("hosts");
+    let merging = tokio::spawn(merge_hosts(
+        booted.iter().map(|(_, r)| r.hosts_file()).collect(),
+        hosts.clone(),
+    ));
+    let resolvers: Resolvers = booted
+        .iter()
+        .map(|(ns, r)| (ns.clone(), Arc::new(r.resolver()) as Arc<_>))
+        .collect();
+    let mut settings = capn::controllers::Settings {
+        etcd_hosts_file: Some(hosts.clone()),
+        tenant_config_hook: Some(hook(resolvers)),
+        ..capn::controllers::Settings::default()
+    };
+    settings.enabled.public_crds = false;
+    settings.enabled.syncer = false;
+    let channels = Arc::new(capn::channel::ChannelRegistry::load(&[]).map_err(|e| e.to_string())?);
+    let control_planes = tokio::spawn(capn::controllers::run(
+        client.clone(),
+        channels,
+        settings,
+        Default::default(),
+    ));
+    let booting = Instant::now();
+    for (ns, _) in &booted {
+        Api::<NestedControlPlane>::namespaced(client.clone(), ns)
+            .patch(
+                "demo",
+                &PatchParams::apply("bench-user"),
+                &Patch::Apply(json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+                    "kind": "NestedControlPlane", "metadata": {"name": "demo"}, "spec": {"version": "1.36"}})),
+            )
+            .await
+            .map_err(|e| format!("applying the NestedControlPlane in {ns}: {e}"))?;
+    }
+    let mut ready = Vec::new();
+    for (ns, runner) in booted {
+        let ncps = Api::<NestedControlPlane>::namespaced(client.clone(), &ns);
+        capn_testkit::poll_until(PHASE, || async {
+            ncps.get("demo").await.ok()?.status.filter(|s| s.ready).map(|_| ())
+        })
+        .await
+        .ok_or_else(|| format!("the control plane in {ns} did not become ready"))?;
+        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+            .get("demo-kubeconfig")
+            .await
+            .map_err(|e| e.to_string())?;
+        let kubeconfig =
+            String::from_utf8(secret.data.unwrap_or_default()["value"].0.clone()).map_err(|e| e.to_string())?;
+        let tenant = Client::try_from(runner.client_config(&kubeconfig).await?).map_err(|e| e.to_string())?;
+        ready.push(Tenant {
+            ns,
+            runner,
+            client: tenant,
+        });
+    }
+    println!("{tenants} tenants booted in {:.1?}", booting.elapsed());
+
+    // The node, and the syncer as a process of its own.
+    tokio::task::spawn_blocking(capn_testkit::node)
+        .await
+        .map_err(|_| "the node did not start".to_owned())?;
+    let kubeconfig = dir.join("syncer.kubeconfig");
+    write_impersonating_kubeconfig(cluster.kubeconfig_path(), &kubeconfig)?;
+    let mut syncer = Command::new(&capn_binary)
+        .args([
+            "run",
+            "--controllers",
+            "syncer",
+            "--metrics-bind-address=127.0.0.1:0",
+            "--health-probe-bind-address=127.0.0.1:0",
+        ])
+        .arg(format!("--etcd-hosts-file={}", hosts.display()))
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(std::fs::File::create(dir.join("syncer.log")).map_err(|e| e.to_string())?)
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("cannot start the syncer: {e}"))?;
+    let pid = syncer.id();
+    let result = phases(&ready, pods, pid, audit_log).await;
+    let _ = syncer.kill();
+    let _ = syncer.wait();
+    control_planes.abort();
+    merging.abort();
+    drop(ready);
+    result
+}
+
+async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> Result<(), String> {
+    // Each workload namespace made and the syncer idle before anything is measured.
+    for tenant in tenants {
+        let workloads = capn::syncer::names::ControlPlaneRef::new(&tenant.ns, "demo").workload_namespace();
+        let api = Api::<k8s_openapi::api::core::v1::Namespace>::all(capn_testkit::cluster().client());
+        capn_testkit::poll_until(PHASE, || async { api.get_opt(&workloads).await.ok().flatten() })
+            .await
+            .ok_or("the syncer made no workload namespace")?;
+    }
+    let idle = process::usage_of(pid)?;
+    let audited_before = syncer_requests(audit_log)?.len();
+
+    // 1. One tenant, one Deployment.
+    let first = &tenants[0];
+    let timeline = one_deployment(first, pods).await?;
+    println!("\n1. One tenant applies a Deployment of {pods} pause pods");
+    println!("   apply → {pods} Running in the tenant: {:.2?}", timeline.total);
+    println!(
+        "   per pod, mean: capn down {:.0} ms, scheduler and node {:.0} ms, capn up {:.0} ms (capn's share {:.0}%)",
+        timeline.down_ms,
+        timeline.node_ms,
+        timeline.up_ms,
+        100.0 * (timeline.down_ms + timeline.up_ms) / (timeline.down_ms + timeline.node_ms + timeline.up_ms)
+    );
+
+    // 2. Every other tenant at once.
+    let started = Instant::now();
+    let others = &tenants[1..];
+    for tenant in others {
+        apply_deployment(tenant, "scale", pods).await?;
+    }
+    let mut per_tenant = Vec::new();
+    for tenant in others {
+        wait_running(tenant, "scale", pods).await?;
+        per_tenant.push(started.elapsed());
+    }
+    let all = started.elapsed();
+    let synced = pods * tenants.len();
+    let requests = syncer_requests(audit_log)?;
+    let during = &requests[audited_before..];
+    let mut by_key: BTreeMap<String, usize> = BTreeMap::new();
+    for r in during {
+        *by_key.entry(format!("{} {}", r.key.verb, r.key.resource)).or_default() += 1;
+    }
+    let writes = during
+        .iter()
+        .filter(|r| !matches!(r.key.verb.as_str(), "get" | "list" | "watch"))
+        .count();
+    let busy = process::usage_of(pid)?;
+    println!("\n2. {} more tenants apply the same at once", others.len());
+    println!("   apply → all {} pods Running: {:.2?}", pods * others.len(), all);
+    println!(
+        "   super-cluster requests of the syncer for {synced} synced pods: {} ({:.2} per pod; {writes} writes, {:.2} per pod)",
+        during.len(),
+        during.len() as f64 / synced as f64,
+        writes as f64 / synced as f64
+    );
+    for (key, count) in &by_key {
+        println!("      {count:>5}  {key}");
+    }
+    println!(
+        "   syncer RSS: {:.1} MiB idle with {} tenants, {:.1} MiB with {synced} pods (+{:.1} MiB, {:.1} MiB per 1,000 pods); CPU {:.2} s for the syncing",
+        idle.rss_anon_bytes as f64 / 1048576.0,
+        tenants.len(),
+        busy.rss_anon_bytes as f64 / 1048576.0,
+        (busy.rss_anon_bytes as f64 - idle.rss_anon_bytes as f64) / 1048576.0,
+        (busy.rss_anon_bytes as f64 - idle.rss_anon_bytes as f64) / 1048576.0 / synced as f64 * 1000.0,
+        busy.cpu_seconds - idle.cpu_seconds
+    );
+
+    // 3. One tenant's apiserver hangs; the others scale up.
+    first.runner.pause_pod("demo-apiserver-0")?;
+    let started = Instant::now();
+    for tenant in others {
+        scale(tenant, "scale", 2 * pods).await?;
+    }
+    for tenant in others {
+        wait_running(tenant, "scale", 2 * pods).await?;
+    }
+    let hung = started.elapsed();
+    first.runner.resume_pod("demo-apiserver-0")?;
+    println!(
+        "\n3. Tenant {} hangs (its apiserver SIGSTOPped); the others scale to {} pods each",
+        first.ns,
+        2 * pods
+    );
+    println!(
+        "   {} new pods Running in {:.2?} (step 2, nobody hung: {:.2?} for as many)",
+        pods * others.len(),
+        hung,
+        all
+    );
+    let per_pod_ms = all.as_secs_f64() * 1000.0 / (pods * others.len()) as f64;
+    println!(
+        "\nOn paper, 1,000 tenants × 30 pods at this slope: {:.0} super requests, {:.0} MiB of syncer memory for the pods",
+        during.len() as f64 / synced as f64 * 30_000.0,
+        (busy.rss_anon_bytes as f64 - idle.rss_anon_bytes as f64) / 1048576.0 / synced as f64 * 30_000.0
+    );
+    println!("(step 2's wall time per pod: {per_pod_ms:.0} ms on this machine's one node)");
+    Ok(())
+}
+
+/// Where one Deployment's time went (see the module documentation).
+struct Timeline {
+    total: Duration,
+    down_ms: f64,
+    node_ms: f64,
+    up_ms: f64,
+}
+
+/// Applies a Deployment in `tenant` and follows each pod on both sides every 50 ms.
+async fn one_deployment(tenant: &Tenant, pods: usize) -> Result<Timeline, String> {
+    let super_pods = Api::<Pod>::namespaced(
+        capn_testkit::cluster().client(),
+        &capn::syncer::names::ControlPlaneRef::new(&tenant.ns, "demo").workload_namespace(),
+    );
+    let tenant_pods = Api::<Pod>::namespaced(tenant.client.clone(), "default");
+    let started = Instant::now();
+    apply_deployment(tenant, "web", pods).await?;
+    // Per tenant pod name: seen, super created, super Running, tenant Running.
+    let mut seen: HashMap<String, [Option<Instant>; 4]> = HashMap::new();
+    loop {
+        if started.elapsed() > PHASE {
+            return Err("the Deployment's pods did not all run".to_owned());
+        }
+        let now = Instant::now();
+        let running = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        for p in tenant_pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+        {
+            let entry = seen.entry(p.name_any()).or_default();
+            entry[0].get_or_insert(now);
+            if running(&p) {
+                entry[3].get_or_insert(now);
+            }
+        }
+        for p in super_pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+        {
+            let Some(name) = p.annotations().get("tenancy.x-k8s.io/name").cloned() else {
+                continue;
+            };
+            let entry = seen.entry(name).or_default();
+            entry[1].get_or_insert(now);
+            if running(&p) {
+                entry[2].get_or_insert(now);
+            }
+        }
+        let done = seen.values().filter(|e| e[3].is_some()).count();
+        if done == pods {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let total = started.elapsed();
+    let mean = |from: usize, to: usize| {
+        let spans: Vec<f64> = seen
+            .values()
+            .filter_map(|e| Some(e[to]?.saturating_duration_since(e[from]?).as_secs_f64() * 1000.0))
+            .collect();
+        spans.iter().sum::<f64>() / spans.len().max(1) as f64
+    };
+    Ok(Timeline {
+        total,
+        down_ms: mean(0, 1),
+        node_ms: mean(1, 2),
+        up_ms: mean(2, 3),
+    })
+}
+
+async fn apply_deployment(tenant: &Tenant, name: &str, replicas: usize) -> Result<(), String> {
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}}}
+    }))
+    .map_err(|e| e.to_string())?;
+    Api::<Deployment>::namespaced(tenant.client.clone(), "default")
+        .create(&PostParams::default(), &deployment)
+        .await
+        .map(drop)
+        .map_err(|e| format!("creating Deployment {name} in {}: {e}", tenant.ns))
+}
+
+async fn scale(tenant: &Tenant, name: &str, replicas: usize) -> Result<(), String> {
+    Api::<Deployment>::namespaced(tenant.client.clone(), "default")
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .map(drop)
+        .map_err(|e| format!("scaling {name} in {}: {e}", tenant.ns))
+}
+
+async fn wait_running(tenant: &Tenant, name: &str, count: usize) -> Result<(), String> {
+    let pods = Api::<Pod>::namespaced(tenant.client.clone(), "default");
+    capn_testkit::poll_until(PHASE, || async {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("app={name}")))
+            .await
+            .ok()?;
+        let running = list
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        (running >= count).then_some(())
+    })
+    .await
+    .ok_or_else(|| format!("{count} pods of {name} in {} did not run", tenant.ns))
+}
+
+/// The syncer's requests in the audit log so far, in order.
+fn syncer_requests(audit_log: &Path) -> Result<Vec<audit::AuditedRequest>, String> {
+    Ok(audit::read_log(audit_log)?
+        .into_iter()
+        .filter(|r| r.identity == SYNCER_USER)
+        .collect())
+}
+
+/// The admin kubeconfig, impersonating [`SYNCER_USER`] in `system:masters`.
+fn write_impersonating_kubeconfig(admin: &Path, path: &Path) -> Result<(), String> {
+    let mut kubeconfig =
+        kube::config::Kubeconfig::read_from(admin).map_err(|e| format!("cannot read {}: {e}", admin.display()))?;
+    for named in &mut kubeconfig.auth_infos {
+        let auth_info = named.auth_info.get_or_insert_with(Default::default);
+        auth_info.impersonate = Some(SYNCER_USER.to_owned());
+        auth_info.impersonate_groups = Some(vec!["system:masters".to_owned()]);
+    }
+    let text = serde_json::to_string_pretty(&kubeconfig).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Keeps `merged` the concatenation of the runners' hosts files (capn takes one).
+async fn merge_hosts(files: Vec<PathBuf>, merged: PathBuf) {
+    let mut last = String::new();
+    loop {
+        let text: String = files
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .collect::<Vec<_>>()
+            .join("\n");
+        if text != last {
+            let temporary = merged.with_extension("new");
+            if std::fs::write(&temporary, &text).is_ok() && std::fs::rename(&temporary, &merged).is_ok() {
+                last = text;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The in-process controllers' hook: a tenant apiserver's in-cluster name is dialled at
+/// the address its namespace's runner gives it.
+fn hook(resolvers: Resolvers) -> capn::controllers::TenantConfigHook {
+    capn::controllers::TenantConfigHook(Arc::new(move |ncp: &NestedControlPlane, config: &mut kube::Config| {
+        let Some(resolve) = ncp.namespace().and_then(|ns| resolvers.get(&ns).cloned()) else {
+            return;
+        };
+        let url = config.cluster_url.clone();
+        if let Some(host) = url.host()
+            && host.parse::<std::net::IpAddr>().is_err()
+            && let Some(ip) = resolve(host).first()
+        {
+            config.tls_server_name.get_or_insert_with(|| host.to_owned());
+            if let Ok(dialled) = format!("https://{ip}:{}", url.port_u16().unwrap_or(443)).parse() {
+                config.cluster_url = dialled;
+            }
+        }
+    }))
+}
