@@ -161,6 +161,27 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         assert_eq!((code, hostname.trim()), (200, pod.name_any().as_str()));
     }
     say("syncer: 3 tenant pods Running through their super pods, each answering as itself");
+    // The super scheduler's Event about a super pod is told in the tenant about its pod.
+    let first = running[0].clone();
+    let scheduled = booted
+        .runner
+        .wait_for("the scheduler's Event reaches the tenant", BOOTED_STEP, || async {
+            let events = Api::<Event>::namespaced(tenant.clone(), "shop")
+                .list(&ListParams::default())
+                .await
+                .ok()?;
+            events.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("Scheduled")
+                    && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == first.uid().as_deref()
+            })
+        })
+        .await;
+    let note = scheduled.note.unwrap_or_default();
+    assert!(note.contains(&format!("shop/{}", first.name_any())), "{note}");
+    assert!(
+        !note.contains(&workloads),
+        "the note names the tenant pod, not the super pod: {note}"
+    );
 
     // The token the pods mount is the tenant's: its apiserver knows the pod's service
     // account, the super cluster refuses it.

@@ -7,11 +7,13 @@
 //! each capn instance syncs the tenants it reconciles.
 //!
 //! - [`pods`]: one tenant pod, down and up; [`references`] and [`tokens`]: what it mounts;
-//! - [`nodes`]: the tenant Nodes and their Leases;
+//! - [`nodes`]: the tenant Nodes and their Leases; [`pod_events`]: the super cluster's Events
+//!   about super pods, told in the tenant about the tenant pods;
 //! - [`patrol`]: orphans, confirmed against the tenant before removal.
 
 mod nodes;
 mod patrol;
+mod pod_events;
 mod pods;
 mod references;
 mod scope;

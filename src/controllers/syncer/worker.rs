@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 
 use super::scope::Tenant;
-use super::{nodes, patrol, pods};
+use super::{nodes, patrol, pod_events, pods};
 use crate::controllers::events::Recorder;
 use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::Target;
@@ -93,6 +93,7 @@ pub(super) async fn run(start: Start) {
         drain(node_events),
         nodes::heartbeats(&tenant),
         patrol::run(&tenant),
+        pod_events::run(&tenant),
     );
 }
 
