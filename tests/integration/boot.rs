@@ -65,6 +65,8 @@ fn in_process_settings(ns: &str, runner: &Runner) -> capn::controllers::Settings
         namespace: Some(ns.to_owned()),
         etcd_hosts_file: Some(runner.hosts_file()),
         tenant_config_hook: Some(tenant_hook(runner)),
+        // The syncer's patrol, shortened so that a removal shows within a test step.
+        syncer_patrol: Duration::from_secs(5),
         ..capn::controllers::Settings::default()
     };
     settings.enabled.public_crds = false;

@@ -16,7 +16,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -289,6 +289,64 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         "{conditions:?}"
     );
 
+    // A ConfigMap a pod uses: its copy follows the tenant's changes at once, and a change
+    // made to the copy in the super cluster is put back.
+    let settings = Api::<ConfigMap>::namespaced(tenant.clone(), "shop");
+    settings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "settings"}, "data": {"greeting": "hello"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let user: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "user", "namespace": "shop"},
+        "spec": {"volumes": [{"name": "settings", "configMap": {"name": "settings"}}],
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                "volumeMounts": [{"name": "settings", "mountPath": "/settings"}]}]}
+    }))
+    .unwrap();
+    tenant_pods.create(&PostParams::default(), &user).await.unwrap();
+    let copies = Api::<ConfigMap>::namespaced(client.clone(), &workloads);
+    let greeting = |expected: &'static str| {
+        let copies = copies.clone();
+        move || {
+            let copies = copies.clone();
+            async move {
+                let copy = copies.get_opt("settings-x-shop-x-demo").await.ok()??;
+                (copy.data?.get("greeting")? == expected).then_some(())
+            }
+        }
+    };
+    booted
+        .runner
+        .wait_for("the copy holds hello", BOOTED_STEP, greeting("hello"))
+        .await;
+    settings
+        .patch(
+            "settings",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"greeting": "bonjour"}})),
+        )
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for("the tenant's change reaches the copy", BOOTED_STEP, greeting("bonjour"))
+        .await;
+    copies
+        .patch(
+            "settings-x-shop-x-demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"greeting": "tampered"}})),
+        )
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for("the change to the copy is put back", BOOTED_STEP, greeting("bonjour"))
+        .await;
+
     // A pod that asks for the host's network is refused: condition, Event, no super pod.
     let host_network: Pod = serde_json::from_value(json!({
         "metadata": {"name": "sneaky", "namespace": "shop"},
@@ -333,10 +391,27 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         .delete("in-cluster", &DeleteParams::default())
         .await
         .unwrap();
+    tenant_pods.delete("user", &DeleteParams::default()).await.unwrap();
     booted
         .runner
         .wait_for("every super pod is gone", BOOTED_STEP, || async {
             let left = super_pods.list(&ListParams::default()).await.ok()?.items;
+            left.is_empty().then_some(())
+        })
+        .await;
+    // ... and every copy (the patrol's part, every 5 s here) and token Secret (the garbage
+    // collector's, with their pods).
+    booted
+        .runner
+        .wait_for("every copy and token Secret is gone", BOOTED_STEP, || async {
+            let config_maps = copies.list(&ListParams::default()).await.ok()?.items;
+            let secrets = secrets.list(&ListParams::default()).await.ok()?.items;
+            let left: Vec<String> = config_maps
+                .iter()
+                .map(|c| c.name_any())
+                .chain(secrets.iter().map(|s| s.name_any()))
+                .filter(|name| name.contains("-x-"))
+                .collect();
             left.is_empty().then_some(())
         })
         .await;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -166,4 +166,76 @@ async fn claim(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kub
         .await?;
     }
     Ok(true)
+}
+
+/// The ConfigMaps and the Secrets the pods refer to (volumes, projected sources, `env`,
+/// `envFrom`, `imagePullSecrets`), by name.
+pub(super) fn referenced(pods: &[std::sync::Arc<Pod>]) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut config_maps = BTreeSet::new();
+    let mut secrets = BTreeSet::new();
+    for spec in pods.iter().filter_map(|p| p.spec.as_ref()) {
+        collect(spec, &mut config_maps, &mut secrets);
+    }
+    (config_maps, secrets)
+}
+
+pub(super) fn collect(spec: &PodSpec, config_maps: &mut BTreeSet<String>, secrets: &mut BTreeSet<String>) {
+    for volume in spec.volumes.iter().flatten() {
+        config_maps.extend(volume.config_map.as_ref().map(|c| c.name.clone()));
+        secrets.extend(volume.secret.as_ref().and_then(|s| s.secret_name.clone()));
+        for source in volume.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
+            config_maps.extend(source.config_map.as_ref().map(|c| c.name.clone()));
+            secrets.extend(source.secret.as_ref().map(|s| s.name.clone()));
+        }
+    }
+    secrets.extend(spec.image_pull_secrets.iter().flatten().map(|s| s.name.clone()));
+    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+    for container in containers {
+        for from in container.env_from.iter().flatten() {
+            config_maps.extend(from.config_map_ref.as_ref().map(|c| c.name.clone()));
+            secrets.extend(from.secret_ref.as_ref().map(|s| s.name.clone()));
+        }
+        for value in container.env.iter().flatten().filter_map(|e| e.value_from.as_ref()) {
+            config_maps.extend(value.config_map_key_ref.as_ref().map(|c| c.name.clone()));
+            secrets.extend(value.secret_key_ref.as_ref().map(|s| s.name.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+
+    use super::*;
+
+    #[test]
+    fn every_way_a_pod_names_a_config_map_or_secret_counts_as_a_use() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "imagePullSecrets": [{"name": "pull"}],
+                "volumes": [
+                    {"name": "a", "configMap": {"name": "cm-volume"}},
+                    {"name": "b", "secret": {"secretName": "secret-volume"}},
+                    {"name": "c", "projected": {"sources": [
+                        {"configMap": {"name": "cm-projected"}},
+                        {"secret": {"name": "token"}}]}}],
+                "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "secret-env-from"}}]}],
+                "containers": [{"name": "c", "env": [
+                    {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "cm-env", "key": "k"}}},
+                    {"name": "Y", "valueFrom": {"secretKeyRef": {"name": "secret-env", "key": "k"}}}],
+                    "envFrom": [{"configMapRef": {"name": "cm-env-from"}}]}]}
+        }))
+        .unwrap();
+        let (config_maps, secrets) = referenced(&[std::sync::Arc::new(pod)]);
+        let names = |set: BTreeSet<String>| set.into_iter().collect::<Vec<_>>();
+        assert_eq!(
+            names(config_maps),
+            ["cm-env", "cm-env-from", "cm-projected", "cm-volume"]
+        );
+        assert_eq!(
+            names(secrets),
+            ["pull", "secret-env", "secret-env-from", "secret-volume", "token"]
+        );
+    }
 }

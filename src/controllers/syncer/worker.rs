@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 
 use super::scope::Tenant;
-use super::{nodes, patrol, pod_events, pods};
+use super::{nodes, patrol, pod_events, pods, references};
 use crate::controllers::events::Recorder;
 use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::Target;
@@ -48,6 +50,7 @@ pub(super) async fn run(start: Start) {
     let controller = Controller::new(Api::<Pod>::all(start.tenant_client.clone()), watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let control_plane = start.target.control_plane.clone();
+    let start_tenant = start.tenant_client.clone();
     let tenant = Arc::new(Tenant {
         recorder: Recorder::new(
             start.tenant_client.clone(),
@@ -66,11 +69,51 @@ pub(super) async fn run(start: Start) {
         patrol_every: start.patrol_every,
         metrics: start.metrics,
     });
-    // A super pod's change (its status, above all) wakes its tenant pod.
-    let controller = controller.watches_stream(super_pod_events, move |pod: Pod| {
-        TenantObject::of_super(&control_plane, &pod.metadata)
-            .map(|t| ObjectRef::<Pod>::new(&t.name).within(&t.namespace))
-    });
+    // A super pod's change (its status, above all) wakes its tenant pod; a change of a
+    // ConfigMap or Secret, in the tenant or of its copy, wakes the tenant pods that use it
+    // (the tenant's are watched by metadata only: their data is read when a pod syncs).
+    let pods = controller.store();
+    let of_super = control_plane.clone();
+    let users = move |kind: Kind| {
+        let (pods, of_super) = (pods.clone(), of_super.clone());
+        move |meta: &ObjectMeta, copy: bool| {
+            let object = if copy {
+                TenantObject::of_super(&of_super, meta).map(|t| (t.namespace, t.name))
+            } else {
+                meta.namespace.clone().zip(meta.name.clone())
+            };
+            object.map_or_else(Vec::new, |(namespace, name)| users_of(&pods, kind, &namespace, &name))
+        }
+    };
+    let (config_map_users, secret_users) = (users(Kind::ConfigMap), users(Kind::Secret));
+    let (tenant_config_map_users, tenant_secret_users) = (config_map_users.clone(), secret_users.clone());
+    let tenant_config_maps = watcher(
+        Api::<PartialObjectMeta<ConfigMap>>::all(start_tenant.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let tenant_secrets = watcher(
+        Api::<PartialObjectMeta<Secret>>::all(start_tenant),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = controller
+        .watches_stream(super_pod_events, move |pod: Pod| {
+            TenantObject::of_super(&control_plane, &pod.metadata)
+                .map(|t| ObjectRef::<Pod>::new(&t.name).within(&t.namespace))
+        })
+        .watches_stream(config_map_events, move |c: ConfigMap| {
+            config_map_users(&c.metadata, true)
+        })
+        .watches_stream(secret_events, move |s: Secret| secret_users(&s.metadata, true))
+        .watches_stream(tenant_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
+            tenant_config_map_users(&c.metadata, false)
+        })
+        .watches_stream(tenant_secrets, move |s: PartialObjectMeta<Secret>| {
+            tenant_secret_users(&s.metadata, false)
+        });
     let queue = controller.run(
         |pod, tenant: Arc<Tenant>| async move {
             let started = std::time::Instant::now();
@@ -88,8 +131,6 @@ pub(super) async fn run(start: Start) {
     );
     tokio::join!(
         queue.for_each(|_| async {}),
-        drain(secret_events),
-        drain(config_map_events),
         drain(node_events),
         nodes::heartbeats(&tenant),
         patrol::run(&tenant),
@@ -123,4 +164,31 @@ where
 /// Polls a reflector's stream for its store's sake.
 async fn drain<K>(stream: futures::stream::BoxStream<'static, Result<K, watcher::Error>>) {
     stream.for_each(|_| async {}).await;
+}
+
+/// Which kind of object a pod uses.
+#[derive(Clone, Copy)]
+enum Kind {
+    ConfigMap,
+    Secret,
+}
+
+/// The tenant pods in `namespace` that use the ConfigMap or Secret `name`.
+fn users_of(pods: &Store<Pod>, kind: Kind, namespace: &str, name: &str) -> Vec<ObjectRef<Pod>> {
+    pods.state()
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|p| {
+            let mut config_maps = std::collections::BTreeSet::new();
+            let mut secrets = std::collections::BTreeSet::new();
+            if let Some(spec) = &p.spec {
+                references::collect(spec, &mut config_maps, &mut secrets);
+            }
+            match kind {
+                Kind::ConfigMap => config_maps.contains(name),
+                Kind::Secret => secrets.contains(name),
+            }
+        })
+        .map(|p| ObjectRef::from_obj(&**p))
+        .collect()
 }
