@@ -86,10 +86,14 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         })
         .await;
     assert_eq!(namespace.labels()["pod-security.kubernetes.io/enforce"], "baseline");
-    Api::<NetworkPolicy>::namespaced(client.clone(), &workloads)
-        .get("tenant")
-        .await
-        .expect("the workload namespace's NetworkPolicy");
+    // Applied after the namespace, so waited for too.
+    let policies = Api::<NetworkPolicy>::namespaced(client.clone(), &workloads);
+    booted
+        .runner
+        .wait_for("the workload namespace's NetworkPolicy exists", BOOTED_STEP, || async {
+            policies.get_opt("tenant").await.ok().flatten()
+        })
+        .await;
     let node = tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
 
     // A Deployment in the tenant: its pods run as super pods, and come back Running.

@@ -47,7 +47,15 @@ pub(super) async fn run(start: Start) {
         Api::all(start.tenant_client.clone()),
         watcher::Config::default().labels(&format!("{}=true", nodes::VIRTUAL_NODE_LABEL)),
     );
-    let controller = Controller::new(Api::<Pod>::all(start.tenant_client.clone()), watcher::Config::default())
+    let (tenant_pods, tenant_pod_writer) = reflector::store();
+    let tenant_pod_events = reflector::reflector(
+        tenant_pod_writer,
+        watcher(Api::<Pod>::all(start.tenant_client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(trim),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream(tenant_pod_events, tenant_pods)
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let control_plane = start.target.control_plane.clone();
     let start_tenant = start.tenant_client.clone();
@@ -138,8 +146,8 @@ pub(super) async fn run(start: Start) {
     );
 }
 
-/// A reflector on `api`: its store, and its stream of changed objects (which must be polled
-/// for the store to fill).
+/// A reflector on `api`: its store (objects [`trim`]med), and its stream of changed objects
+/// (which must be polled for the store to fill).
 fn reflect<K>(api: Api<K>) -> (Store<K>, futures::stream::BoxStream<'static, Result<K, watcher::Error>>)
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -155,10 +163,16 @@ where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff())
+    let stream = reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim))
         .touched_objects()
         .boxed();
     (store, stream)
+}
+
+/// What the caches keep of an object: all but its `managedFields`, which the syncer never
+/// reads and which are a large part of a pod's size.
+fn trim<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
 }
 
 /// Polls a reflector's stream for its store's sake.
