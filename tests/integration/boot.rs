@@ -84,7 +84,8 @@ pub(crate) struct Booted {
 /// How capn runs next to a booted control plane.
 pub(crate) enum Running {
     InProcess(Capn),
-    Process(CapnProcess),
+    /// `capn run`, with the arguments it was started with.
+    Process(CapnProcess, Vec<String>),
     /// Between a stop and a start.
     Stopped,
 }
@@ -119,7 +120,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         )),
         StartCapn::Process(mut args) => {
             args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
-            Running::Process(start_capn_process(&ns, &args))
+            Running::Process(start_capn_process(&ns, &args), args)
         }
     };
     let applied = Instant::now();
@@ -209,27 +210,31 @@ impl Booted {
             .unwrap()
     }
 
-    /// Stops capn at once, in the middle of whatever it does (its task aborted: no request
-    /// in flight completes, nothing is cleaned up, as with SIGKILL), and starts it again.
-    ///
-    /// # Panics
-    /// When capn runs as a process.
+    /// Stops capn at once, in the middle of whatever it does, and starts it again: `capn run`
+    /// is sent SIGKILL; capn in this runtime has its task aborted (no request in flight
+    /// completes, nothing is cleaned up).
     pub async fn kill_and_restart_capn(&mut self) {
-        let Running::InProcess(capn) = std::mem::replace(&mut self.capn, Running::Stopped) else {
-            panic!("capn runs as a process here");
+        self.capn = match std::mem::replace(&mut self.capn, Running::Stopped) {
+            Running::InProcess(capn) => {
+                capn.stop().await;
+                Running::InProcess(Capn::start_with_settings(
+                    &self.client,
+                    in_process_settings(&self.ns, &self.runner),
+                    &[],
+                ))
+            }
+            Running::Process(process, args) => {
+                drop(process);
+                Running::Process(start_capn_process(&self.ns, &args), args)
+            }
+            Running::Stopped => panic!("capn is not running"),
         };
-        capn.stop().await;
-        self.capn = Running::InProcess(Capn::start_with_settings(
-            &self.client,
-            in_process_settings(&self.ns, &self.runner),
-            &[],
-        ));
     }
 
     pub async fn stop(self) {
         match self.capn {
             Running::InProcess(capn) => capn.stop().await,
-            Running::Process(process) => drop(process),
+            Running::Process(process, _) => drop(process),
             Running::Stopped => {}
         }
         drop(self.runner);
@@ -238,7 +243,7 @@ impl Booted {
     /// capn's log so far, when it runs as a process.
     pub fn capn_log(&self) -> Option<String> {
         match &self.capn {
-            Running::Process(process) => Some(process.log()),
+            Running::Process(process, _) => Some(process.log()),
             Running::InProcess(_) | Running::Stopped => None,
         }
     }

@@ -475,12 +475,13 @@ async fn running_pods(booted: &Booted, tenant: &Client, count: usize) -> Vec<Pod
 }
 
 /// Two tenants with the same namespace, Deployment and pod names run side by side, each in
-/// its own workload namespace; capn stopped abruptly while it syncs them (its task aborted
-/// between requests, as SIGKILL would) converges after the restart with exactly one super
-/// pod per tenant pod; a `hostPath` pod is refused.
+/// its own workload namespace; `capn run` SIGKILLed while it syncs them converges after the
+/// restart with exactly one super pod per tenant pod; a `hostPath` pod is refused. capn
+/// runs as a process here, reaching the tenants through the runner's hosts file
+/// (`--etcd-hosts-file`), as the demo runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync() {
-    let mut booted = boot_with("syncer, two tenants", None, StartCapn::InProcess).await;
+    let mut booted = boot_with("syncer, two tenants", None, StartCapn::Process(Vec::new())).await;
     let (client, ns) = (booted.client.clone(), booted.ns.clone());
     crate::harness::apply_doc(
         &client,
