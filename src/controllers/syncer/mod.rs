@@ -36,7 +36,7 @@ pub use tokens::REFRESH_AT;
 
 use crate::api::{NestedControlPlane, Workloads};
 use crate::controllers::round::Now;
-use crate::controllers::shared::tenant::tenant_client;
+use crate::controllers::shared::tenant::tenant_config;
 use crate::controllers::{Context, ReconcileError, events};
 use crate::status::{ConditionUpdate, Reason, WORKLOADS_SYNCED, set_condition};
 use crate::syncer::admission::Level;
@@ -44,6 +44,10 @@ use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy;
 use crate::syncer::pod::{ApiServerAddress, Target};
 
+/// The read timeout of a worker's tenant client: longer than a watch request lasts (kube's
+/// watcher asks for 290 s), so that an idle watch is not cut; a tenant apiserver that hangs
+/// holds only its own worker's requests this long.
+const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(330);
 /// Default of [`crate::controllers::Settings::syncer_patrol`].
 pub const DEFAULT_PATROL: Duration = Duration::from_secs(60);
 
@@ -175,7 +179,11 @@ async fn start(
 ) -> Result<(), ReconcileError> {
     let desired = workload_namespace::desired(control_plane, started.level, started.workloads.as_ref());
     workload_namespace::apply(&ctx.client, &desired).await?;
-    let tenant_client = tenant_client(ctx, ncp, ns).await?;
+    // The workers' watches idle for minutes: the read timeout of a tenant client (15 s, for
+    // requests) would cut each one and make it list again.
+    let mut config = tenant_config(ctx, ncp, ns).await?;
+    config.read_timeout = Some(WATCH_READ_TIMEOUT);
+    let tenant_client = kube::Client::try_from(config)?;
     let start = worker::Start {
         super_client: ctx.client.clone(),
         tenant_client,

@@ -4,6 +4,7 @@
 //! in the tenant, or on the super side) is applied again.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -74,19 +75,23 @@ async fn config_map(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool
     let live = tenant
         .super_config_maps
         .get(&ObjectRef::new(copy.metadata.name.as_deref().unwrap_or_default()).within(&tenant.namespace));
-    let same = live.is_some_and(|l| {
+    let same = live.as_ref().map(|l| {
         l.data == copy.data
             && l.binary_data == copy.binary_data
             && metadata_drift(&copy.metadata, &l.metadata).is_empty()
     });
-    if !same {
-        Api::<ConfigMap>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+    let version = source.metadata.resource_version.clone().unwrap_or_default();
+    if claim_apply(tenant, &copy.metadata, same, &version) {
+        let api = Api::<ConfigMap>::namespaced(tenant.super_client.clone(), &tenant.namespace);
+        let name = copy.metadata.name.as_deref().unwrap_or_default();
+        let applied = api
             .patch(
-                copy.metadata.name.as_deref().unwrap_or_default(),
+                name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(apply("ConfigMap", &copy)),
             )
-            .await?;
+            .await;
+        release_on_error(tenant, name, applied)?;
     }
     Ok(true)
 }
@@ -114,19 +119,61 @@ async fn secret(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, ku
     let live = tenant
         .super_secrets
         .get(&ObjectRef::new(copy.metadata.name.as_deref().unwrap_or_default()).within(&tenant.namespace));
-    let same = live.is_some_and(|l| {
+    let same = live.as_ref().map(|l| {
         l.data == copy.data && l.type_ == copy.type_ && metadata_drift(&copy.metadata, &l.metadata).is_empty()
     });
-    if !same {
-        Api::<Secret>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+    let version = source.metadata.resource_version.clone().unwrap_or_default();
+    if claim_apply(tenant, &copy.metadata, same, &version) {
+        let api = Api::<Secret>::namespaced(tenant.super_client.clone(), &tenant.namespace);
+        let name = copy.metadata.name.as_deref().unwrap_or_default();
+        let applied = api
             .patch(
-                copy.metadata.name.as_deref().unwrap_or_default(),
+                name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(apply("Secret", &copy)),
             )
-            .await?;
+            .await;
+        release_on_error(tenant, name, applied)?;
     }
     Ok(true)
+}
+
+/// How long an apply vouches for a copy the cache does not show yet.
+const CACHE_LAG: Duration = Duration::from_secs(30);
+
+/// Whether this pass applies the copy `meta`, given whether the cached copy is the same
+/// (`None`: not in the cache) and the tenant object's `resourceVersion`. A cached copy that
+/// differs is always applied (the tenant wins); one not cached is applied unless another
+/// pass applied this version less than [`CACHE_LAG`] ago (after that the copy counts as
+/// deleted and is made again). An apply is recorded.
+fn claim_apply(tenant: &Tenant, meta: &ObjectMeta, same: Option<bool>, version: &str) -> bool {
+    let name = meta.name.clone().unwrap_or_default();
+    let mut applied = tenant
+        .applied_copies
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let wanted = match same {
+        Some(same) => !same,
+        None => applied
+            .get(&name)
+            .is_none_or(|(v, at)| v != version || at.elapsed() > CACHE_LAG),
+    };
+    if wanted {
+        applied.insert(name, (version.to_owned(), Instant::now()));
+    }
+    wanted
+}
+
+/// Forgets a failed apply, so that the next pass tries again.
+fn release_on_error<T>(tenant: &Tenant, name: &str, result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    if result.is_err() {
+        tenant
+            .applied_copies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(name);
+    }
+    result.map(drop)
 }
 
 /// A claim's copy asks for the same storage (class, access modes, size, volume mode) and
@@ -168,8 +215,8 @@ async fn claim(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kub
     Ok(true)
 }
 
-/// The ConfigMaps and the Secrets the pods refer to (volumes, projected sources, `env`,
-/// `envFrom`, `imagePullSecrets`), by name.
+/// The ConfigMaps and the Secrets the pods refer to (volumes, projected sources, the
+/// Secrets of volume plugins, `env`, `envFrom`, `imagePullSecrets`), by name.
 pub(super) fn referenced(pods: &[std::sync::Arc<Pod>]) -> (BTreeSet<String>, BTreeSet<String>) {
     let mut config_maps = BTreeSet::new();
     let mut secrets = BTreeSet::new();
@@ -183,6 +230,19 @@ pub(super) fn collect(spec: &PodSpec, config_maps: &mut BTreeSet<String>, secret
     for volume in spec.volumes.iter().flatten() {
         config_maps.extend(volume.config_map.as_ref().map(|c| c.name.clone()));
         secrets.extend(volume.secret.as_ref().and_then(|s| s.secret_name.clone()));
+        // The Secrets volume plugins read from the pod's namespace.
+        let plugin_secrets = [
+            volume.csi.as_ref().and_then(|v| v.node_publish_secret_ref.as_ref()),
+            volume.cephfs.as_ref().and_then(|v| v.secret_ref.as_ref()),
+            volume.cinder.as_ref().and_then(|v| v.secret_ref.as_ref()),
+            volume.flex_volume.as_ref().and_then(|v| v.secret_ref.as_ref()),
+            volume.iscsi.as_ref().and_then(|v| v.secret_ref.as_ref()),
+            volume.rbd.as_ref().and_then(|v| v.secret_ref.as_ref()),
+            volume.scale_io.as_ref().map(|v| &v.secret_ref),
+            volume.storageos.as_ref().and_then(|v| v.secret_ref.as_ref()),
+        ];
+        secrets.extend(plugin_secrets.into_iter().flatten().map(|r| r.name.clone()));
+        secrets.extend(volume.azure_file.as_ref().map(|v| v.secret_name.clone()));
         for source in volume.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
             config_maps.extend(source.config_map.as_ref().map(|c| c.name.clone()));
             secrets.extend(source.secret.as_ref().map(|s| s.name.clone()));
@@ -217,6 +277,7 @@ mod tests {
                 "volumes": [
                     {"name": "a", "configMap": {"name": "cm-volume"}},
                     {"name": "b", "secret": {"secretName": "secret-volume"}},
+                    {"name": "d", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "secret-csi"}}},
                     {"name": "c", "projected": {"sources": [
                         {"configMap": {"name": "cm-projected"}},
                         {"secret": {"name": "token"}}]}}],
@@ -235,7 +296,14 @@ mod tests {
         );
         assert_eq!(
             names(secrets),
-            ["pull", "secret-env", "secret-env-from", "secret-volume", "token"]
+            [
+                "pull",
+                "secret-csi",
+                "secret-env",
+                "secret-env-from",
+                "secret-volume",
+                "token"
+            ]
         );
     }
 }

@@ -45,6 +45,10 @@ pub(super) struct Tenant {
     pub recorder: Recorder,
     /// How often the patrol looks for orphans and drift.
     pub patrol_every: Duration,
+    /// The copies applied lately: super name → the tenant object's `resourceVersion` it was
+    /// made from and when, so that pods syncing at once apply a shared copy (a namespace's
+    /// `kube-root-ca.crt`) once, not once each before the cache shows it.
+    pub applied_copies: std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
     pub metrics: Arc<Metrics>,
 }
 

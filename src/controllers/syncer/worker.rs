@@ -47,15 +47,7 @@ pub(super) async fn run(start: Start) {
         Api::all(start.tenant_client.clone()),
         watcher::Config::default().labels(&format!("{}=true", nodes::VIRTUAL_NODE_LABEL)),
     );
-    let (tenant_pods, tenant_pod_writer) = reflector::store();
-    let tenant_pod_events = reflector::reflector(
-        tenant_pod_writer,
-        watcher(Api::<Pod>::all(start.tenant_client.clone()), watcher::Config::default())
-            .default_backoff()
-            .modify(trim),
-    )
-    .applied_objects();
-    let controller = Controller::for_stream(tenant_pod_events, tenant_pods)
+    let controller = Controller::new(Api::<Pod>::all(start.tenant_client.clone()), watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let control_plane = start.target.control_plane.clone();
     let start_tenant = start.tenant_client.clone();
@@ -75,6 +67,7 @@ pub(super) async fn run(start: Start) {
         tenant_pods: controller.store(),
         tenant_nodes,
         patrol_every: start.patrol_every,
+        applied_copies: Default::default(),
         metrics: start.metrics,
     });
     // A super pod's change (its status, above all) wakes its tenant pod; a change of a
