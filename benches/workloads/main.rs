@@ -43,8 +43,6 @@ mod process;
 /// The user the syncer's requests are made as (impersonated), so the audit log tells them
 /// from everyone else's.
 const SYNCER_USER: &str = "bench-syncer";
-/// Each tenant's runner's name resolution, by the tenant's namespace.
-type Resolvers = HashMap<String, Arc<dyn Fn(&str) -> Vec<std::net::Ipv4Addr> + Send + Sync>>;
 /// How long any one phase may take.
 const PHASE: Duration = Duration::from_secs(600);
 
@@ -113,13 +111,8 @@ async fn run(tenants: usize, pods: usize, dir: &Path, audit_log: &Path) -> Resul
         booted.iter().map(|(_, r)| r.hosts_file()).collect(),
         hosts.clone(),
     ));
-    let resolvers: Resolvers = booted
-        .iter()
-        .map(|(ns, r)| (ns.clone(), Arc::new(r.resolver()) as Arc<_>))
-        .collect();
     let mut settings = capn::controllers::Settings {
         etcd_hosts_file: Some(hosts.clone()),
-        tenant_config_hook: Some(hook(resolvers)),
         ..capn::controllers::Settings::default()
     };
     settings.enabled.public_crds = false;
@@ -455,24 +448,4 @@ async fn merge_hosts(files: Vec<PathBuf>, merged: PathBuf) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// The in-process controllers' hook: a tenant apiserver's in-cluster name is dialled at
-/// the address its namespace's runner gives it.
-fn hook(resolvers: Resolvers) -> capn::controllers::TenantConfigHook {
-    capn::controllers::TenantConfigHook(Arc::new(move |ncp: &NestedControlPlane, config: &mut kube::Config| {
-        let Some(resolve) = ncp.namespace().and_then(|ns| resolvers.get(&ns).cloned()) else {
-            return;
-        };
-        let url = config.cluster_url.clone();
-        if let Some(host) = url.host()
-            && host.parse::<std::net::IpAddr>().is_err()
-            && let Some(ip) = resolve(host).first()
-        {
-            config.tls_server_name.get_or_insert_with(|| host.to_owned());
-            if let Ok(dialled) = format!("https://{ip}:{}", url.port_u16().unwrap_or(443)).parse() {
-                config.cluster_url = dialled;
-            }
-        }
-    }))
 }

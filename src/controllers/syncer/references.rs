@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
@@ -80,19 +81,7 @@ async fn config_map(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool
             && l.binary_data == copy.binary_data
             && metadata_drift(&copy.metadata, &l.metadata).is_empty()
     });
-    let version = source.metadata.resource_version.clone().unwrap_or_default();
-    if claim_apply(tenant, &copy.metadata, same, &version) {
-        let api = Api::<ConfigMap>::namespaced(tenant.super_client.clone(), &tenant.namespace);
-        let name = copy.metadata.name.as_deref().unwrap_or_default();
-        let applied = api
-            .patch(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(apply("ConfigMap", &copy)),
-            )
-            .await;
-        release_on_error(tenant, name, applied)?;
-    }
+    apply_copy(tenant, &copy, same, source.metadata.resource_version.as_deref()).await?;
     Ok(true)
 }
 
@@ -122,20 +111,33 @@ async fn secret(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, ku
     let same = live.as_ref().map(|l| {
         l.data == copy.data && l.type_ == copy.type_ && metadata_drift(&copy.metadata, &l.metadata).is_empty()
     });
-    let version = source.metadata.resource_version.clone().unwrap_or_default();
-    if claim_apply(tenant, &copy.metadata, same, &version) {
-        let api = Api::<Secret>::namespaced(tenant.super_client.clone(), &tenant.namespace);
-        let name = copy.metadata.name.as_deref().unwrap_or_default();
-        let applied = api
-            .patch(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(apply("Secret", &copy)),
-            )
-            .await;
-        release_on_error(tenant, name, applied)?;
-    }
+    apply_copy(tenant, &copy, same, source.metadata.resource_version.as_deref()).await?;
     Ok(true)
+}
+
+/// Applies the ConfigMap or Secret `copy` to the workload namespace when [`claim_apply`]
+/// says so (`same`: whether the cached copy equals it; `version`: the tenant object's
+/// `resourceVersion`).
+async fn apply_copy<K>(tenant: &Tenant, copy: &K, same: Option<bool>, version: Option<&str>) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    if !claim_apply(tenant, copy.meta(), same, version.unwrap_or_default()) {
+        return Ok(());
+    }
+    let name = copy.meta().name.clone().unwrap_or_default();
+    let applied = Api::<K>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(apply(&K::kind(&()), copy)),
+        )
+        .await;
+    release_on_error(tenant, &name, applied)
 }
 
 /// How long an apply vouches for a copy the cache does not show yet.
