@@ -198,6 +198,20 @@ async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> 
             .await
             .ok_or("the syncer made no workload namespace")?;
     }
+    // ... and its start-up requests (workload namespaces, the workers' lists and watches)
+    // over: its request count still for two seconds.
+    let mut last = usize::MAX;
+    let mut still = 0;
+    let started = Instant::now();
+    while still < 2 {
+        if started.elapsed() > PHASE {
+            return Err("the syncer never went idle".to_owned());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = syncer_requests(audit_log)?.len();
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+    }
     let idle = process::usage_of(pid)?;
     let audited_before = syncer_requests(audit_log)?.len();
 
