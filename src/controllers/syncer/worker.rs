@@ -19,6 +19,7 @@ use kube::{Client, Resource};
 use super::scope::Tenant;
 use super::{nodes, patrol, pod_events, pods, references};
 use crate::controllers::events::Recorder;
+use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::Target;
 use crate::telemetry::Metrics;
@@ -49,8 +50,6 @@ pub(super) async fn run(start: Start) {
     );
     let controller = Controller::new(Api::<Pod>::all(start.tenant_client.clone()), watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
-    let control_plane = start.target.control_plane.clone();
-    let start_tenant = start.tenant_client.clone();
     let tenant = Arc::new(Tenant {
         recorder: Recorder::new(
             start.tenant_client.clone(),
@@ -70,51 +69,16 @@ pub(super) async fn run(start: Start) {
         applied_copies: Default::default(),
         metrics: start.metrics,
     });
-    // A super pod's change (its status, above all) wakes its tenant pod; a change of a
-    // ConfigMap or Secret, in the tenant or of its copy, wakes the tenant pods that use it
-    // (the tenant's are watched by metadata only: their data is read when a pod syncs).
-    let pods = controller.store();
-    let of_super = control_plane.clone();
-    let users = move |kind: Kind| {
-        let (pods, of_super) = (pods.clone(), of_super.clone());
-        move |meta: &ObjectMeta, copy: bool| {
-            let object = if copy {
-                TenantObject::of_super(&of_super, meta).map(|t| (t.namespace, t.name))
-            } else {
-                meta.namespace.clone().zip(meta.name.clone())
-            };
-            object.map_or_else(Vec::new, |(namespace, name)| users_of(&pods, kind, &namespace, &name))
-        }
-    };
-    let (config_map_users, secret_users) = (users(Kind::ConfigMap), users(Kind::Secret));
-    let (tenant_config_map_users, tenant_secret_users) = (config_map_users.clone(), secret_users.clone());
-    let tenant_config_maps = watcher(
-        Api::<PartialObjectMeta<ConfigMap>>::all(start_tenant.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
-    let tenant_secrets = watcher(
-        Api::<PartialObjectMeta<Secret>>::all(start_tenant),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
-    let controller = controller
-        .watches_stream(super_pod_events, move |pod: Pod| {
-            TenantObject::of_super(&control_plane, &pod.metadata)
-                .map(|t| ObjectRef::<Pod>::new(&t.name).within(&t.namespace))
-        })
-        .watches_stream(config_map_events, move |c: ConfigMap| {
-            config_map_users(&c.metadata, true)
-        })
-        .watches_stream(secret_events, move |s: Secret| secret_users(&s.metadata, true))
-        .watches_stream(tenant_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
-            tenant_config_map_users(&c.metadata, false)
-        })
-        .watches_stream(tenant_secrets, move |s: PartialObjectMeta<Secret>| {
-            tenant_secret_users(&s.metadata, false)
-        });
+    let controller = with_triggers(
+        controller,
+        tenant.control_plane(),
+        &tenant.tenant_client,
+        SuperEvents {
+            pods: super_pod_events,
+            config_maps: config_map_events,
+            secrets: secret_events,
+        },
+    );
     let queue = controller.run(
         |pod, tenant: Arc<Tenant>| async move {
             let started = std::time::Instant::now();
@@ -141,17 +105,14 @@ pub(super) async fn run(start: Start) {
 
 /// A reflector on `api`: its store (objects [`trim`]med), and its stream of changed objects
 /// (which must be polled for the store to fill).
-fn reflect<K>(api: Api<K>) -> (Store<K>, futures::stream::BoxStream<'static, Result<K, watcher::Error>>)
+fn reflect<K>(api: Api<K>) -> (Store<K>, Changes<K>)
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     reflect_with(api, watcher::Config::default())
 }
 
-fn reflect_with<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> (Store<K>, futures::stream::BoxStream<'static, Result<K, watcher::Error>>)
+fn reflect_with<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, Changes<K>)
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
@@ -169,7 +130,7 @@ fn trim<K: Resource>(object: &mut K) {
 }
 
 /// Polls a reflector's stream for its store's sake.
-async fn drain<K>(stream: futures::stream::BoxStream<'static, Result<K, watcher::Error>>) {
+async fn drain<K>(stream: Changes<K>) {
     stream.for_each(|_| async {}).await;
 }
 
@@ -198,4 +159,69 @@ fn users_of(pods: &Store<Pod>, kind: Kind, namespace: &str, name: &str) -> Vec<O
         })
         .map(|p| ObjectRef::from_obj(&**p))
         .collect()
+}
+
+/// The super side's streams of changed objects that wake tenant pods.
+struct SuperEvents {
+    pods: Changes<Pod>,
+    config_maps: Changes<ConfigMap>,
+    secrets: Changes<Secret>,
+}
+
+/// A reflector's stream of changed objects.
+type Changes<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
+
+/// The tenant pod queue `controller`, woken also by what its pods depend on.
+fn with_triggers(
+    controller: Controller<Pod>,
+    control_plane: &ControlPlaneRef,
+    tenant_client: &kube::Client,
+    events: SuperEvents,
+) -> Controller<Pod> {
+    // A super pod's change (its status, above all) wakes its tenant pod; a change of a
+    // ConfigMap or Secret, in the tenant or of its copy, wakes the tenant pods that use it
+    // (the tenant's are watched by metadata only: their data is read when a pod syncs).
+    let pods = controller.store();
+    let of_super = control_plane.clone();
+    let control_plane = control_plane.clone();
+    let users = move |kind: Kind| {
+        let (pods, of_super) = (pods.clone(), of_super.clone());
+        move |meta: &ObjectMeta, copy: bool| {
+            let object = if copy {
+                TenantObject::of_super(&of_super, meta).map(|t| (t.namespace, t.name))
+            } else {
+                meta.namespace.clone().zip(meta.name.clone())
+            };
+            object.map_or_else(Vec::new, |(namespace, name)| users_of(&pods, kind, &namespace, &name))
+        }
+    };
+    let (config_map_users, secret_users) = (users(Kind::ConfigMap), users(Kind::Secret));
+    let (tenant_config_map_users, tenant_secret_users) = (config_map_users.clone(), secret_users.clone());
+    let tenant_config_maps = watcher(
+        Api::<PartialObjectMeta<ConfigMap>>::all(tenant_client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    let tenant_secrets = watcher(
+        Api::<PartialObjectMeta<Secret>>::all(tenant_client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .touched_objects();
+    controller
+        .watches_stream(events.pods, move |pod: Pod| {
+            TenantObject::of_super(&control_plane, &pod.metadata)
+                .map(|t| ObjectRef::<Pod>::new(&t.name).within(&t.namespace))
+        })
+        .watches_stream(events.config_maps, move |c: ConfigMap| {
+            config_map_users(&c.metadata, true)
+        })
+        .watches_stream(events.secrets, move |s: Secret| secret_users(&s.metadata, true))
+        .watches_stream(tenant_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
+            tenant_config_map_users(&c.metadata, false)
+        })
+        .watches_stream(tenant_secrets, move |s: PartialObjectMeta<Secret>| {
+            tenant_secret_users(&s.metadata, false)
+        })
 }
