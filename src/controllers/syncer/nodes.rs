@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::scope::{TENANT_FIELD_MANAGER, Tenant};
+use super::scope::{TENANT_FIELD_MANAGER, Tenant, typed};
 
 /// Label on every tenant Node the syncer made.
 pub const VIRTUAL_NODE_LABEL: &str = "tenancy.x-k8s.io/virtual-node";
@@ -137,14 +137,11 @@ async fn renew(tenant: &Tenant, node: &Node) -> Result<(), kube::Error> {
             ..LeaseSpec::default()
         }),
     };
-    let mut value = serde_json::to_value(&lease).unwrap_or_default();
-    value["apiVersion"] = "coordination.k8s.io/v1".into();
-    value["kind"] = "Lease".into();
     Api::<Lease>::namespaced(tenant.tenant_client.clone(), "kube-node-lease")
         .patch(
             &name,
             &PatchParams::apply(TENANT_FIELD_MANAGER).force(),
-            &Patch::Apply(&value),
+            &Patch::Apply(typed(&lease)),
         )
         .await?;
     Ok(())

@@ -14,7 +14,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use super::scope::{FIELD_MANAGER, Tenant};
+use super::scope::{FIELD_MANAGER, Tenant, typed};
 use super::{nodes, references, tokens};
 use crate::controllers::events::Occurrence;
 use crate::syncer::diff::{Ownership, ownership, pod_drift};
@@ -155,11 +155,12 @@ fn bound_by_syncer(tenant: &Tenant, pod: &Pod) -> bool {
 async fn apply_super(tenant: &Tenant, name: &str, pod: &Pod) -> Result<Pod, kube::Error> {
     let mut pod = pod.clone();
     pod.metadata.name = Some(name.to_owned());
-    let mut value = serde_json::to_value(&pod).unwrap_or_default();
-    value["apiVersion"] = "v1".into();
-    value["kind"] = "Pod".into();
     Api::<Pod>::namespaced(tenant.super_client.clone(), &tenant.namespace)
-        .patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&value))
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(typed(&pod)),
+        )
         .await
 }
 

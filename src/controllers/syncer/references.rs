@@ -12,7 +12,7 @@ use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::scope::{FIELD_MANAGER, Tenant};
+use super::scope::{FIELD_MANAGER, Tenant, typed};
 use crate::syncer::diff::metadata_drift;
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::super_metadata;
@@ -48,13 +48,6 @@ pub(super) async fn sync(
 /// The copy's metadata, or `None` when the tenant object lacks its identity.
 fn copy_meta(tenant: &Tenant, meta: &ObjectMeta) -> Option<ObjectMeta> {
     super_metadata(tenant.control_plane(), NameLimit::Subdomain, meta).ok()
-}
-
-fn apply<K: serde::Serialize>(kind: &str, object: &K) -> serde_json::Value {
-    let mut value = serde_json::to_value(object).unwrap_or_default();
-    value["apiVersion"] = "v1".into();
-    value["kind"] = kind.into();
-    value
 }
 
 async fn config_map(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
@@ -134,7 +127,7 @@ where
         .patch(
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(apply(&K::kind(&()), copy)),
+            &Patch::Apply(typed(copy)),
         )
         .await;
     release_on_error(tenant, &name, applied)
@@ -210,7 +203,7 @@ async fn claim(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kub
         api.patch(
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(apply("PersistentVolumeClaim", &copy)),
+            &Patch::Apply(typed(&copy)),
         )
         .await?;
     }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
-use kube::Client;
 use kube::runtime::reflector::Store;
+use kube::{Client, Resource};
 
 use crate::controllers::events::Recorder;
 use crate::syncer::names::ControlPlaneRef;
@@ -57,4 +57,12 @@ impl Tenant {
     pub fn control_plane(&self) -> &ControlPlaneRef {
         &self.target.control_plane
     }
+}
+
+/// The object with its `apiVersion` and `kind`, which server-side apply requires.
+pub(super) fn typed<K: Resource<DynamicType = ()> + serde::Serialize>(object: &K) -> serde_json::Value {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    value["apiVersion"] = K::api_version(&()).into();
+    value["kind"] = K::kind(&()).into();
+    value
 }

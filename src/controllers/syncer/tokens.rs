@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::scope::{FIELD_MANAGER, Tenant};
+use super::scope::{FIELD_MANAGER, Tenant, typed};
 use crate::syncer::names::tenancy::{self, TenantObject};
 use crate::syncer::pod::TokenSecret;
 
@@ -103,14 +103,11 @@ pub(super) async fn sync(
         type_: Some("Opaque".to_owned()),
         ..Secret::default()
     };
-    let mut value = serde_json::to_value(&copy).unwrap_or_default();
-    value["apiVersion"] = "v1".into();
-    value["kind"] = "Secret".into();
     Api::<Secret>::namespaced(tenant.super_client.clone(), &tenant.namespace)
         .patch(
             &secret.name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&value),
+            &Patch::Apply(typed(&copy)),
         )
         .await?;
     Ok(Some(until(now, refresh_at)))

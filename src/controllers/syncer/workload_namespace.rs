@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, Resource};
 
+use super::scope::typed;
 use crate::api::Workloads;
 use crate::syncer::admission::Level;
 use crate::syncer::names::ControlPlaneRef;
@@ -179,14 +180,6 @@ where
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e),
     }
-}
-
-/// The object with its `apiVersion` and `kind`, which server-side apply requires.
-fn typed<K: Resource<DynamicType = ()> + serde::Serialize>(object: &K) -> serde_json::Value {
-    let mut value = serde_json::to_value(object).unwrap_or_default();
-    value["apiVersion"] = K::api_version(&()).into();
-    value["kind"] = K::kind(&()).into();
-    value
 }
 
 #[cfg(test)]
