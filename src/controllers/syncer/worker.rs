@@ -48,7 +48,10 @@ pub(super) async fn run(start: Start) {
         Api::all(start.tenant_client.clone()),
         watcher::Config::default().labels(&format!("{}=true", nodes::VIRTUAL_NODE_LABEL)),
     );
-    let controller = Controller::new(Api::<Pod>::all(start.tenant_client.clone()), watcher::Config::default())
+    // The queue's own cache of tenant pods is trimmed like the others (Controller::new would
+    // keep every pod's managedFields).
+    let (tenant_pods, tenant_pod_changes) = reflect::<Pod>(Api::all(start.tenant_client.clone()));
+    let controller = Controller::for_stream(tenant_pod_changes, tenant_pods.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let tenant = Arc::new(Tenant {
         recorder: Recorder::new(
@@ -63,7 +66,7 @@ pub(super) async fn run(start: Start) {
         super_pods,
         super_secrets,
         super_config_maps,
-        tenant_pods: controller.store(),
+        tenant_pods,
         tenant_nodes,
         patrol_every: start.patrol_every,
         applied_copies: Default::default(),
