@@ -87,11 +87,7 @@ where
         + std::fmt::Debug,
 {
     tracing::info!(kind = %K::kind(&()), %name, "deleting a copy no super pod uses");
-    tenant
-        .applied_copies
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(name);
+    super::references::records(tenant).remove(name);
     ignore_missing(
         Api::<K>::namespaced(tenant.super_client.clone(), &tenant.namespace)
             .delete(name, &DeleteParams::default())

@@ -4,15 +4,17 @@
 //! in the tenant, or on the super side) is applied again.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::scope::{FIELD_MANAGER, Tenant, typed};
+use super::scope::{CopyRecord, FIELD_MANAGER, Tenant, typed};
 use crate::syncer::diff::metadata_drift;
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::super_metadata;
@@ -51,6 +53,15 @@ fn copy_meta(tenant: &Tenant, meta: &ObjectMeta) -> Option<ObjectMeta> {
 }
 
 async fn config_map(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+    if current(
+        tenant,
+        &tenant.tenant_config_maps,
+        &tenant.super_config_maps,
+        namespace,
+        name,
+    ) {
+        return Ok(true);
+    }
     let Some(source) = Api::<ConfigMap>::namespaced(tenant.tenant_client.clone(), namespace)
         .get_opt(name)
         .await?
@@ -66,19 +77,20 @@ async fn config_map(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool
         binary_data: source.binary_data,
         immutable: None,
     };
-    let live = tenant
-        .super_config_maps
-        .get(&ObjectRef::new(copy.metadata.name.as_deref().unwrap_or_default()).within(&tenant.namespace));
+    let live = cached(&tenant.super_config_maps, tenant, &copy);
     let same = live.as_ref().map(|l| {
         l.data == copy.data
             && l.binary_data == copy.binary_data
             && metadata_drift(&copy.metadata, &l.metadata).is_empty()
     });
-    apply_copy(tenant, &copy, same, source.metadata.resource_version.as_deref()).await?;
+    apply_copy(tenant, &copy, live.as_deref(), same, &source.metadata).await?;
     Ok(true)
 }
 
 async fn secret(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
+    if current(tenant, &tenant.tenant_secrets, &tenant.super_secrets, namespace, name) {
+        return Ok(true);
+    }
     let Some(source) = Api::<Secret>::namespaced(tenant.tenant_client.clone(), namespace)
         .get_opt(name)
         .await?
@@ -98,20 +110,62 @@ async fn secret(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, ku
         type_,
         ..Secret::default()
     };
-    let live = tenant
-        .super_secrets
-        .get(&ObjectRef::new(copy.metadata.name.as_deref().unwrap_or_default()).within(&tenant.namespace));
+    let live = cached(&tenant.super_secrets, tenant, &copy);
     let same = live.as_ref().map(|l| {
         l.data == copy.data && l.type_ == copy.type_ && metadata_drift(&copy.metadata, &l.metadata).is_empty()
     });
-    apply_copy(tenant, &copy, same, source.metadata.resource_version.as_deref()).await?;
+    apply_copy(tenant, &copy, live.as_deref(), same, &source.metadata).await?;
     Ok(true)
 }
 
-/// Applies the ConfigMap or Secret `copy` to the workload namespace when [`claim_apply`]
-/// says so (`same`: whether the cached copy equals it; `version`: the tenant object's
-/// `resourceVersion`).
-async fn apply_copy<K>(tenant: &Tenant, copy: &K, same: Option<bool>, version: Option<&str>) -> Result<(), kube::Error>
+/// The cached super object of `copy`'s name.
+fn cached<K>(store: &Store<K>, tenant: &Tenant, copy: &K) -> Option<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    store.get(&ObjectRef::new(copy.meta().name.as_deref().unwrap_or_default()).within(&tenant.namespace))
+}
+
+/// Whether the copy of the tenant object `namespace/name` is known to be current from the
+/// caches alone: the tenant object's `resourceVersion` (metadata cache) and the copy's (super
+/// cache) are both those this worker last applied or found equal. Spares the tenant a read
+/// of the object's data at every pass of every pod that uses it.
+fn current<K>(
+    tenant: &Tenant,
+    sources: &Store<PartialObjectMeta<K>>,
+    copies: &Store<K>,
+    namespace: &str,
+    name: &str,
+) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let Some(source) = sources.get(&ObjectRef::new(name).within(namespace)) else {
+        return false;
+    };
+    let Some(copy_name) = copy_meta(tenant, &source.metadata).and_then(|m| m.name) else {
+        return false;
+    };
+    let Some(copy) = copies.get(&ObjectRef::new(&copy_name).within(&tenant.namespace)) else {
+        return false;
+    };
+    records(tenant).get(&copy_name).is_some_and(|r| {
+        Some(&r.tenant_version) == source.metadata.resource_version.as_ref()
+            && r.copy_version.is_some()
+            && r.copy_version == copy.meta().resource_version
+    })
+}
+
+/// Applies the ConfigMap or Secret `copy` of the tenant object `source` to the workload
+/// namespace when [`claim_apply`] says so (`live`: the cached copy; `same`: whether it
+/// equals `copy`), and records the copy's version (see [`CopyRecord`]).
+async fn apply_copy<K>(
+    tenant: &Tenant,
+    copy: &K,
+    live: Option<&K>,
+    same: Option<bool>,
+    source: &ObjectMeta,
+) -> Result<(), kube::Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -119,10 +173,20 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    if !claim_apply(tenant, copy.meta(), same, version.unwrap_or_default()) {
+    let name = copy.meta().name.clone().unwrap_or_default();
+    let version = source.resource_version.clone().unwrap_or_default();
+    if same == Some(true) {
+        record(
+            tenant,
+            &name,
+            &version,
+            live.and_then(|l| l.meta().resource_version.clone()),
+        );
         return Ok(());
     }
-    let name = copy.meta().name.clone().unwrap_or_default();
+    if !claim_apply(tenant, &name, same, &version) {
+        return Ok(());
+    }
     let applied = Api::<K>::namespaced(tenant.super_client.clone(), &tenant.namespace)
         .patch(
             &name,
@@ -130,45 +194,68 @@ where
             &Patch::Apply(typed(copy)),
         )
         .await;
-    release_on_error(tenant, &name, applied)
+    match applied {
+        Ok(applied) => {
+            record(tenant, &name, &version, applied.meta().resource_version.clone());
+            Ok(())
+        }
+        Err(e) => {
+            // Forgotten, so that the next pass tries again.
+            records(tenant).remove(&name);
+            Err(e)
+        }
+    }
 }
 
 /// How long an apply vouches for a copy the cache does not show yet.
 const CACHE_LAG: Duration = Duration::from_secs(30);
 
-/// Whether this pass applies the copy `meta`, given whether the cached copy is the same
+/// Whether this pass applies the copy `name`, given whether the cached copy is the same
 /// (`None`: not in the cache) and the tenant object's `resourceVersion`. A cached copy that
 /// differs is always applied (the tenant wins); one not cached is applied unless another
 /// pass applied this version less than [`CACHE_LAG`] ago (after that the copy counts as
-/// deleted and is made again). An apply is recorded.
-fn claim_apply(tenant: &Tenant, meta: &ObjectMeta, same: Option<bool>, version: &str) -> bool {
-    let name = meta.name.clone().unwrap_or_default();
-    let mut applied = tenant
-        .applied_copies
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+/// deleted and is made again). An apply is recorded, its copy's version not yet known.
+fn claim_apply(tenant: &Tenant, name: &str, same: Option<bool>, version: &str) -> bool {
+    let mut records = records(tenant);
     let wanted = match same {
         Some(same) => !same,
-        None => applied
-            .get(&name)
-            .is_none_or(|(v, at)| v != version || at.elapsed() > CACHE_LAG),
+        None => records
+            .get(name)
+            .is_none_or(|r| r.tenant_version != version || r.at.elapsed() > CACHE_LAG),
     };
     if wanted {
-        applied.insert(name, (version.to_owned(), Instant::now()));
+        records.insert(
+            name.to_owned(),
+            CopyRecord {
+                tenant_version: version.to_owned(),
+                copy_version: None,
+                at: Instant::now(),
+            },
+        );
     }
     wanted
 }
 
-/// Forgets a failed apply, so that the next pass tries again.
-fn release_on_error<T>(tenant: &Tenant, name: &str, result: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    if result.is_err() {
-        tenant
-            .applied_copies
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(name);
-    }
-    result.map(drop)
+/// Records that the copy `name` at `copy_version` is made from the tenant object at
+/// `tenant_version`.
+fn record(tenant: &Tenant, name: &str, tenant_version: &str, copy_version: Option<String>) {
+    let mut records = records(tenant);
+    let at = records.get(name).map_or_else(Instant::now, |r| r.at);
+    records.insert(
+        name.to_owned(),
+        CopyRecord {
+            tenant_version: tenant_version.to_owned(),
+            copy_version,
+            at,
+        },
+    );
+}
+
+pub(super) fn records(tenant: &Tenant) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CopyRecord>> {
+    tenant
+        .applied_copies
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A claim's copy asks for the same storage (class, access modes, size, volume mode) and

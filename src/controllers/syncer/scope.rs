@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource};
 
@@ -41,15 +42,31 @@ pub(super) struct Tenant {
     pub tenant_pods: Store<Pod>,
     /// The tenant Nodes the syncer made.
     pub tenant_nodes: Store<Node>,
+    /// The tenant's ConfigMaps and Secrets, metadata only: a pod's pass reads an object's
+    /// data from the tenant only when its `resourceVersion` differs from the copy's source.
+    pub tenant_config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    pub tenant_secrets: Store<PartialObjectMeta<Secret>>,
     /// Events in the tenant, about tenant pods.
     pub recorder: Recorder,
     /// How often the patrol looks for orphans and drift.
     pub patrol_every: Duration,
-    /// The copies applied lately: super name → the tenant object's `resourceVersion` it was
-    /// made from and when, so that pods syncing at once apply a shared copy (a namespace's
-    /// `kube-root-ca.crt`) once, not once each before the cache shows it.
-    pub applied_copies: std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+    /// The copies applied or found current, by super name (see [`CopyRecord`]).
+    pub applied_copies: std::sync::Mutex<std::collections::HashMap<String, CopyRecord>>,
     pub metrics: Arc<Metrics>,
+}
+
+/// What a worker knows of one copy of a ConfigMap or Secret: the tenant object's
+/// `resourceVersion` it was made from, the copy's own once known, and when it was applied.
+/// Pods syncing at once so apply a shared copy (a namespace's `kube-root-ca.crt`) once, not
+/// once each before the cache shows it, and a pass whose caches show both versions unchanged
+/// reads nothing.
+#[derive(Clone, Debug)]
+pub(super) struct CopyRecord {
+    pub tenant_version: String,
+    /// The copy's `resourceVersion` as applied (or as found equal to the tenant object);
+    /// `None` while the apply is in flight.
+    pub copy_version: Option<String>,
+    pub at: std::time::Instant,
 }
 
 impl Tenant {

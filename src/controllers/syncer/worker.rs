@@ -44,6 +44,11 @@ pub(super) async fn run(start: Start) {
     let (super_secrets, secret_events) = reflect::<Secret>(Api::namespaced(start.super_client.clone(), &namespace));
     let (super_config_maps, config_map_events) =
         reflect::<ConfigMap>(Api::namespaced(start.super_client.clone(), &namespace));
+    // The tenant's ConfigMaps and Secrets by metadata only (kube sends metadata-only requests
+    // for `PartialObjectMeta`): their changes wake the pods that use them, and their versions
+    // tell a pass whether a copy is current.
+    let (tenant_config_maps, tenant_config_map_events) = reflect(Api::all(start.tenant_client.clone()));
+    let (tenant_secrets, tenant_secret_events) = reflect(Api::all(start.tenant_client.clone()));
     let (tenant_nodes, node_events) = reflect_with::<Node>(
         Api::all(start.tenant_client.clone()),
         watcher::Config::default().labels(&format!("{}=true", nodes::VIRTUAL_NODE_LABEL)),
@@ -68,6 +73,8 @@ pub(super) async fn run(start: Start) {
         super_config_maps,
         tenant_pods,
         tenant_nodes,
+        tenant_config_maps,
+        tenant_secrets,
         patrol_every: start.patrol_every,
         applied_copies: Default::default(),
         metrics: start.metrics,
@@ -75,11 +82,12 @@ pub(super) async fn run(start: Start) {
     let controller = with_triggers(
         controller,
         tenant.control_plane(),
-        &tenant.tenant_client,
-        SuperEvents {
-            pods: super_pod_events,
-            config_maps: config_map_events,
-            secrets: secret_events,
+        Triggers {
+            super_pods: super_pod_events,
+            super_config_maps: config_map_events,
+            super_secrets: secret_events,
+            tenant_config_maps: tenant_config_map_events,
+            tenant_secrets: tenant_secret_events,
         },
     );
     let queue = controller.run(
@@ -164,26 +172,22 @@ fn users_of(pods: &Store<Pod>, kind: Kind, namespace: &str, name: &str) -> Vec<O
         .collect()
 }
 
-/// The super side's streams of changed objects that wake tenant pods.
-struct SuperEvents {
-    pods: Changes<Pod>,
-    config_maps: Changes<ConfigMap>,
-    secrets: Changes<Secret>,
+/// The streams of changed objects, besides the tenant pods, that wake tenant pods.
+struct Triggers {
+    super_pods: Changes<Pod>,
+    super_config_maps: Changes<ConfigMap>,
+    super_secrets: Changes<Secret>,
+    tenant_config_maps: Changes<PartialObjectMeta<ConfigMap>>,
+    tenant_secrets: Changes<PartialObjectMeta<Secret>>,
 }
 
 /// A reflector's stream of changed objects.
 type Changes<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
 
 /// The tenant pod queue `controller`, woken also by what its pods depend on.
-fn with_triggers(
-    controller: Controller<Pod>,
-    control_plane: &ControlPlaneRef,
-    tenant_client: &kube::Client,
-    events: SuperEvents,
-) -> Controller<Pod> {
+fn with_triggers(controller: Controller<Pod>, control_plane: &ControlPlaneRef, triggers: Triggers) -> Controller<Pod> {
     // A super pod's change (its status, above all) wakes its tenant pod; a change of a
-    // ConfigMap or Secret, in the tenant or of its copy, wakes the tenant pods that use it
-    // (the tenant's are watched by metadata only: their data is read when a pod syncs).
+    // ConfigMap or Secret, in the tenant or of its copy, wakes the tenant pods that use it.
     let pods = controller.store();
     let of_super = control_plane.clone();
     let control_plane = control_plane.clone();
@@ -200,31 +204,19 @@ fn with_triggers(
     };
     let (config_map_users, secret_users) = (users(Kind::ConfigMap), users(Kind::Secret));
     let (tenant_config_map_users, tenant_secret_users) = (config_map_users.clone(), secret_users.clone());
-    let tenant_config_maps = watcher(
-        Api::<PartialObjectMeta<ConfigMap>>::all(tenant_client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
-    let tenant_secrets = watcher(
-        Api::<PartialObjectMeta<Secret>>::all(tenant_client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
     controller
-        .watches_stream(events.pods, move |pod: Pod| {
+        .watches_stream(triggers.super_pods, move |pod: Pod| {
             TenantObject::of_super(&control_plane, &pod.metadata)
                 .map(|t| ObjectRef::<Pod>::new(&t.name).within(&t.namespace))
         })
-        .watches_stream(events.config_maps, move |c: ConfigMap| {
+        .watches_stream(triggers.super_config_maps, move |c: ConfigMap| {
             config_map_users(&c.metadata, true)
         })
-        .watches_stream(events.secrets, move |s: Secret| secret_users(&s.metadata, true))
-        .watches_stream(tenant_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
+        .watches_stream(triggers.super_secrets, move |s: Secret| secret_users(&s.metadata, true))
+        .watches_stream(triggers.tenant_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
             tenant_config_map_users(&c.metadata, false)
         })
-        .watches_stream(tenant_secrets, move |s: PartialObjectMeta<Secret>| {
+        .watches_stream(triggers.tenant_secrets, move |s: PartialObjectMeta<Secret>| {
             tenant_secret_users(&s.metadata, false)
         })
 }
