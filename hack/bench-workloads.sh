@@ -2,8 +2,9 @@
 # Issue 35's benchmark (docs/benchmarks.md, "Tenant workloads"): tenant pods through capn's
 # syncer, on booted tenants, the real kube-scheduler and the test kit's node.
 #
-#   hack/bench-workloads.sh [TENANTS] [PODS]            release build (default 3 tenants × 10 pods)
-#   hack/bench-workloads.sh --debug [TENANTS] [PODS]    debug build
+#   hack/bench-workloads.sh [TENANTS] [PODS] [FLOOD]          release build (default 3 tenants ×
+#                                                             10 pods, a flood of 1,000 pending pods)
+#   hack/bench-workloads.sh --debug [TENANTS] [PODS] [FLOOD]  debug build
 #
 # Needs what hack/test.sh needs (root, iproute2, the Kubernetes binaries of
 # hack/kube-assets.sh); prints the report and exits non-zero when anything breaks.

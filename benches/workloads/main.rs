@@ -3,7 +3,7 @@
 //! kit's node.
 //!
 //! ```sh
-//! hack/bench-workloads.sh [TENANTS] [PODS]     # default 3 tenants × 10 pods
+//! hack/bench-workloads.sh [TENANTS] [PODS] [FLOOD]    # default 3 tenants × 10 pods, a flood of 1,000
 //! ```
 //!
 //! It boots TENANTS control planes (each with its own runner), runs the control-plane
@@ -14,10 +14,14 @@
 //!    pod created; scheduler and node: super pod created → Running; capn up: super pod
 //!    Running → tenant pod Running);
 //! 2. every other tenant applies the same at once: time to all Running, requests per synced
-//!    pod on the super cluster (the syncer's, from the API server's audit log), the syncer's
-//!    RSS and CPU;
+//!    pod on the super cluster and on the tenants' apiservers (the syncer's, from each API
+//!    server's audit log), the syncer's RSS and CPU;
 //! 3. one tenant's apiserver is stopped (SIGSTOP) and the others scale to 2×PODS: their time
-//!    to Running beside step 2's, the delay a hung tenant adds.
+//!    to Running beside step 2's, the delay a hung tenant adds;
+//! 4. that tenant, resumed, applies a Deployment of FLOOD pods that no node takes (they stay
+//!    Pending) while the others scale to 3×PODS: their time to Running beside step 2's, the
+//!    delay a tenant with a thousand pending pods adds, and the syncer's RSS once the flood
+//!    is synced (its cost per pod at scale).
 //!
 //! Figures are printed, never asserted.
 
@@ -27,11 +31,11 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capn::api::NestedControlPlane;
+use capn::api::{NestedAPIServer, NestedControlPlane};
 use capn_testkit::runner::Runner;
 use capn_testkit::{audit, test_namespace};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -45,11 +49,28 @@ mod process;
 const SYNCER_USER: &str = "bench-syncer";
 /// How long any one phase may take.
 const PHASE: Duration = Duration::from_secs(600);
+/// The identity of the tenants' admin kubeconfig (`<cluster>-kubeconfig`), which the
+/// syncer uses; the benchmark's own tenant requests impersonate [`BENCH_USER`].
+const TENANT_ADMIN: &str = "kubernetes-admin";
+/// Who the benchmark's own requests to a tenant are made as.
+const BENCH_USER: &str = "bench-user";
+/// The tenant apiservers' audit policy: the admin identity's requests (the syncer's, and the
+/// benchmark's, which impersonate [`BENCH_USER`]) at the Metadata level, nothing else. The
+/// log goes to the apiserver's standard output, which the runner keeps in its container log.
+const TENANT_AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users: [kubernetes-admin]
+- level: None
+";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let tenants: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(3).max(2);
     let pods: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10).max(1);
+    let flood: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000).max(1);
     let dir = match tempfile::Builder::new().prefix("capn-bench-workloads-").tempdir() {
         Ok(dir) => dir,
         Err(e) => {
@@ -69,13 +90,17 @@ fn main() -> ExitCode {
         audit_log.display()
     );
     // SAFETY: set before any other thread exists (the runtime is built below).
-    unsafe { std::env::set_var(capn_testkit::APISERVER_ARGS_VARIABLE, flags) };
+    unsafe {
+        std::env::set_var(capn_testkit::APISERVER_ARGS_VARIABLE, flags);
+        // Room on the one node for every pod that runs (3×PODS per tenant at the end).
+        std::env::set_var(capn_testkit::MAX_PODS_VARIABLE, (3 * tenants * pods + 110).to_string());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    match runtime.block_on(run(tenants, pods, dir.path(), &audit_log)) {
+    match runtime.block_on(run(tenants, pods, flood, dir.path(), &audit_log)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("the benchmark failed: {e}");
@@ -91,13 +116,13 @@ struct Tenant {
     client: Client,
 }
 
-async fn run(tenants: usize, pods: usize, dir: &Path, audit_log: &Path) -> Result<(), String> {
+async fn run(tenants: usize, pods: usize, flood: usize, dir: &Path, audit_log: &Path) -> Result<(), String> {
     let capn_binary = PathBuf::from(env!("CARGO_BIN_EXE_capn"));
     let cluster = tokio::task::spawn_blocking(capn_testkit::cluster)
         .await
         .map_err(|_| "the super cluster did not start".to_owned())?;
     let client = cluster.client();
-    println!("workloads benchmark: {tenants} tenants × {pods} pause pods");
+    println!("workloads benchmark: {tenants} tenants × {pods} pause pods, a flood of {flood}");
 
     // The tenants, booted by capn's control-plane controllers in this process.
     let mut booted = Vec::new();
@@ -126,15 +151,7 @@ async fn run(tenants: usize, pods: usize, dir: &Path, audit_log: &Path) -> Resul
     ));
     let booting = Instant::now();
     for (ns, _) in &booted {
-        Api::<NestedControlPlane>::namespaced(client.clone(), ns)
-            .patch(
-                "demo",
-                &PatchParams::apply("bench-user"),
-                &Patch::Apply(json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
-                    "kind": "NestedControlPlane", "metadata": {"name": "demo"}, "spec": {"version": "1.36"}})),
-            )
-            .await
-            .map_err(|e| format!("applying the NestedControlPlane in {ns}: {e}"))?;
+        audited_control_plane(&client, ns).await?;
     }
     let mut ready = Vec::new();
     for (ns, runner) in booted {
@@ -150,7 +167,10 @@ async fn run(tenants: usize, pods: usize, dir: &Path, audit_log: &Path) -> Resul
             .map_err(|e| e.to_string())?;
         let kubeconfig =
             String::from_utf8(secret.data.unwrap_or_default()["value"].0.clone()).map_err(|e| e.to_string())?;
-        let tenant = Client::try_from(runner.client_config(&kubeconfig).await?).map_err(|e| e.to_string())?;
+        let mut config = runner.client_config(&kubeconfig).await?;
+        config.auth_info.impersonate = Some(BENCH_USER.to_owned());
+        config.auth_info.impersonate_groups = Some(vec!["system:masters".to_owned()]);
+        let tenant = Client::try_from(config).map_err(|e| e.to_string())?;
         ready.push(Tenant {
             ns,
             runner,
@@ -180,7 +200,7 @@ async fn run(tenants: usize, pods: usize, dir: &Path, audit_log: &Path) -> Resul
         .spawn()
         .map_err(|e| format!("cannot start the syncer: {e}"))?;
     let pid = syncer.id();
-    let result = phases(&ready, pods, pid, audit_log).await;
+    let result = phases(&ready, pods, flood, pid, audit_log).await;
     let _ = syncer.kill();
     let _ = syncer.wait();
     control_planes.abort();
@@ -189,7 +209,7 @@ async fn run(tenants: usize, pods: usize, dir: &Path, audit_log: &Path) -> Resul
     result
 }
 
-async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> Result<(), String> {
+async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_log: &Path) -> Result<(), String> {
     // Each workload namespace made and the syncer idle before anything is measured.
     for tenant in tenants {
         let workloads = capn::syncer::names::ControlPlaneRef::new(&tenant.ns, "demo").workload_namespace();
@@ -214,6 +234,7 @@ async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> 
     }
     let idle = process::usage_of(pid)?;
     let audited_before = syncer_requests(audit_log)?.len();
+    let tenant_audited_before = tenant_requests(tenants)?;
 
     // 1. One tenant, one Deployment.
     let first = &tenants[0];
@@ -252,6 +273,7 @@ async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> 
         .filter(|r| !matches!(r.key.verb.as_str(), "get" | "list" | "watch"))
         .count();
     let busy = process::usage_of(pid)?;
+    let tenant_during = tenant_requests(tenants)? - tenant_audited_before;
     println!("\n2. {} more tenants apply the same at once", others.len());
     println!("   apply → all {} pods Running: {:.2?}", pods * others.len(), all);
     println!(
@@ -261,6 +283,14 @@ async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> 
         writes as f64 / synced as f64
     );
     for (key, count) in &by_key {
+        println!("      {count:>5}  {key}");
+    }
+    println!(
+        "   tenant-apiserver requests of the syncer for the same pods: {} ({:.2} per pod)",
+        tenant_during.total(),
+        tenant_during.total() as f64 / synced as f64
+    );
+    for (key, count) in &tenant_during.by_key {
         println!("      {count:>5}  {key}");
     }
     println!(
@@ -274,7 +304,7 @@ async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> 
     );
 
     // 3. One tenant's apiserver hangs; the others scale up.
-    first.runner.pause_pod("demo-apiserver-0")?;
+    let hung_pid = hang_apiserver(first)?;
     let started = Instant::now();
     for tenant in others {
         scale(tenant, "scale", 2 * pods).await?;
@@ -283,7 +313,8 @@ async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> 
         wait_running(tenant, "scale", 2 * pods).await?;
     }
     let hung = started.elapsed();
-    first.runner.resume_pod("demo-apiserver-0")?;
+    // Gone if its liveness probe restarted it meanwhile.
+    let _ = signal(hung_pid, "CONT");
     println!(
         "\n3. Tenant {} hangs (its apiserver SIGSTOPped); the others scale to {} pods each",
         first.ns,
@@ -295,6 +326,54 @@ async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> 
         hung,
         all
     );
+
+    // 4. That tenant floods its queue with pods no node takes; the others scale up again.
+    let before_flood = process::usage_of(pid)?;
+    let started = Instant::now();
+    apply_deployment_on(first, "flood", flood, json!({"bench.capn.dev/no-such-node": "true"})).await?;
+    for tenant in others {
+        scale(tenant, "scale", 3 * pods).await?;
+    }
+    for tenant in others {
+        wait_running(tenant, "scale", 3 * pods).await?;
+    }
+    let beside_flood = started.elapsed();
+    let workload_namespace = capn::syncer::names::ControlPlaneRef::new(&first.ns, "demo").workload_namespace();
+    let flood_pods = Api::<Pod>::namespaced(capn_testkit::cluster().client(), &workload_namespace);
+    capn_testkit::poll_until(PHASE, || async {
+        let synced = flood_pods
+            .list_metadata(&ListParams::default().labels("app=flood"))
+            .await
+            .ok()?
+            .items
+            .len();
+        (synced >= flood).then_some(())
+    })
+    .await
+    .ok_or("the flood's pods were not all synced")?;
+    let flood_synced = started.elapsed();
+    let flooded = process::usage_of(pid)?;
+    println!(
+        "\n4. Tenant {} applies {flood} pods that no node takes (Pending); the others scale to {} pods each",
+        first.ns,
+        3 * pods
+    );
+    println!(
+        "   {} new pods Running in {:.2?} (step 2, nobody flooding: {:.2?} for as many); the flood synced in {:.2?} ({:.0} pods/s)",
+        pods * others.len(),
+        beside_flood,
+        all,
+        flood_synced,
+        flood as f64 / flood_synced.as_secs_f64()
+    );
+    println!(
+        "   syncer RSS {:.1} MiB with the flood synced (+{:.1} MiB for {flood} pods, {:.1} MiB per 1,000 pods); CPU {:.2} s",
+        flooded.rss_anon_bytes as f64 / 1048576.0,
+        (flooded.rss_anon_bytes as f64 - before_flood.rss_anon_bytes as f64) / 1048576.0,
+        (flooded.rss_anon_bytes as f64 - before_flood.rss_anon_bytes as f64) / 1048576.0 / flood as f64 * 1000.0,
+        flooded.cpu_seconds - before_flood.cpu_seconds
+    );
+
     let per_pod_ms = all.as_secs_f64() * 1000.0 / (pods * others.len()) as f64;
     println!(
         "\nOn paper, 1,000 tenants × 30 pods at this slope: {:.0} super requests, {:.0} MiB of syncer memory for the pods",
@@ -303,6 +382,55 @@ async fn phases(tenants: &[Tenant], pods: usize, pid: u32, audit_log: &Path) -> 
     );
     println!("(step 2's wall time per pod: {per_pod_ms:.0} ms on this machine's one node)");
     Ok(())
+}
+
+/// Applies the control plane `demo` in `ns`, its apiserver writing [`TENANT_AUDIT_POLICY`]'s
+/// audit log to its standard output (a ConfigMap volume added by a patch, the flags by
+/// `extraArgs`: what a user would do).
+async fn audited_control_plane(client: &Client, ns: &str) -> Result<(), String> {
+    let apply = PatchParams::apply(BENCH_USER);
+    let failed = |what: &str| {
+        let what = what.to_owned();
+        move |e: kube::Error| format!("applying {what} in {ns}: {e}")
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .patch(
+            "tenant-audit-policy",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "tenant-audit-policy"}, "data": {"policy.yaml": TENANT_AUDIT_POLICY}})),
+        )
+        .await
+        .map_err(failed("the audit policy"))?;
+    Api::<NestedAPIServer>::namespaced(client.clone(), ns)
+        .patch(
+            "demo-apiserver",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+                "kind": "NestedAPIServer", "metadata": {"name": "demo-apiserver"},
+                "spec": {
+                    "extraArgs": {"audit-policy-file": "/etc/audit/policy.yaml", "audit-log-path": "-",
+                        "audit-log-format": "json"},
+                    "patches": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                        "metadata": {"name": "demo-apiserver"},
+                        "spec": {"template": {"spec": {
+                            "containers": [{"name": "kube-apiserver",
+                                "volumeMounts": [{"name": "audit-policy", "mountPath": "/etc/audit", "readOnly": true}]}],
+                            "volumes": [{"name": "audit-policy", "configMap": {"name": "tenant-audit-policy"}}]}}}}]}})),
+        )
+        .await
+        .map_err(failed("the NestedAPIServer"))?;
+    Api::<NestedControlPlane>::namespaced(client.clone(), ns)
+        .patch(
+            "demo",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+                "kind": "NestedControlPlane", "metadata": {"name": "demo"},
+                "spec": {"version": "1.36", "apiserver": {"name": "demo-apiserver"}}})),
+        )
+        .await
+        .map_err(failed("the NestedControlPlane"))
+        .map(drop)
 }
 
 /// Where one Deployment's time went (see the module documentation).
@@ -380,11 +508,23 @@ async fn one_deployment(tenant: &Tenant, pods: usize) -> Result<Timeline, String
 }
 
 async fn apply_deployment(tenant: &Tenant, name: &str, replicas: usize) -> Result<(), String> {
+    apply_deployment_on(tenant, name, replicas, json!({})).await
+}
+
+/// A Deployment of `replicas` pause pods in `tenant`'s `default` namespace, on the nodes
+/// `node_selector` selects.
+async fn apply_deployment_on(
+    tenant: &Tenant,
+    name: &str,
+    replicas: usize,
+    node_selector: serde_json::Value,
+) -> Result<(), String> {
     let deployment: Deployment = serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
             "template": {"metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}}}
+                "spec": {"nodeSelector": node_selector,
+                    "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}}}
     }))
     .map_err(|e| e.to_string())?;
     Api::<Deployment>::namespaced(tenant.client.clone(), "default")
@@ -430,6 +570,91 @@ fn syncer_requests(audit_log: &Path) -> Result<Vec<audit::AuditedRequest>, Strin
         .into_iter()
         .filter(|r| r.identity == SYNCER_USER)
         .collect())
+}
+
+/// The syncer's requests to the tenants' apiservers so far, counted from their audit logs.
+fn tenant_requests(tenants: &[Tenant]) -> Result<Tally, String> {
+    let mut tally = Tally::default();
+    for tenant in tenants {
+        let log = tenant_apiserver(tenant)?.log;
+        let text = std::fs::read_to_string(&log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
+        // The audit Events among the apiserver's own log lines (both are its output).
+        let complete = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+        let events: String = complete
+            .lines()
+            .filter(|line| line.starts_with("{\"kind\":\"Event\""))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        for request in audit::parse_log(&events)?
+            .into_iter()
+            .filter(|r| r.identity == TENANT_ADMIN)
+        {
+            *tally
+                .by_key
+                .entry(format!("{} {}", request.key.verb, request.key.resource))
+                .or_default() += 1;
+        }
+    }
+    Ok(tally)
+}
+
+/// The tenant's apiserver container, as its runner reports it.
+fn tenant_apiserver(tenant: &Tenant) -> Result<capn_testkit::runner::ContainerReport, String> {
+    tenant
+        .runner
+        .pods()
+        .into_iter()
+        .find(|p| p.name == "demo-apiserver-0")
+        .and_then(|p| p.containers.into_iter().find(|c| c.name == "kube-apiserver"))
+        .ok_or_else(|| format!("the runner of {} has no demo-apiserver-0", tenant.ns))
+}
+
+/// Stops the tenant's apiserver process (SIGSTOP): it accepts connections (the kernel does)
+/// and answers none, a hung apiserver. Returns its pid. (Its liveness probe restarts it
+/// after 80 s, which ends the hang.)
+fn hang_apiserver(tenant: &Tenant) -> Result<i32, String> {
+    let pid = tenant_apiserver(tenant)?
+        .pid
+        .ok_or_else(|| format!("the apiserver of {} is not running", tenant.ns))?;
+    signal(pid, "STOP")?;
+    Ok(pid)
+}
+
+fn signal(pid: i32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|e| format!("kill -{signal} {pid}: {e}"))?;
+    status
+        .success()
+        .then_some(())
+        .ok_or_else(|| format!("kill -{signal} {pid}: {status}"))
+}
+
+/// Requests counted by verb and resource.
+#[derive(Default)]
+struct Tally {
+    by_key: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    fn total(&self) -> usize {
+        self.by_key.values().sum()
+    }
+}
+
+impl std::ops::Sub for Tally {
+    type Output = Tally;
+
+    fn sub(mut self, before: Tally) -> Tally {
+        for (key, count) in before.by_key {
+            let now = self.by_key.entry(key).or_default();
+            *now = now.saturating_sub(count);
+        }
+        self.by_key.retain(|_, count| *count > 0);
+        self
+    }
 }
 
 /// The admin kubeconfig, impersonating [`SYNCER_USER`] in `system:masters`.

@@ -57,7 +57,7 @@ pub mod net;
 pub mod process;
 pub mod requests;
 pub mod runner;
-pub use runner::node::{Node, node};
+pub use runner::node::{MAX_PODS_VARIABLE, Node, node};
 pub mod s3;
 pub mod stand_in;
 mod start;

@@ -100,9 +100,17 @@ fn arch() -> String {
     }
 }
 
+/// The variable that sets how many pods the node takes (the kubelet's `--max-pods`;
+/// default 110, the kubelet's default too): benchmarks that run hundreds of pods raise it.
+pub const MAX_PODS_VARIABLE: &str = "CAPN_TEST_NODE_MAX_PODS";
+
 /// The node's capacity, also its allocatable: generous, as one machine running test pods.
 fn capacity() -> serde_json::Value {
-    serde_json::json!({"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"})
+    let pods = std::env::var(MAX_PODS_VARIABLE)
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(110);
+    serde_json::json!({"cpu": "16", "memory": "64Gi", "pods": pods.to_string(), "ephemeral-storage": "100Gi"})
 }
 
 /// The kubelet's node conditions: Ready, no pressure.
