@@ -2,8 +2,8 @@
 //! to (docs/design.md §11).
 //!
 //! The tenant pod reports what the super cluster's kubelet reports: phase, conditions,
-//! pod and host IPs, container and init container statuses, start time, QoS class,
-//! reason, message and resource status, copied from the super pod. Three exceptions:
+//! pod and host IPs, container and init container statuses, start time, reason, message
+//! and resource status, copied from the super pod. Four exceptions:
 //! - condition types the tenant owns are kept from the tenant pod: every type that is not
 //!   one of the kubelet's, scheduler's or disruption controllers' [`SYSTEM_CONDITIONS`]
 //!   (readiness-gate conditions its own controllers set, above all), and the super pod's
@@ -14,7 +14,10 @@
 //!   kubelet's reasons. The super pod carries no gates (their conditions are set on the
 //!   tenant pod), so its own `Ready` is `ContainersReady`;
 //! - ephemeral container statuses stay the tenant's (none are synced), and
-//!   `observedGeneration` is left out: the super pod's counts another object's generations.
+//!   `observedGeneration` is left out: the super pod's counts another object's generations;
+//! - the QoS class stays the tenant's: its apiserver set it at creation and refuses any
+//!   change, while the super pod's may differ (the workload namespace's LimitRange gives
+//!   requests to containers that set none, making a BestEffort pod Burstable there).
 //!
 //! The host IP is the super node's; the tenant's Node of the same name (the controller's
 //! part) carries it too.
@@ -80,6 +83,7 @@ pub fn tenant_status(tenant: &Pod, super_pod: &Pod, now: Timestamp) -> Upward {
     let status = PodStatus {
         conditions: Some(conditions).filter(|c| !c.is_empty()),
         ephemeral_container_statuses: current.ephemeral_container_statuses,
+        qos_class: current.qos_class,
         observed_generation: None,
         ..reported
     };

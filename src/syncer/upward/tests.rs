@@ -67,10 +67,7 @@ fn the_tenant_pod_reports_what_the_super_kubelet_reports() {
         (&reported.host_ip, &reported.host_ips)
     );
     assert_eq!(status.container_statuses, reported.container_statuses);
-    assert_eq!(
-        (&status.start_time, &status.qos_class),
-        (&reported.start_time, &reported.qos_class)
-    );
+    assert_eq!(status.start_time, reported.start_time);
     assert_eq!(
         status.observed_generation, None,
         "the super pod's generations are another object's"
@@ -80,6 +77,22 @@ fn the_tenant_pod_reports_what_the_super_kubelet_reports() {
         "not a system condition"
     );
     assert_eq!(types(&status).len(), 5);
+}
+
+#[test]
+fn the_tenant_pod_keeps_its_own_qos_class() {
+    // The workload namespace's LimitRange gave the super pod requests: Burstable there, while
+    // the tenant's apiserver made the tenant pod BestEffort, for good.
+    let tenant = with(
+        &nginx(),
+        "/status",
+        json!({"phase": "Pending", "qosClass": "BestEffort"}),
+    );
+    let super_pod = with(&running("True"), "/status/qosClass", json!("Burstable"));
+    let status = tenant_status(&tenant, &super_pod, now()).status;
+    assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
+    // A tenant pod without one yet gets none from the super pod.
+    assert_eq!(tenant_status(&nginx(), &super_pod, now()).status.qos_class, None);
 }
 
 #[test]
