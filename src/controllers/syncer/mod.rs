@@ -11,12 +11,14 @@
 //!   about super pods, told in the tenant about the tenant pods;
 //! - [`patrol`]: orphans, confirmed against the tenant before removal.
 
+mod caches;
 mod nodes;
 mod patrol;
 mod pod_events;
 mod pods;
 mod references;
 mod scope;
+mod super_caches;
 mod tokens;
 mod worker;
 pub mod workload_namespace;
@@ -33,6 +35,8 @@ use kube::{Resource, ResourceExt};
 
 pub use nodes::VIRTUAL_NODE_LABEL;
 pub use tokens::REFRESH_AT;
+
+use super_caches::SuperCaches;
 
 use crate::api::{NestedControlPlane, Workloads};
 use crate::controllers::round::Now;
@@ -77,27 +81,28 @@ struct Started {
 /// Runs the syncer until the stream ends.
 pub async fn run(ctx: Arc<Context>) {
     let workers = Arc::new(Workers::default());
+    let (caches, routing) = SuperCaches::start(&ctx.client);
     let controller = Controller::new(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config());
     let store = controller.store();
     let sweep = sweep_forever(ctx.clone(), workers.clone(), store);
-    let queue =
-        controller
-            .shutdown_on_signal()
-            .run(
-                move |ncp, ctx| {
-                    let workers = workers.clone();
-                    async move {
-                        crate::controllers::instrumented(&ctx.clone(), "syncer", reconcile(ncp, ctx, &workers)).await
-                    }
-                },
-                |_, error, _| {
-                    tracing::info!(error = %error, "syncer start failed; backing off");
-                    Action::requeue(Duration::from_secs(15))
-                },
-                ctx,
-            )
-            .for_each(|_| async {});
-    tokio::join!(queue, sweep);
+    let queue = controller
+        .shutdown_on_signal()
+        .run(
+            move |ncp, ctx| {
+                let (workers, caches) = (workers.clone(), caches.clone());
+                async move {
+                    crate::controllers::instrumented(&ctx.clone(), "syncer", reconcile(ncp, ctx, &workers, caches))
+                        .await
+                }
+            },
+            |_, error, _| {
+                tracing::info!(error = %error, "syncer start failed; backing off");
+                Action::requeue(Duration::from_secs(15))
+            },
+            ctx,
+        )
+        .for_each(|_| async {});
+    tokio::join!(queue, sweep, routing);
 }
 
 /// Starts, restarts or stops the worker of one control plane, and reports
@@ -106,6 +111,7 @@ async fn reconcile(
     ncp: Arc<NestedControlPlane>,
     ctx: Arc<Context>,
     workers: &Workers,
+    caches: Arc<SuperCaches>,
 ) -> Result<Action, ReconcileError> {
     let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
     let control_plane = ControlPlaneRef::new(&ns, ncp.name_any());
@@ -115,6 +121,14 @@ async fn reconcile(
         workers.stop(&control_plane);
         workload_namespace::delete(&ctx.client, &control_plane).await?;
         if !enabled {
+            // The tenant Nodes the syncer made go once, when syncing stops: no pod runs on
+            // them any more (the tenant's pod garbage collector then removes the pods bound
+            // to them). A tenant that cannot be reached keeps the condition as it was, and
+            // this is retried.
+            if !sync_disabled_before(&ncp) {
+                let tenant = kube::Client::try_from(tenant_config(&ctx, &ncp, &ns).await?)?;
+                nodes::remove_all(&tenant).await?;
+            }
             let update = ConditionUpdate::new(
                 WORKLOADS_SYNCED,
                 true,
@@ -145,7 +159,7 @@ async fn reconcile(
     if workers.running(&control_plane, &started) {
         return Ok(Action::requeue(Duration::from_secs(300)));
     }
-    let result = start(&ctx, &ncp, &ns, &control_plane, &started, workers).await;
+    let result = start(&ctx, &ncp, &ns, &control_plane, &started, workers, caches).await;
     let update = match &result {
         Ok(()) => ConditionUpdate::new(
             WORKLOADS_SYNCED,
@@ -168,6 +182,14 @@ async fn reconcile(
     result.map(|()| Action::requeue(Duration::from_secs(300)))
 }
 
+/// Whether `WorkloadsSynced` already says that syncing is off.
+fn sync_disabled_before(ncp: &NestedControlPlane) -> bool {
+    ncp.status
+        .iter()
+        .flat_map(|s| &s.conditions)
+        .any(|c| c.type_ == WORKLOADS_SYNCED && c.reason == Reason::WorkloadSyncDisabled.as_str())
+}
+
 /// Makes the workload namespace and starts the worker.
 async fn start(
     ctx: &Context,
@@ -176,6 +198,7 @@ async fn start(
     control_plane: &ControlPlaneRef,
     started: &Started,
     workers: &Workers,
+    caches: Arc<SuperCaches>,
 ) -> Result<(), ReconcileError> {
     let desired = workload_namespace::desired(control_plane, started.level, started.workloads.as_ref());
     workload_namespace::apply(&ctx.client, &desired).await?;
@@ -186,6 +209,7 @@ async fn start(
     let tenant_client = kube::Client::try_from(config)?;
     let start = worker::Start {
         super_client: ctx.client.clone(),
+        caches,
         tenant_client,
         target: Target {
             control_plane: control_plane.clone(),

@@ -13,6 +13,7 @@ use kube::api::{Api, DeleteParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
+use super::caches::in_namespace;
 use super::references::referenced;
 use super::scope::Tenant;
 use crate::syncer::diff::copy_of;
@@ -34,7 +35,7 @@ pub(super) async fn run(tenant: &Tenant) {
 
 /// One round of the patrol.
 async fn round(tenant: &Tenant) -> Result<(), kube::Error> {
-    let super_pods = tenant.super_pods.state();
+    let super_pods = in_namespace(&tenant.super_pods, &tenant.namespace);
     let pods = Api::<Pod>::namespaced(tenant.super_client.clone(), &tenant.namespace);
     for live in &super_pods {
         let Some(owner) = copy_of(tenant.control_plane(), NameLimit::Subdomain, &live.metadata) else {
@@ -60,7 +61,7 @@ async fn round(tenant: &Tenant) -> Result<(), kube::Error> {
             Timestamp::now().duration_since(t.0) > SignedDuration::try_from(tenant.patrol_every).unwrap_or_default()
         })
     };
-    for copy in tenant.super_config_maps.state() {
+    for copy in in_namespace(&tenant.super_config_maps, &tenant.namespace) {
         if copy_of(tenant.control_plane(), NameLimit::Subdomain, &copy.metadata).is_some()
             && !config_maps.contains(&copy.name_any())
             && old(&copy.metadata)
@@ -68,7 +69,7 @@ async fn round(tenant: &Tenant) -> Result<(), kube::Error> {
             delete::<ConfigMap>(tenant, &copy.name_any()).await?;
         }
     }
-    for copy in tenant.super_secrets.state() {
+    for copy in in_namespace(&tenant.super_secrets, &tenant.namespace) {
         if copy_of(tenant.control_plane(), NameLimit::Subdomain, &copy.metadata).is_some()
             && !secrets.contains(&copy.name_any())
             && old(&copy.metadata)

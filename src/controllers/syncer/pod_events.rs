@@ -7,13 +7,12 @@
 //! Event's uid, so a copy is made once: a repeat (a restart of the worker replays the
 //! workload namespace's Events) is refused as existing and costs one request.
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::scope::Tenant;
 use crate::syncer::names::tenancy::TenantObject;
@@ -69,16 +68,11 @@ pub(super) fn tenant_event(event: &Event, workloads: &str, super_pod: &str, pod:
     })
 }
 
-/// Copies the workload namespace's Events about super pods into the tenant until dropped.
-/// A failed copy is logged and dropped (an Event is a report, not state).
-pub(super) async fn run(tenant: &Tenant) {
-    let events = Api::<Event>::namespaced(tenant.super_client.clone(), &tenant.namespace);
-    let stream = watcher(events, watcher::Config::default())
-        .default_backoff()
-        .applied_objects();
-    futures::pin_mut!(stream);
-    while let Some(next) = stream.next().await {
-        let Ok(event) = next else { continue };
+/// Copies the workload namespace's Events about super pods (as `events` receives them from
+/// the shared Events watch) into the tenant until dropped. A failed copy is logged and
+/// dropped (an Event is a report, not state).
+pub(super) async fn run(tenant: &Tenant, mut events: UnboundedReceiver<Event>) {
+    while let Some(event) = events.recv().await {
         let Some(super_pod) = event.regarding.as_ref().and_then(|r| r.name.clone()) else {
             continue;
         };

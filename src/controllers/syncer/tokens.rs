@@ -82,7 +82,14 @@ pub(super) async fn sync(
         metadata: ObjectMeta {
             name: Some(secret.name.clone()),
             namespace: Some(tenant.namespace.clone()),
-            labels: Some([("app.kubernetes.io/managed-by".to_owned(), "capn".to_owned())].into()),
+            // The namespace label puts it in the syncer's shared Secret cache (super_caches).
+            labels: Some(
+                [
+                    ("app.kubernetes.io/managed-by".to_owned(), "capn".to_owned()),
+                    (tenancy::NAMESPACE.to_owned(), pod.namespace.clone()),
+                ]
+                .into(),
+            ),
             annotations: Some(
                 [
                     (REFRESH_AT.to_owned(), refresh_at.to_string()),

@@ -9,14 +9,17 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::caches::{Changes, reflect};
 use super::scope::Tenant;
+use super::super_caches::SuperCaches;
 use super::{nodes, patrol, pod_events, pods, references};
 use crate::controllers::events::Recorder;
 use crate::syncer::names::ControlPlaneRef;
@@ -30,6 +33,8 @@ const CONCURRENCY: u16 = 4;
 /// The settings a worker starts from.
 pub(super) struct Start {
     pub super_client: Client,
+    /// The super side's shared caches, whose changes in this worker's namespace it receives.
+    pub caches: Arc<SuperCaches>,
     pub tenant_client: Client,
     pub target: Target,
     pub patrol_every: Duration,
@@ -40,22 +45,19 @@ pub(super) struct Start {
 /// tenant Nodes' heartbeats and the patrol.
 pub(super) async fn run(start: Start) {
     let namespace = start.target.control_plane.workload_namespace();
-    let (super_pods, super_pod_events) = reflect::<Pod>(Api::namespaced(start.super_client.clone(), &namespace));
-    let (super_secrets, secret_events) = reflect::<Secret>(Api::namespaced(start.super_client.clone(), &namespace));
-    let (super_config_maps, config_map_events) =
-        reflect::<ConfigMap>(Api::namespaced(start.super_client.clone(), &namespace));
+    let subscription = start.caches.subscribe(&namespace);
     // The tenant's ConfigMaps and Secrets by metadata only (kube sends metadata-only requests
     // for `PartialObjectMeta`): their changes wake the pods that use them, and their versions
     // tell a pass whether a copy is current.
-    let (tenant_config_maps, tenant_config_map_events) = reflect(Api::all(start.tenant_client.clone()));
-    let (tenant_secrets, tenant_secret_events) = reflect(Api::all(start.tenant_client.clone()));
-    let (tenant_nodes, node_events) = reflect_with::<Node>(
+    let (tenant_config_maps, tenant_config_map_events) = reflect(Api::all(start.tenant_client.clone()), everything());
+    let (tenant_secrets, tenant_secret_events) = reflect(Api::all(start.tenant_client.clone()), everything());
+    let (tenant_nodes, node_events) = reflect::<Node>(
         Api::all(start.tenant_client.clone()),
         watcher::Config::default().labels(&format!("{}=true", nodes::VIRTUAL_NODE_LABEL)),
     );
     // The queue's own cache of tenant pods is trimmed like the others (Controller::new would
     // keep every pod's managedFields).
-    let (tenant_pods, tenant_pod_changes) = reflect::<Pod>(Api::all(start.tenant_client.clone()));
+    let (tenant_pods, tenant_pod_changes) = reflect::<Pod>(Api::all(start.tenant_client.clone()), everything());
     let controller = Controller::for_stream(tenant_pod_changes, tenant_pods.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let tenant = Arc::new(Tenant {
@@ -68,9 +70,9 @@ pub(super) async fn run(start: Start) {
         tenant_client: start.tenant_client,
         target: start.target,
         namespace,
-        super_pods,
-        super_secrets,
-        super_config_maps,
+        super_pods: start.caches.pods.clone(),
+        super_secrets: start.caches.secrets.clone(),
+        super_config_maps: start.caches.config_maps.clone(),
         tenant_pods,
         tenant_nodes,
         tenant_config_maps,
@@ -83,9 +85,9 @@ pub(super) async fn run(start: Start) {
         controller,
         tenant.control_plane(),
         Triggers {
-            super_pods: super_pod_events,
-            super_config_maps: config_map_events,
-            super_secrets: secret_events,
+            super_pods: received(subscription.pods),
+            super_config_maps: received(subscription.config_maps),
+            super_secrets: received(subscription.secrets),
             tenant_config_maps: tenant_config_map_events,
             tenant_secrets: tenant_secret_events,
         },
@@ -110,34 +112,21 @@ pub(super) async fn run(start: Start) {
         drain(node_events),
         nodes::heartbeats(&tenant),
         patrol::run(&tenant),
-        pod_events::run(&tenant),
+        pod_events::run(&tenant, subscription.events),
     );
 }
 
-/// A reflector on `api`: its store (objects [`trim`]med), and its stream of changed objects
-/// (which must be polled for the store to fill).
-fn reflect<K>(api: Api<K>) -> (Store<K>, Changes<K>)
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-{
-    reflect_with(api, watcher::Config::default())
+/// Every object of a kind.
+fn everything() -> watcher::Config {
+    watcher::Config::default()
 }
 
-fn reflect_with<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, Changes<K>)
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff().modify(trim))
-        .touched_objects()
-        .boxed();
-    (store, stream)
-}
-
-/// What the caches keep of an object: all but its `managedFields`, which the syncer never
-/// reads and which are a large part of a pod's size.
-fn trim<K: Resource>(object: &mut K) {
-    object.meta_mut().managed_fields = None;
+/// The messages of `receiver` as a trigger stream.
+fn received<T: Send + 'static>(receiver: UnboundedReceiver<T>) -> Changes<T> {
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|message| (Ok(message), receiver))
+    })
+    .boxed()
 }
 
 /// Polls a reflector's stream for its store's sake.
@@ -174,15 +163,12 @@ fn users_of(pods: &Store<Pod>, kind: Kind, namespace: &str, name: &str) -> Vec<O
 
 /// The streams of changed objects, besides the tenant pods, that wake tenant pods.
 struct Triggers {
-    super_pods: Changes<Pod>,
-    super_config_maps: Changes<ConfigMap>,
-    super_secrets: Changes<Secret>,
+    super_pods: Changes<PartialObjectMeta<Pod>>,
+    super_config_maps: Changes<PartialObjectMeta<ConfigMap>>,
+    super_secrets: Changes<PartialObjectMeta<Secret>>,
     tenant_config_maps: Changes<PartialObjectMeta<ConfigMap>>,
     tenant_secrets: Changes<PartialObjectMeta<Secret>>,
 }
-
-/// A reflector's stream of changed objects.
-type Changes<K> = futures::stream::BoxStream<'static, Result<K, watcher::Error>>;
 
 /// The tenant pod queue `controller`, woken also by what its pods depend on.
 fn with_triggers(controller: Controller<Pod>, control_plane: &ControlPlaneRef, triggers: Triggers) -> Controller<Pod> {
@@ -205,14 +191,16 @@ fn with_triggers(controller: Controller<Pod>, control_plane: &ControlPlaneRef, t
     let (config_map_users, secret_users) = (users(Kind::ConfigMap), users(Kind::Secret));
     let (tenant_config_map_users, tenant_secret_users) = (config_map_users.clone(), secret_users.clone());
     controller
-        .watches_stream(triggers.super_pods, move |pod: Pod| {
+        .watches_stream(triggers.super_pods, move |pod: PartialObjectMeta<Pod>| {
             TenantObject::of_super(&control_plane, &pod.metadata)
                 .map(|t| ObjectRef::<Pod>::new(&t.name).within(&t.namespace))
         })
-        .watches_stream(triggers.super_config_maps, move |c: ConfigMap| {
+        .watches_stream(triggers.super_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
             config_map_users(&c.metadata, true)
         })
-        .watches_stream(triggers.super_secrets, move |s: Secret| secret_users(&s.metadata, true))
+        .watches_stream(triggers.super_secrets, move |s: PartialObjectMeta<Secret>| {
+            secret_users(&s.metadata, true)
+        })
         .watches_stream(triggers.tenant_config_maps, move |c: PartialObjectMeta<ConfigMap>| {
             tenant_config_map_users(&c.metadata, false)
         })

@@ -1,0 +1,153 @@
+//! The super cluster's side of every worker (docs/design.md §11): one watch per kind for all
+//! tenants, each feeding one cache, whose changes are routed to the worker of the workload
+//! namespace they happen in. The pods, ConfigMaps and Secrets the syncer made are selected
+//! by the [`tenancy::NAMESPACE`] label every one of them carries; Events are watched whole
+//! (the scheduler and kubelets write them, unlabelled) and only those in a workload namespace
+//! are routed.
+//!
+//! Why shared: capn talks to the super cluster over one HTTP/2 connection, on which the
+//! kube-apiserver allows 100 concurrent streams (its default since the HTTP/2 rapid-reset fix,
+//! CVE-2023-44487; `--http2-max-streams-per-connection`). A watch per tenant and kind would
+//! use them up at about 25 tenants, after which every request of capn's waits for a stream
+//! that never frees. Shared, capn holds four watches there however many tenants it serves,
+//! and the super cluster keeps four watchers for capn instead of four per tenant.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::Api;
+use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
+use kube::runtime::reflector::Store;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::caches::reflect;
+use crate::syncer::names::tenancy;
+
+/// The shared caches of the super side, and where their changes go.
+pub(super) struct SuperCaches {
+    /// Every super pod the syncer made, in every workload namespace.
+    pub pods: Store<Pod>,
+    /// Every ConfigMap copy.
+    pub config_maps: Store<ConfigMap>,
+    /// Every Secret copy and token Secret.
+    pub secrets: Store<Secret>,
+    routes: Mutex<HashMap<String, Route>>,
+}
+
+/// Where one workload namespace's changes go.
+struct Route {
+    pods: UnboundedSender<PartialObjectMeta<Pod>>,
+    config_maps: UnboundedSender<PartialObjectMeta<ConfigMap>>,
+    secrets: UnboundedSender<PartialObjectMeta<Secret>>,
+    events: UnboundedSender<Event>,
+}
+
+/// What one worker receives: the changed objects of its workload namespace (metadata, which
+/// is what wakes its pods) and the Events there. Unbounded: the router never waits for a
+/// worker, so a worker that is slow or whose tenant hangs holds up no other; a worker's queue
+/// takes what it is sent at once and merges repeats, so little waits here.
+pub(super) struct Subscription {
+    pub pods: UnboundedReceiver<PartialObjectMeta<Pod>>,
+    pub config_maps: UnboundedReceiver<PartialObjectMeta<ConfigMap>>,
+    pub secrets: UnboundedReceiver<PartialObjectMeta<Secret>>,
+    pub events: UnboundedReceiver<Event>,
+}
+
+impl SuperCaches {
+    /// Starts the four watches on the super cluster through `client`. The caches fill while
+    /// the returned future is polled (for as long as the syncer runs).
+    pub fn start(client: &Client) -> (std::sync::Arc<Self>, impl Future<Output = ()> + use<>) {
+        let synced = watcher::Config::default().labels(tenancy::NAMESPACE);
+        let (pods, pod_changes) = reflect::<Pod>(Api::all(client.clone()), synced.clone());
+        let (config_maps, config_map_changes) = reflect::<ConfigMap>(Api::all(client.clone()), synced.clone());
+        let (secrets, secret_changes) = reflect::<Secret>(Api::all(client.clone()), synced);
+        let caches = std::sync::Arc::new(SuperCaches {
+            pods,
+            config_maps,
+            secrets,
+            routes: Mutex::default(),
+        });
+        let events = watcher(Api::<Event>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        let routing = {
+            let caches = caches.clone();
+            async move {
+                tokio::join!(
+                    caches.route(pod_changes, |r| &r.pods, |p: Pod| p.metadata.into_request_partial()),
+                    caches.route(
+                        config_map_changes,
+                        |r| &r.config_maps,
+                        |c: ConfigMap| { c.metadata.into_request_partial() }
+                    ),
+                    caches.route(
+                        secret_changes,
+                        |r| &r.secrets,
+                        |s: Secret| s.metadata.into_request_partial()
+                    ),
+                    caches.route(events, |r| &r.events, |e: Event| e),
+                );
+            }
+        };
+        (caches, routing)
+    }
+
+    /// Routes the changes of the workload namespace `namespace` to the caller, from now on
+    /// (a second subscription to the same namespace replaces the first).
+    pub fn subscribe(&self, namespace: &str) -> Subscription {
+        let (pods, pods_rx) = unbounded_channel();
+        let (config_maps, config_maps_rx) = unbounded_channel();
+        let (secrets, secrets_rx) = unbounded_channel();
+        let (events, events_rx) = unbounded_channel();
+        self.lock().insert(
+            namespace.to_owned(),
+            Route {
+                pods,
+                config_maps,
+                secrets,
+                events,
+            },
+        );
+        Subscription {
+            pods: pods_rx,
+            config_maps: config_maps_rx,
+            secrets: secrets_rx,
+            events: events_rx,
+        }
+    }
+
+    /// Sends each change of `changes` to the route of its namespace; a route whose worker is
+    /// gone is dropped.
+    async fn route<K, T>(
+        &self,
+        changes: impl futures::Stream<Item = Result<K, watcher::Error>>,
+        sender: impl Fn(&Route) -> &UnboundedSender<T>,
+        message: impl Fn(K) -> T,
+    ) where
+        K: Resource,
+    {
+        futures::pin_mut!(changes);
+        while let Some(change) = changes.next().await {
+            let Ok(object) = change else { continue };
+            let Some(namespace) = object.meta().namespace.clone() else {
+                continue;
+            };
+            let mut routes = self.lock();
+            let Some(route) = routes.get(&namespace) else {
+                continue;
+            };
+            if sender(route).send(message(object)).is_err() {
+                routes.remove(&namespace);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
+        self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
