@@ -123,8 +123,23 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
             // A lost etcd member's data is cleared by deleting its claim and its pod, which
-            // the StatefulSet controller creates anew, empty.
-            rule(&[""], &["persistentvolumeclaims", "pods"], &["delete"]),
+            // the StatefulSet controller creates anew, empty. The syncer (docs/design.md §11)
+            // writes tenant pods and the claims they use into workload namespaces.
+            rule(
+                &[""],
+                &["persistentvolumeclaims", "pods"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
+            // The syncer's workload namespaces, each with its ResourceQuota, LimitRange and
+            // `default` ServiceAccount (token automount off); the super nodes its pods run on
+            // are read for their tenant Nodes.
+            rule(
+                &[""],
+                &["namespaces", "resourcequotas", "limitranges"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
+            rule(&[""], &["serviceaccounts"], &["get", "create", "update", "patch"]),
+            rule(&[""], &["nodes"], &["get"]),
             rule(
                 &["policy"],
                 &["poddisruptionbudgets"],
@@ -135,7 +150,9 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
                 &["networkpolicies"],
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
-            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            // capn's own Events; the syncer watches the super cluster's Events about the
+            // pods it made, to tell them in the tenants.
+            rule(&["events.k8s.io"], &["events"], &["list", "watch", "create", "patch"]),
             // The public CRD sync reads the super cluster's CRDs (tenants are written with
             // their own admin kubeconfig).
             rule(&["apiextensions.k8s.io"], &["customresourcedefinitions"], READ),

@@ -128,7 +128,9 @@ async fn run(tenants: usize, pods: usize, flood: usize, dir: &Path, audit_log: &
     let mut booted = Vec::new();
     for _ in 0..tenants {
         let ns = test_namespace(&client).await;
-        let runner = Runner::start(&client, &ns, &capn_binary).await?;
+        // A client (an HTTP/2 connection) per runner: the API server allows 100 streams on
+        // one, and twenty runners' watches would take them all.
+        let runner = Runner::start(&cluster.client(), &ns, &capn_binary).await?;
         booted.push((ns, runner));
     }
     let hosts = dir.join("hosts");

@@ -254,7 +254,9 @@ fn controller_manager_args(kubeconfig: &Path, port: u16, files: &Credentials) ->
         format!("--kubeconfig={}", kubeconfig.display()),
         // The StatefulSet controller stays off: tests write StatefulSet status as the
         // kubelet and that controller would (docs/reference.md, "Standing in for the kubelet").
-        "--controllers=garbagecollector,namespace".to_owned(),
+        // The ResourceQuota controller runs: without the usage it records, the API server
+        // refuses every pod in a namespace with a quota (the syncer's workload namespaces).
+        "--controllers=garbagecollector,namespace,resourcequota".to_owned(),
         "--leader-elect=false".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),
         format!("--secure-port={port}"),

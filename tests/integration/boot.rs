@@ -79,6 +79,8 @@ pub(crate) struct Booted {
     pub ns: String,
     pub runner: Runner,
     capn: Running,
+    /// The client capn runs with in this process.
+    capn_client: Client,
 }
 
 /// How capn runs next to a booted control plane.
@@ -94,7 +96,32 @@ pub(crate) enum Running {
 /// with these extra arguments (its log then goes to a file the test can read).
 pub(crate) enum StartCapn {
     InProcess,
+    /// In this process, with no more rights than the ClusterRole capn ships in its
+    /// clusterctl components ([`shipped_rbac_client`]).
+    InProcessWithShippedRbac,
     Process(Vec<String>),
+}
+
+/// A client of the super cluster that impersonates a user bound to a copy of the
+/// ClusterRole of capn's control-plane components (`capn::manifests`), so that what capn
+/// does with it proves that RBAC enough.
+async fn shipped_rbac_client(admin: &Client, ns: &str) -> Client {
+    let user = format!("capn-shipped-rbac-{ns}");
+    let mut role = capn::manifests::components(capn::manifests::Provider::ControlPlane)
+        .into_iter()
+        .find(|o| o["kind"] == "ClusterRole")
+        .expect("the components carry a ClusterRole");
+    role["metadata"] = json!({"name": user});
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
+    for doc in [role, binding] {
+        crate::harness::apply_cluster_doc(admin, doc).await;
+    }
+    let mut config = cluster().config();
+    config.auth_info.impersonate = Some(user);
+    Client::try_from(config).unwrap()
 }
 
 /// Starts the runner and capn in a fresh namespace, applies `docs` (or the example) and waits
@@ -112,17 +139,20 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     // capn dials the tenant's etcd members by name through the runner's hosts file.
     let hosts = runner.hosts_file();
-    let capn = match start {
-        StartCapn::InProcess => Running::InProcess(Capn::start_with_settings(
-            &client,
-            in_process_settings(&ns, &runner),
-            &[],
-        )),
-        StartCapn::Process(mut args) => {
-            args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
-            Running::Process(start_capn_process(&ns, &args), args)
-        }
+    let capn_client = match start {
+        StartCapn::InProcessWithShippedRbac => shipped_rbac_client(&client, &ns).await,
+        _ => client.clone(),
     };
+    let capn =
+        match start {
+            StartCapn::InProcess | StartCapn::InProcessWithShippedRbac => Running::InProcess(
+                Capn::start_with_settings(&capn_client, in_process_settings(&ns, &runner), &[]),
+            ),
+            StartCapn::Process(mut args) => {
+                args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
+                Running::Process(start_capn_process(&ns, &args), args)
+            }
+        };
     let applied = Instant::now();
     match docs {
         Some(docs) => {
@@ -161,6 +191,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         ns,
         runner,
         capn,
+        capn_client,
     }
 }
 
@@ -214,20 +245,30 @@ impl Booted {
     /// is sent SIGKILL; capn in this runtime has its task aborted (no request in flight
     /// completes, nothing is cleaned up).
     pub async fn kill_and_restart_capn(&mut self) {
-        self.capn = match std::mem::replace(&mut self.capn, Running::Stopped) {
+        self.while_capn_is_down(async {}).await;
+    }
+
+    /// [`Booted::kill_and_restart_capn`], with `meanwhile` done while capn is down.
+    pub async fn while_capn_is_down(&mut self, meanwhile: impl std::future::Future<Output = ()>) {
+        let restart = match std::mem::replace(&mut self.capn, Running::Stopped) {
             Running::InProcess(capn) => {
                 capn.stop().await;
-                Running::InProcess(Capn::start_with_settings(
-                    &self.client,
-                    in_process_settings(&self.ns, &self.runner),
-                    &[],
-                ))
+                None
             }
             Running::Process(process, args) => {
                 drop(process);
-                Running::Process(start_capn_process(&self.ns, &args), args)
+                Some(args)
             }
             Running::Stopped => panic!("capn is not running"),
+        };
+        meanwhile.await;
+        self.capn = match restart {
+            None => Running::InProcess(Capn::start_with_settings(
+                &self.capn_client,
+                in_process_settings(&self.ns, &self.runner),
+                &[],
+            )),
+            Some(args) => Running::Process(start_capn_process(&self.ns, &args), args),
         };
     }
 

@@ -13,7 +13,7 @@ use capn_testkit::poll_until;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, Node, Pod, ResourceQuota, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -478,7 +478,8 @@ async fn running_pods(booted: &Booted, tenant: &Client, count: usize) -> Vec<Pod
 /// its own workload namespace; `capn run` SIGKILLed while it syncs them converges after the
 /// restart with exactly one super pod per tenant pod; a `hostPath` pod is refused. capn
 /// runs as a process here, reaching the tenants through the runner's hosts file
-/// (`--etcd-hosts-file`), as the demo runs it.
+/// (`--etcd-hosts-file`), as the demo runs it. A control plane removed while capn is down
+/// has its workload namespace removed once capn is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync() {
     let mut booted = boot_with("syncer, two tenants", None, StartCapn::Process(Vec::new())).await;
@@ -591,5 +592,250 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
             .unwrap()
             .is_none()
     );
+
+    // A control plane removed while capn is down (its finalizer cleared by hand, as a forced
+    // deletion does): once back, capn finds its workload namespace orphaned and removes it.
+    booted
+        .while_capn_is_down(async {
+            ncps.patch(
+                "other",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .unwrap();
+            ncps.delete("other", &DeleteParams::default()).await.unwrap();
+            poll_until(BOOTED_STEP, || async {
+                ncps.get_opt("other").await.ok()?.is_none().then_some(())
+            })
+            .await
+            .expect("the control plane is gone");
+        })
+        .await;
+    booted
+        .runner
+        .wait_for("the orphaned workload namespace is removed", BOOTED_STEP, || async {
+            let namespace = Api::<Namespace>::all(client.clone())
+                .get_opt(&other_workloads)
+                .await
+                .ok()?;
+            namespace
+                .is_none_or(|n| n.metadata.deletion_timestamp.is_some())
+                .then_some(())
+        })
+        .await;
+    booted.stop().await;
+}
+
+/// A pause pod in the tenant's `default` namespace that meets Pod Security `restricted`.
+fn restricted_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "strict"}},
+        "spec": {
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10",
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]}
+    }))
+    .unwrap()
+}
+
+/// The NestedControlPlane with `workloads` as its `spec.workloads`.
+fn control_plane_with(workloads: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"}, "spec": {"version": "1.36", "workloads": workloads}})
+}
+
+/// `spec.workloads` reaches the super cluster: at `restricted`, a pod that does not meet the
+/// level is refused and one that does runs; the ResourceQuota bounds the tenant's pods, a pod
+/// over it is told why in the tenant and runs once the quota is raised; `sync: false`
+/// removes the workload namespace with everything in it and the tenant Node, and the
+/// condition says so. capn runs with the ClusterRole of its clusterctl components only, so
+/// the test also proves that RBAC enough for booting a tenant and syncing its pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_planes_workload_settings_reach_the_super_cluster() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("capn=info")
+        .with_test_writer()
+        .try_init();
+    let settings = json!({"podSecurity": "restricted", "resourceQuota": {"pods": "2"},
+        "limitRange": [{"type": "Container", "defaultRequest": {"cpu": "10m", "memory": "16Mi"}}]});
+    // capn runs with the rights it ships with, and no more.
+    let booted = boot_with(
+        "syncer, workload settings",
+        Some(vec![control_plane_with(settings)]),
+        StartCapn::InProcessWithShippedRbac,
+    )
+    .await;
+    let (client, ns) = (booted.client.clone(), booted.ns.clone());
+    let tenant = tenant_client(&booted).await;
+    let workloads = ControlPlaneRef::new(&ns, "demo").workload_namespace();
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let namespace = booted
+        .runner
+        .wait_for("the workload namespace exists", BOOTED_STEP, || async {
+            namespaces.get_opt(&workloads).await.ok().flatten()
+        })
+        .await;
+    assert_eq!(namespace.labels()["pod-security.kubernetes.io/enforce"], "restricted");
+    let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &workloads);
+    let hard_pods = |expected: &'static str| {
+        let quotas = quotas.clone();
+        move || {
+            let quotas = quotas.clone();
+            async move {
+                let quota = quotas.get_opt("tenant").await.ok()??;
+                (quota.spec?.hard?.get("pods")?.0 == expected).then_some(())
+            }
+        }
+    };
+    booted
+        .runner
+        .wait_for("the ResourceQuota allows 2 pods", BOOTED_STEP, hard_pods("2"))
+        .await;
+    let limits = Api::<LimitRange>::namespaced(client.clone(), &workloads)
+        .get("tenant")
+        .await
+        .expect("the LimitRange is made with the namespace");
+    assert_eq!(
+        limits.spec.unwrap().limits[0].default_request.as_ref().unwrap()["memory"].0,
+        "16Mi"
+    );
+    let node = tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
+
+    // A pod that does not meet `restricted` is refused before the super cluster sees it
+    // (once the tenant's controller-manager has made the ServiceAccount pods run as).
+    let accounts = Api::<ServiceAccount>::namespaced(tenant.clone(), "default");
+    booted
+        .runner
+        .wait_for("the tenant's default ServiceAccount exists", BOOTED_STEP, || async {
+            accounts.get_opt("default").await.ok().flatten()
+        })
+        .await;
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    let loose: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "loose", "namespace": "default"},
+        "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &loose).await.unwrap();
+    let refused = booted
+        .runner
+        .wait_for("the loose pod is refused", BOOTED_STEP, || async {
+            let conditions = pods.get("loose").await.ok()?.status?.conditions?;
+            conditions
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        })
+        .await;
+    let message = refused.message.unwrap_or_default();
+    assert!(
+        [
+            "PrivilegeEscalationForbidden",
+            "RunAsNonRootRequired",
+            "CapabilitiesNotDropped",
+            "SeccompProfileRequired"
+        ]
+        .contains(&refused.reason.as_deref().unwrap_or_default()),
+        "{:?}: {message}",
+        refused.reason
+    );
+    assert!(message.contains("restricted"), "{message}");
+
+    // Pods that meet it run, two of them: the third is over the quota, and told so.
+    for name in ["strict-1", "strict-2", "strict-3"] {
+        pods.create(&PostParams::default(), &restricted_pod(name))
+            .await
+            .unwrap();
+    }
+    let running = |count: usize| {
+        let pods = pods.clone();
+        move || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default().labels("app=strict")).await.ok()?;
+                let running = list
+                    .items
+                    .iter()
+                    .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                    .count();
+                (running == count).then_some(list.items)
+            }
+        }
+    };
+    booted
+        .runner
+        .wait_for("two restricted pods Running", BOOTED_STEP, running(2))
+        .await;
+    let over = booted
+        .runner
+        .wait_for("the pod over the quota is told why", BOOTED_STEP, || async {
+            let list = pods.list(&ListParams::default().labels("app=strict")).await.ok()?;
+            list.items.into_iter().find_map(|p| {
+                let condition = p
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+                Some((p.metadata.name?, condition))
+            })
+        })
+        .await;
+    assert_eq!(over.1.reason.as_deref(), Some("SuperClusterRefused"));
+    assert!(
+        over.1.message.as_deref().unwrap_or_default().contains("exceeded quota"),
+        "{:?}",
+        over.1.message
+    );
+    // Raised on the NestedControlPlane, the quota lets the third run.
+    crate::harness::apply_doc(
+        &client,
+        &ns,
+        control_plane_with(json!({"podSecurity": "restricted", "resourceQuota": {"pods": "3"},
+            "limitRange": [{"type": "Container", "defaultRequest": {"cpu": "10m", "memory": "16Mi"}}]})),
+    )
+    .await;
+    booted
+        .runner
+        .wait_for("the ResourceQuota allows 3 pods", BOOTED_STEP, hard_pods("3"))
+        .await;
+    booted
+        .runner
+        .wait_for("three restricted pods Running", BOOTED_STEP, running(3))
+        .await;
+    say("syncer: restricted and the quota hold in the super cluster");
+
+    // Syncing turned off: the workload namespace and the tenant Node go; the condition
+    // says why.
+    crate::harness::apply_doc(&client, &ns, control_plane_with(json!({"sync": false}))).await;
+    let ncps = Api::<NestedControlPlane>::namespaced(client.clone(), &ns);
+    let condition = booted
+        .runner
+        .wait_for("WorkloadsSynced says syncing is off", BOOTED_STEP, || async {
+            let status = ncps.get("demo").await.ok()?.status?;
+            status
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "WorkloadsSynced" && c.reason == "WorkloadSyncDisabled")
+        })
+        .await;
+    assert_eq!(condition.status, "True");
+    booted
+        .runner
+        .wait_for("the workload namespace is gone", BOOTED_STEP, || async {
+            namespaces.get_opt(&workloads).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    booted
+        .runner
+        .wait_for("the tenant Node is gone", BOOTED_STEP, || async {
+            Api::<Node>::all(tenant.clone())
+                .get_opt(node.name())
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
     booted.stop().await;
 }

@@ -215,6 +215,19 @@ pub async fn apply_doc(client: &Client, namespace: &str, doc: serde_json::Value)
         .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
 }
 
+/// Server-side applies the cluster-scoped object `doc` as `kubectl` would.
+pub async fn apply_cluster_doc(client: &Client, doc: serde_json::Value) {
+    let api_version = doc["apiVersion"].as_str().unwrap().to_string();
+    let kind = doc["kind"].as_str().unwrap().to_string();
+    let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    api.patch(&name, &PatchParams::apply("kubectl"), &Patch::Apply(&doc))
+        .await
+        .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
+}
+
 pub async fn statefulset(client: &Client, ns: &str, name: &str) -> Option<StatefulSet> {
     Api::<StatefulSet>::namespaced(client.clone(), ns)
         .get_opt(name)

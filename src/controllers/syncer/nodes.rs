@@ -206,6 +206,21 @@ async fn remove(tenant: &Tenant, node: &Node) -> Result<(), kube::Error> {
     }
 }
 
+/// Removes every tenant Node the syncer made, through `tenant_client` (when the tenant
+/// stops syncing; see [`super`]).
+///
+/// # Errors
+/// A failed request to the tenant.
+pub(super) async fn remove_all(tenant_client: &kube::Client) -> Result<(), kube::Error> {
+    Api::<Node>::all(tenant_client.clone())
+        .delete_collection(
+            &DeleteParams::default(),
+            &kube::api::ListParams::default().labels(&format!("{VIRTUAL_NODE_LABEL}=true")),
+        )
+        .await
+        .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,12 @@ use crate::syncer::upward::tenant_status;
 /// is looked at again without being woken.
 const WAIT: Duration = Duration::from_secs(10);
 
+/// The reason of a pod the super cluster's admission refused (`PodScheduled=False` and the
+/// Event).
+const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
+/// How soon a pod the super cluster refused is tried again.
+const REFUSED_RETRY: Duration = Duration::from_secs(20);
+
 /// Why one pod's sync failed; retried with backoff.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum SyncError {
@@ -98,7 +104,10 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     let translation = match translate(&source, &tenant.target) {
         Ok(t) => t,
         Err(TranslateError::MissingField(e)) => return Err(e.into()),
-        Err(refused) => return refuse(tenant, &pod, &refused).await,
+        Err(refused) => {
+            let message = format!("not run by the super cluster: {refused}");
+            return refuse(tenant, &pod, refused.reason(), message, Action::await_change()).await;
+        }
     };
     if references::sync(tenant, &identity.namespace, &translation.references).await? {
         next = Action::requeue(WAIT);
@@ -106,7 +115,23 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     let created = live.is_none();
     let live = match live {
         Some(live) if pod_drift(&translation.pod, &live).is_empty() => live,
-        _ => Arc::new(apply_super(tenant, &super_name, &translation.pod).await?),
+        _ => match apply_super(tenant, &super_name, &translation.pod).await {
+            Ok(applied) => Arc::new(applied),
+            // The super cluster's admission said no (its ResourceQuota is used up, a policy of
+            // its own): the tenant hears why, and the pod is tried again, as the quota may free.
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
+                let message = format!("the super cluster refused the pod: {}", e.message);
+                return refuse(
+                    tenant,
+                    &pod,
+                    SUPER_CLUSTER_REFUSED,
+                    message,
+                    Action::requeue(REFUSED_RETRY),
+                )
+                .await;
+            }
+            Err(e) => return Err(e.into()),
+        },
     };
     if let Some(secret) = &translation.token_secret {
         let refresh = tokens::sync(tenant, &identity, secret, &live).await?;
@@ -210,14 +235,14 @@ async fn terminate(tenant: &Tenant, pod: &Pod, live: Option<&Pod>, super_name: &
     }
 }
 
-/// A pod the syncer will not run: `PodScheduled=False` with the rule's reason and what was
-/// refused, and a Warning Event, both in the tenant; no super object.
-async fn refuse(tenant: &Tenant, pod: &Pod, refused: &TranslateError) -> Result<Action, SyncError> {
-    let message = format!("not run by the super cluster: {refused}");
+/// A pod that does not run (a rule of the syncer's refused it, or the super cluster did):
+/// `PodScheduled=False` with `reason` and `message`, and a Warning Event, both in the tenant;
+/// no super object. Returns `next`.
+async fn refuse(tenant: &Tenant, pod: &Pod, reason: &str, message: String, next: Action) -> Result<Action, SyncError> {
     let condition = PodCondition {
         type_: "PodScheduled".to_owned(),
         status: "False".to_owned(),
-        reason: Some(refused.reason().to_owned()),
+        reason: Some(reason.to_owned()),
         message: Some(message.clone()),
         last_transition_time: Some(Time(Timestamp::now())),
         ..PodCondition::default()
@@ -229,7 +254,7 @@ async fn refuse(tenant: &Tenant, pod: &Pod, refused: &TranslateError) -> Result<
         .unwrap_or_default();
     let current = conditions.iter().find(|c| c.type_ == "PodScheduled");
     if current.is_some_and(|c| c.status == "False" && c.message.as_deref() == Some(message.as_str())) {
-        return Ok(Action::await_change());
+        return Ok(next);
     }
     let mut conditions: Vec<PodCondition> = conditions.into_iter().filter(|c| c.type_ != "PodScheduled").collect();
     conditions.push(condition);
@@ -240,8 +265,8 @@ async fn refuse(tenant: &Tenant, pod: &Pod, refused: &TranslateError) -> Result<
             &Patch::Merge(serde_json::json!({"status": {"phase": "Pending", "conditions": conditions}})),
         )
         .await?;
-    event(tenant, pod, true, refused.reason(), message).await;
-    Ok(Action::await_change())
+    event(tenant, pod, true, reason, message).await;
+    Ok(next)
 }
 
 /// The way up: the tenant pod bound to its super pod's node (whose tenant Node is made
