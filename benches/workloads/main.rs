@@ -16,12 +16,14 @@
 //! 2. every other tenant applies the same at once: time to all Running, requests per synced
 //!    pod on the super cluster and on the tenants' apiservers (the syncer's, from each API
 //!    server's audit log), the syncer's RSS and CPU;
-//! 3. one tenant's apiserver is stopped (SIGSTOP) and the others scale to 2×PODS: their time
-//!    to Running beside step 2's, the delay a hung tenant adds;
-//! 4. that tenant, resumed, applies a Deployment of FLOOD pods that no node takes (they stay
-//!    Pending) while the others scale to 3×PODS: their time to Running beside step 2's, the
-//!    delay a tenant with a thousand pending pods adds, and the syncer's RSS once the flood
-//!    is synced (its cost per pod at scale).
+//! 3. the others scale to none; one tenant's apiserver is stopped (SIGSTOP) and the others
+//!    scale back to PODS: their time to Running beside step 2's, the delay a hung tenant adds;
+//! 4. the others scale to none again; that tenant, resumed, applies a Deployment of FLOOD
+//!    pods that no node takes (they stay Pending) while the others scale back to PODS: their
+//!    time to Running beside step 2's, the delay a tenant with a thousand pending pods adds,
+//!    and the syncer's RSS once the flood is synced (its cost per pod at scale).
+//!
+//! The node's pod network holds 253 pods: TENANTS × PODS must fit.
 //!
 //! Figures are printed, never asserted.
 
@@ -71,6 +73,10 @@ fn main() -> ExitCode {
     let tenants: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(3).max(2);
     let pods: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10).max(1);
     let flood: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000).max(1);
+    if tenants * pods > 250 {
+        eprintln!("{tenants} tenants × {pods} pods do not fit the node's pod network (253 addresses)");
+        return ExitCode::FAILURE;
+    }
     let dir = match tempfile::Builder::new().prefix("capn-bench-workloads-").tempdir() {
         Ok(dir) => dir,
         Err(e) => {
@@ -92,8 +98,8 @@ fn main() -> ExitCode {
     // SAFETY: set before any other thread exists (the runtime is built below).
     unsafe {
         std::env::set_var(capn_testkit::APISERVER_ARGS_VARIABLE, flags);
-        // Room on the one node for every pod that runs (3×PODS per tenant at the end).
-        std::env::set_var(capn_testkit::MAX_PODS_VARIABLE, (3 * tenants * pods + 110).to_string());
+        // Room on the one node for every pod that runs (PODS per tenant; at most 253).
+        std::env::set_var(capn_testkit::MAX_PODS_VARIABLE, (tenants * pods + 20).to_string());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -305,39 +311,41 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
         busy.cpu_seconds - idle.cpu_seconds
     );
 
-    // 3. One tenant's apiserver hangs; the others scale up.
+    // 3. One tenant's apiserver hangs; the others run their pods again from none (the node's
+    // pod network holds 253 pods, so each step starts from an empty node).
+    scale_to_none(others, &workload_namespaces(others)).await?;
     let hung_pid = hang_apiserver(first)?;
     let started = Instant::now();
     for tenant in others {
-        scale(tenant, "scale", 2 * pods).await?;
+        scale(tenant, "scale", pods).await?;
     }
     for tenant in others {
-        wait_running(tenant, "scale", 2 * pods).await?;
+        wait_running(tenant, "scale", pods).await?;
     }
     let hung = started.elapsed();
-    // Gone if its liveness probe restarted it meanwhile.
+    // Gone if its liveness probe restarted it meanwhile (after 80 s).
     let _ = signal(hung_pid, "CONT");
     println!(
-        "\n3. Tenant {} hangs (its apiserver SIGSTOPped); the others scale to {} pods each",
-        first.ns,
-        2 * pods
+        "\n3. Tenant {} hangs (its apiserver SIGSTOPped); the others run their {} pods again",
+        first.ns, pods
     );
     println!(
-        "   {} new pods Running in {:.2?} (step 2, nobody hung: {:.2?} for as many)",
+        "   {} pods Running in {:.2?} (step 2, nobody hung: {:.2?} for as many)",
         pods * others.len(),
         hung,
         all
     );
 
-    // 4. That tenant floods its queue with pods no node takes; the others scale up again.
+    // 4. That tenant floods its queue with pods no node takes; the others run theirs again.
+    scale_to_none(others, &workload_namespaces(others)).await?;
     let before_flood = process::usage_of(pid)?;
     let started = Instant::now();
     apply_deployment_on(first, "flood", flood, json!({"bench.capn.dev/no-such-node": "true"})).await?;
     for tenant in others {
-        scale(tenant, "scale", 3 * pods).await?;
+        scale(tenant, "scale", pods).await?;
     }
     for tenant in others {
-        wait_running(tenant, "scale", 3 * pods).await?;
+        wait_running(tenant, "scale", pods).await?;
     }
     let beside_flood = started.elapsed();
     let workload_namespace = capn::syncer::names::ControlPlaneRef::new(&first.ns, "demo").workload_namespace();
@@ -356,12 +364,11 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
     let flood_synced = started.elapsed();
     let flooded = process::usage_of(pid)?;
     println!(
-        "\n4. Tenant {} applies {flood} pods that no node takes (Pending); the others scale to {} pods each",
-        first.ns,
-        3 * pods
+        "\n4. Tenant {} applies {flood} pods that no node takes (Pending); the others run their {} pods again",
+        first.ns, pods
     );
     println!(
-        "   {} new pods Running in {:.2?} (step 2, nobody flooding: {:.2?} for as many); the flood synced in {:.2?} ({:.0} pods/s)",
+        "   {} pods Running in {:.2?} (step 2, nobody flooding: {:.2?} for as many); the flood synced in {:.2?} ({:.0} pods/s)",
         pods * others.len(),
         beside_flood,
         all,
@@ -534,6 +541,41 @@ async fn apply_deployment_on(
         .await
         .map(drop)
         .map_err(|e| format!("creating Deployment {name} in {}: {e}", tenant.ns))
+}
+
+/// The workload namespaces of `tenants`.
+fn workload_namespaces(tenants: &[Tenant]) -> Vec<String> {
+    tenants
+        .iter()
+        .map(|t| capn::syncer::names::ControlPlaneRef::new(&t.ns, "demo").workload_namespace())
+        .collect()
+}
+
+/// Scales every tenant's `scale` Deployment to 0 and waits until no pod of it is left on
+/// either side (their addresses free on the node).
+async fn scale_to_none(tenants: &[Tenant], workload_namespaces: &[String]) -> Result<(), String> {
+    for tenant in tenants {
+        scale(tenant, "scale", 0).await?;
+    }
+    let super_client = capn_testkit::cluster().client();
+    for (tenant, namespace) in tenants.iter().zip(workload_namespaces) {
+        let tenant_pods = Api::<Pod>::namespaced(tenant.client.clone(), "default");
+        let super_pods = Api::<Pod>::namespaced(super_client.clone(), namespace);
+        capn_testkit::poll_until(PHASE, || async {
+            let left = tenant_pods
+                .list_metadata(&ListParams::default().labels("app=scale"))
+                .await
+                .ok()?;
+            let copies = super_pods
+                .list_metadata(&ListParams::default().labels("app=scale"))
+                .await
+                .ok()?;
+            (left.items.is_empty() && copies.items.is_empty()).then_some(())
+        })
+        .await
+        .ok_or_else(|| format!("the pods of scale in {} did not all go", tenant.ns))?;
+    }
+    Ok(())
 }
 
 async fn scale(tenant: &Tenant, name: &str, replicas: usize) -> Result<(), String> {

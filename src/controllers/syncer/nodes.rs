@@ -101,6 +101,12 @@ pub(super) async fn ensure(tenant: &Tenant, name: &str) -> Result<(), kube::Erro
     if tenant.tenant_nodes.get(&ObjectRef::new(name)).is_some() {
         return Ok(());
     }
+    // Pods bound at once to a new node make it once: the others wait here, then find it
+    // made (the cache may not show it yet).
+    let mut made = tenant.nodes_made.lock().await;
+    if made.contains(name) {
+        return Ok(());
+    }
     let super_node = Api::<Node>::all(tenant.super_client.clone()).get(name).await?;
     let node = tenant_node(&super_node, Timestamp::now());
     let nodes = Api::<Node>::all(tenant.tenant_client.clone());
@@ -110,7 +116,9 @@ pub(super) async fn ensure(tenant: &Tenant, name: &str) -> Result<(), kube::Erro
         Err(kube::Error::Api(e)) if e.code == 409 => nodes.get(name).await?,
         Err(e) => return Err(e),
     };
-    renew(tenant, &created).await
+    renew(tenant, &created).await?;
+    made.insert(name.to_owned());
+    Ok(())
 }
 
 /// Renews the Lease of the tenant Node `node` (creating it, owned by the Node as the
@@ -196,6 +204,7 @@ async fn beat(tenant: &Tenant, node: &Node, with_status: bool) -> Result<(), kub
 }
 
 async fn remove(tenant: &Tenant, node: &Node) -> Result<(), kube::Error> {
+    tenant.nodes_made.lock().await.remove(&node.name_any());
     match Api::<Node>::all(tenant.tenant_client.clone())
         .delete(&node.name_any(), &DeleteParams::default())
         .await

@@ -42,6 +42,9 @@ pub(super) struct Tenant {
     pub tenant_pods: Store<Pod>,
     /// The tenant Nodes the syncer made.
     pub tenant_nodes: Store<Node>,
+    /// The tenant Nodes this worker made or found, before its cache shows them; its lock
+    /// makes a new Node once when several pods are bound to it at once.
+    pub nodes_made: tokio::sync::Mutex<std::collections::HashSet<String>>,
     /// The tenant's ConfigMaps and Secrets, metadata only: a pod's pass reads an object's
     /// data from the tenant only when its `resourceVersion` differs from the copy's source.
     pub tenant_config_maps: Store<PartialObjectMeta<ConfigMap>>,
@@ -50,6 +53,8 @@ pub(super) struct Tenant {
     pub recorder: Recorder,
     /// How often the patrol looks for orphans and drift.
     pub patrol_every: Duration,
+    /// The token Secrets written lately, by name (see [`Issued`]).
+    pub tokens_issued: std::sync::Mutex<std::collections::HashMap<String, Issued>>,
     /// The copies applied or found current, by super name (see [`CopyRecord`]).
     pub applied_copies: std::sync::Mutex<std::collections::HashMap<String, CopyRecord>>,
     pub metrics: Arc<Metrics>,
@@ -66,6 +71,15 @@ pub(super) struct CopyRecord {
     /// The copy's `resourceVersion` as applied (or as found equal to the tenant object);
     /// `None` while the apply is in flight.
     pub copy_version: Option<String>,
+    pub at: std::time::Instant,
+}
+
+/// A token Secret this worker wrote: for the super pod of uid `owner`, due for refresh at
+/// `refresh_at`, written `at`.
+#[derive(Clone, Debug)]
+pub(super) struct Issued {
+    pub owner: String,
+    pub refresh_at: k8s_openapi::jiff::Timestamp,
     pub at: std::time::Instant,
 }
 

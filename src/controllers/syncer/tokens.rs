@@ -5,7 +5,7 @@
 //! passed, and at the latest after 24 hours.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
-use super::scope::{FIELD_MANAGER, Tenant, typed};
+use super::scope::{FIELD_MANAGER, Issued, Tenant, typed};
 use crate::syncer::names::tenancy::{self, TenantObject};
 use crate::syncer::pod::TokenSecret;
 
@@ -39,13 +39,15 @@ pub(super) async fn sync(
     live: &Pod,
 ) -> Result<Option<Duration>, kube::Error> {
     let now = Timestamp::now();
+    let owner = live.metadata.uid.clone().unwrap_or_default();
     let current = tenant
         .super_secrets
         .get(&ObjectRef::new(&secret.name).within(&tenant.namespace));
     let due = current
         .as_ref()
         .and_then(|s| s.annotations().get(REFRESH_AT))
-        .and_then(|at| at.parse::<Timestamp>().ok());
+        .and_then(|at| at.parse::<Timestamp>().ok())
+        .or_else(|| issued_lately(tenant, &secret.name, &owner));
     if let Some(due) = due.filter(|due| *due > now) {
         return Ok(Some(until(now, due)));
     }
@@ -117,7 +119,35 @@ pub(super) async fn sync(
             &Patch::Apply(typed(&copy)),
         )
         .await?;
+    issued(tenant).insert(
+        secret.name.clone(),
+        Issued {
+            owner,
+            refresh_at,
+            at: Instant::now(),
+        },
+    );
     Ok(Some(until(now, refresh_at)))
+}
+
+/// How long a Secret this worker just wrote vouches for itself before the cache shows it.
+const CACHE_LAG: Duration = Duration::from_secs(30);
+
+/// When the token Secret `name` of the super pod `owner` is due, if this worker wrote it
+/// less than [`CACHE_LAG`] ago: the pod's next passes (its status changing as it starts)
+/// come before the cache shows the Secret, and would otherwise ask the tenant for tokens
+/// again.
+fn issued_lately(tenant: &Tenant, name: &str, owner: &str) -> Option<Timestamp> {
+    let mut issued = issued(tenant);
+    issued.retain(|_, i| i.at.elapsed() < CACHE_LAG);
+    issued.get(name).filter(|i| i.owner == owner).map(|i| i.refresh_at)
+}
+
+fn issued(tenant: &Tenant) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Issued>> {
+    tenant
+        .tokens_issued
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// From `now` to `due`, at least a second.

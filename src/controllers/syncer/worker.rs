@@ -75,10 +75,12 @@ pub(super) async fn run(start: Start) {
         super_config_maps: start.caches.config_maps.clone(),
         tenant_pods,
         tenant_nodes,
+        nodes_made: Default::default(),
         tenant_config_maps,
         tenant_secrets,
         patrol_every: start.patrol_every,
         applied_copies: Default::default(),
+        tokens_issued: Default::default(),
         metrics: start.metrics,
     });
     let controller = with_triggers(

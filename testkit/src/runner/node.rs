@@ -4,7 +4,8 @@
 //! [`node()`] starts it on first use, once per test process (like [`crate::cluster`]), on a
 //! thread of its own that lives as long as the process. It
 //! - registers the Node `capn-node-<random>` (capacity and allocatable: 16 CPUs, 64 GiB,
-//!   110 pods, or `$CAPN_TEST_NODE_MAX_PODS` like the kubelet's `--max-pods`; addresses: its bridge's host-side address as InternalIP, and its name as
+//!   110 pods, or `$CAPN_TEST_NODE_MAX_PODS` like the kubelet's `--max-pods`, up to the 253
+//!   addresses of its pod network; addresses: its bridge's host-side address as InternalIP, and its name as
 //!   Hostname; the kubelet's port as `kubeletEndpoint`; Ready with no pressure), renews its
 //!   Lease in `kube-node-lease` and the conditions' heartbeat every 10 s;
 //! - starts the real kube-scheduler of the super cluster's release against the super

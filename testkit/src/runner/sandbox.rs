@@ -24,6 +24,8 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// Every runner's and the node's pod network: one /24 of it each.
 pub(super) const POD_NETWORKS: &str = "198.18.0.0/15";
+/// How many pods one pod network (a /24: .2 to .254) holds at once.
+pub(crate) const POD_ADDRESSES: u16 = 253;
 
 /// A thread that forks every process of the runner. `PR_SET_PDEATHSIG` fires when the *thread*
 /// that forked a child ends; tokio's threads come and go, this one lives as long as the runner.
@@ -252,10 +254,10 @@ impl Network {
     /// Gives the pod namespace an `eth0` on the bridge with a fresh address, and brings up its
     /// loopback. Addresses rotate, so a deleted pod's address is not reused at once.
     pub fn attach(&mut self, pod: &Namespaces) -> Result<Ipv4Addr, String> {
-        let host = (1..=253i32)
-            .map(|i| ((i32::from(self.last) - 2 + i).rem_euclid(253) + 2) as u8)
+        let host = (1..=i32::from(POD_ADDRESSES))
+            .map(|i| ((i32::from(self.last) - 2 + i).rem_euclid(i32::from(POD_ADDRESSES)) + 2) as u8)
             .find(|h| !self.used.contains(h))
-            .ok_or("the runner's pod network is full (253 pods)")?;
+            .ok_or_else(|| format!("the runner's pod network is full ({POD_ADDRESSES} pods)"))?;
         self.used.insert(host);
         self.last = host;
         let address = self.address(host);

@@ -101,15 +101,17 @@ fn arch() -> String {
 }
 
 /// The variable that sets how many pods the node takes (the kubelet's `--max-pods`;
-/// default 110, the kubelet's default too): benchmarks that run hundreds of pods raise it.
+/// default 110, the kubelet's default too): benchmarks that run hundreds of pods raise it,
+/// up to the 253 addresses of the node's pod network.
 pub const MAX_PODS_VARIABLE: &str = "CAPN_TEST_NODE_MAX_PODS";
 
 /// The node's capacity, also its allocatable: generous, as one machine running test pods.
 fn capacity() -> serde_json::Value {
     let pods = std::env::var(MAX_PODS_VARIABLE)
         .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(110);
+        .and_then(|v| v.parse::<u16>().ok())
+        .unwrap_or(110)
+        .min(crate::runner::sandbox::POD_ADDRESSES);
     serde_json::json!({"cpu": "16", "memory": "64Gi", "pods": pods.to_string(), "ephemeral-storage": "100Gi"})
 }
 
