@@ -132,6 +132,17 @@ impl Tally {
         counts
     }
 
+    /// What was counted after `before` was taken (a tally of the same counter, earlier).
+    pub fn since(&self, before: &Tally) -> Tally {
+        Tally(
+            self.0
+                .iter()
+                .map(|(key, n)| (key.clone(), n.saturating_sub(before.0.get(key).copied().unwrap_or(0))))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+        )
+    }
+
     /// One line per key, most frequent first: `  <count>  <verb> <resource>`.
     pub fn breakdown(&self) -> String {
         self.top(usize::MAX)

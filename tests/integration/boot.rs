@@ -99,6 +99,8 @@ pub(crate) enum StartCapn {
     /// In this process, with no more rights than the ClusterRole capn ships in its
     /// clusterctl components ([`shipped_rbac_client`]).
     InProcessWithShippedRbac,
+    /// In this process, every request to the super cluster counted by the counter.
+    InProcessCounted(capn_testkit::counting::RequestCounter),
     Process(Vec<String>),
 }
 
@@ -139,20 +141,22 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
     // capn dials the tenant's etcd members by name through the runner's hosts file.
     let hosts = runner.hosts_file();
-    let capn_client = match start {
+    let capn_client = match &start {
         StartCapn::InProcessWithShippedRbac => shipped_rbac_client(&client, &ns).await,
-        _ => client.clone(),
+        StartCapn::InProcessCounted(counter) => counter.client(cluster().config()),
+        StartCapn::InProcess | StartCapn::Process(_) => client.clone(),
     };
-    let capn =
-        match start {
-            StartCapn::InProcess | StartCapn::InProcessWithShippedRbac => Running::InProcess(
-                Capn::start_with_settings(&capn_client, in_process_settings(&ns, &runner), &[]),
-            ),
-            StartCapn::Process(mut args) => {
-                args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
-                Running::Process(start_capn_process(&ns, &args), args)
-            }
-        };
+    let capn = match start {
+        StartCapn::Process(mut args) => {
+            args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
+            Running::Process(start_capn_process(&ns, &args), args)
+        }
+        _ => Running::InProcess(Capn::start_with_settings(
+            &capn_client,
+            in_process_settings(&ns, &runner),
+            &[],
+        )),
+    };
     let applied = Instant::now();
     match docs {
         Some(docs) => {
