@@ -2,7 +2,8 @@
 //! kube-scheduler and a real node ([`capn_testkit::node`]): a tenant Deployment's pods become
 //! super pods in the control plane's workload namespace and run, with the tenant's own
 //! service-account tokens (accepted by the tenant apiserver, refused by the super cluster's),
-//! the tenant's CA and apiserver address; their status and node come back up; a pod that
+//! the tenant's CA and apiserver address; their status and node come back up; a super pod
+//! deleted behind the syncer's back is made again on its node; a pod that
 //! breaks the tenant's Pod Security level is refused with a condition and an Event; deleting
 //! the Deployment removes every super object, and deleting the control plane its workload
 //! namespace.
@@ -384,6 +385,37 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         })
         .await;
     assert!(super_pods.get_opt("sneaky-x-shop-x-demo").await.unwrap().is_none());
+
+    // A super pod deleted behind the syncer's back is made again, on the node its tenant pod
+    // is bound to, and the tenant pod (the same one) runs again with its new address.
+    let victim = running[1].clone();
+    let victim_copy = format!("{}-x-shop-x-demo", victim.name_any());
+    let old_uid = super_pods.get(&victim_copy).await.unwrap().uid();
+    super_pods
+        .delete(&victim_copy, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let again = booted
+        .runner
+        .wait_for("the deleted super pod runs again", BOOTED_STEP, || async {
+            let copy = super_pods.get_opt(&victim_copy).await.ok()??;
+            let running = copy.status.as_ref()?.phase.as_deref() == Some("Running");
+            (copy.uid() != old_uid && running).then_some(copy)
+        })
+        .await;
+    assert_eq!(
+        again.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(node.name()),
+        "made again on its tenant pod's node"
+    );
+    let new_ip = again.status.as_ref().and_then(|s| s.pod_ip.clone());
+    booted
+        .runner
+        .wait_for("the tenant pod shows its new address", BOOTED_STEP, || async {
+            let pod = tenant_pods.get(&victim.name_any()).await.ok()?;
+            (pod.uid() == victim.uid() && pod.status?.pod_ip == new_ip).then_some(())
+        })
+        .await;
 
     // Deleting the Deployment removes every super pod and every copy.
     Api::<Deployment>::namespaced(tenant.clone(), "shop")

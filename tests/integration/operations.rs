@@ -13,8 +13,9 @@ use capn::cli::{Cli, Command, LeaderElection, RunArgs};
 use capn::controllers::Settings;
 use capn_testkit::{cluster, free_ports, http_get, test_namespace, wait_until};
 use clap::Parser as _;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
@@ -190,10 +191,15 @@ async fn the_cluster_roles_of_the_components_files_are_enough_for_the_whole_flow
         provider_identity(&admin, &ns, "control-plane-components.yaml").await;
     let (infrastructure_client, infrastructure_args) =
         provider_identity(&admin, &ns, "infrastructure-components.yaml").await;
-    // The identities really are confined to their roles (pods: delete only, for a lost
-    // etcd member).
+    // The identities really are confined to their roles (nodes: read one by name, for the
+    // syncer's tenant Nodes; no Deployments at all).
     assert!(is_forbidden(
-        Api::<Pod>::namespaced(control_plane_client.clone(), &ns)
+        Api::<Node>::all(control_plane_client.clone())
+            .list(&ListParams::default())
+            .await
+    ));
+    assert!(is_forbidden(
+        Api::<Deployment>::namespaced(control_plane_client.clone(), &ns)
             .list(&ListParams::default())
             .await
     ));

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -30,6 +30,8 @@ const WAIT: Duration = Duration::from_secs(10);
 /// The reason of a pod the super cluster's admission refused (`PodScheduled=False` and the
 /// Event).
 const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
+/// The reason of a bound pod whose super node is gone.
+const NODE_LOST: &str = "NodeLost";
 /// How soon a pod the super cluster refused is tried again.
 const REFUSED_RETRY: Duration = Duration::from_secs(20);
 
@@ -57,6 +59,11 @@ impl SyncError {
 /// # Errors
 /// A refused or failed request to either apiserver.
 pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, SyncError> {
+    // Until the shared super caches have listed, a missing super pod means nothing (and
+    // every pod would be applied again at each start of capn).
+    if tenant.super_pods.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(WAIT));
+    }
     let identity = TenantObject::of(&pod.metadata)?;
     let super_name = tenant
         .control_plane()
@@ -92,7 +99,12 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     let mut next = Action::await_change();
     // A pod the syncer bound is translated as it was before binding (its `nodeName` is the
     // syncer's, not the tenant's).
-    let source = if bound_by_syncer(tenant, &pod) {
+    let bound_to = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .filter(|_| bound_by_syncer(tenant, &pod));
+    let source = if bound_to.is_some() {
         let mut unbound = (*pod).clone();
         if let Some(spec) = unbound.spec.as_mut() {
             spec.node_name = None;
@@ -101,7 +113,7 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     } else {
         std::borrow::Cow::Borrowed(&*pod)
     };
-    let translation = match translate(&source, &tenant.target) {
+    let mut translation = match translate(&source, &tenant.target) {
         Ok(t) => t,
         Err(TranslateError::MissingField(e)) => return Err(e.into()),
         Err(refused) => {
@@ -109,6 +121,21 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
             return refuse(tenant, &pod, refused.reason(), message, Action::await_change()).await;
         }
     };
+    // A pod stays on the node it was bound to, as pods do: a super pod deleted under a bound
+    // tenant pod (evicted, deleted by hand) is made again on that node, not scheduled anew,
+    // so that the tenant pod's node stays true; if that node is gone, the pod is lost with it.
+    if let (None, Some(node)) = (&live, &bound_to) {
+        if Api::<Node>::all(tenant.super_client.clone())
+            .get_opt(node)
+            .await?
+            .is_none()
+        {
+            return lost(tenant, &pod, node).await;
+        }
+        if let Some(spec) = translation.pod.spec.as_mut() {
+            spec.node_name = Some(node.clone());
+        }
+    }
     if references::sync(tenant, &identity.namespace, &translation.references).await? {
         next = Action::requeue(WAIT);
     }
@@ -267,6 +294,22 @@ async fn refuse(tenant: &Tenant, pod: &Pod, reason: &str, message: String, next:
         .await?;
     event(tenant, pod, true, reason, message).await;
     Ok(next)
+}
+
+/// A bound tenant pod whose super pod and super node are both gone: `Failed` with reason
+/// `NodeLost` (the node lifecycle controller's word for pods of a vanished node), and a
+/// Warning Event, so that its controller replaces it.
+async fn lost(tenant: &Tenant, pod: &Pod, node: &str) -> Result<Action, SyncError> {
+    let message = format!("the super cluster's node {node} that ran the pod is gone, and the pod with it");
+    Api::<Pod>::namespaced(tenant.tenant_client.clone(), &pod.namespace().unwrap_or_default())
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": "Failed", "reason": NODE_LOST, "message": message}})),
+        )
+        .await?;
+    event(tenant, pod, true, NODE_LOST, message).await;
+    Ok(Action::await_change())
 }
 
 /// The way up: the tenant pod bound to its super pod's node (whose tenant Node is made
