@@ -14,7 +14,9 @@ use capn_testkit::poll_until;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, Node, Pod, ResourceQuota, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, LimitRange, Namespace, Node, Pod, PodCondition, ResourceQuota, Secret, ServiceAccount,
+};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -61,6 +63,31 @@ fn with_token(mut config: kube::Config, token: &str) -> Client {
         ..Default::default()
     };
     Client::try_from(config).unwrap()
+}
+
+/// The `PodScheduled=False` condition of the tenant pod `name`, once it has one.
+async fn refusal(booted: &Booted, pods: &Api<Pod>, name: &str) -> PodCondition {
+    booted
+        .runner
+        .wait_for(&format!("the pod {name} is refused"), BOOTED_STEP, || async {
+            let conditions = pods.get(name).await.ok()?.status?.conditions?;
+            conditions
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        })
+        .await
+}
+
+/// Waits until the tenant's controller-manager has made the `default` ServiceAccount of its
+/// `default` namespace, which pods there run as (the apiserver refuses them before).
+async fn default_service_account(booted: &Booted, tenant: &Client) {
+    let accounts = Api::<ServiceAccount>::namespaced(tenant.clone(), "default");
+    booted
+        .runner
+        .wait_for("the tenant's default ServiceAccount exists", BOOTED_STEP, || async {
+            accounts.get_opt("default").await.ok().flatten()
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,16 +386,7 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
     }))
     .unwrap();
     tenant_pods.create(&PostParams::default(), &host_network).await.unwrap();
-    let refused = booted
-        .runner
-        .wait_for("the hostNetwork pod is refused", BOOTED_STEP, || async {
-            let pod = tenant_pods.get("sneaky").await.ok()?;
-            let conditions = pod.status?.conditions?;
-            conditions
-                .into_iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        })
-        .await;
+    let refused = refusal(&booted, &tenant_pods, "sneaky").await;
     assert_eq!(refused.reason.as_deref(), Some("HostNamespacesForbidden"));
     assert!(refused.message.unwrap_or_default().contains("hostNetwork"));
     booted
@@ -606,15 +624,7 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
     .unwrap();
     let pods = Api::<Pod>::namespaced(other.clone(), "shop");
     pods.create(&PostParams::default(), &host_path).await.unwrap();
-    let refused = booted
-        .runner
-        .wait_for("the hostPath pod is refused", BOOTED_STEP, || async {
-            let conditions = pods.get("reader").await.ok()?.status?.conditions?;
-            conditions
-                .into_iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        })
-        .await;
+    let refused = refusal(&booted, &pods, "reader").await;
     assert_eq!(refused.reason.as_deref(), Some("HostPathVolumesForbidden"));
     let other_workloads = ControlPlaneRef::new(&ns, "other").workload_namespace();
     assert!(
@@ -737,13 +747,7 @@ async fn the_control_planes_workload_settings_reach_the_super_cluster() {
 
     // A pod that does not meet `restricted` is refused before the super cluster sees it
     // (once the tenant's controller-manager has made the ServiceAccount pods run as).
-    let accounts = Api::<ServiceAccount>::namespaced(tenant.clone(), "default");
-    booted
-        .runner
-        .wait_for("the tenant's default ServiceAccount exists", BOOTED_STEP, || async {
-            accounts.get_opt("default").await.ok().flatten()
-        })
-        .await;
+    default_service_account(&booted, &tenant).await;
     let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
     let loose: Pod = serde_json::from_value(json!({
         "metadata": {"name": "loose", "namespace": "default"},
@@ -751,15 +755,7 @@ async fn the_control_planes_workload_settings_reach_the_super_cluster() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &loose).await.unwrap();
-    let refused = booted
-        .runner
-        .wait_for("the loose pod is refused", BOOTED_STEP, || async {
-            let conditions = pods.get("loose").await.ok()?.status?.conditions?;
-            conditions
-                .into_iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        })
-        .await;
+    let refused = refusal(&booted, &pods, "loose").await;
     let message = refused.message.unwrap_or_default();
     assert!(
         [
@@ -904,13 +900,7 @@ async fn the_syncers_super_cluster_requests_per_pod_stay_within_budget() {
                 .flatten()
         })
         .await;
-    let accounts = Api::<ServiceAccount>::namespaced(tenant.clone(), "default");
-    booted
-        .runner
-        .wait_for("the tenant's default ServiceAccount exists", BOOTED_STEP, || async {
-            accounts.get_opt("default").await.ok().flatten()
-        })
-        .await;
+    default_service_account(&booted, &tenant).await;
     tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
     let quiet = || async { (counter.idle_for() >= QUIET).then_some(()) };
     booted.runner.wait_for("capn is quiet", BOOTED_STEP, quiet).await;
@@ -951,5 +941,74 @@ async fn the_syncers_super_cluster_requests_per_pod_stay_within_budget() {
     );
     assert!(spent.count("patch", "pods") <= BUDGET_PODS + 1, "{report}");
     assert!(total <= 3 * BUDGET_PODS, "issue 35's goal is 6 per pod: {report}");
+    booted.stop().await;
+}
+
+/// A tenant Node goes when its super node does: a pod placed on a second super node (a
+/// Node object with no kubelet behind it, selected by a label) gets its tenant Node, and
+/// deleting the super node removes the tenant Node at the next `Ready` refresh (a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_node_goes_with_its_super_node() {
+    let booted = boot_with("syncer, lost node", None, StartCapn::InProcess).await;
+    let (client, ns) = (booted.client.clone(), booted.ns.clone());
+    let tenant = tenant_client(&booted).await;
+    default_service_account(&booted, &tenant).await;
+    // The second super node: Ready, untainted, labelled for this test only.
+    let name = format!("capn-lost-{ns}");
+    let nodes = Api::<Node>::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "capn.test/lost": ns}}
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    nodes
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "lastHeartbeatTime": now, "lastTransitionTime": now}]}})),
+        )
+        .await
+        .unwrap();
+    nodes
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": null}})),
+        )
+        .await
+        .unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "stranded", "namespace": "default"},
+        "spec": {"nodeSelector": {"capn.test/lost": ns},
+            "containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let tenant_nodes = Api::<Node>::all(tenant.clone());
+    booted
+        .runner
+        .wait_for(
+            "the tenant pod is bound to a tenant Node of the second super node",
+            BOOTED_STEP,
+            || async {
+                let bound = pods.get("stranded").await.ok()?.spec?.node_name?;
+                (bound == name).then_some(())?;
+                tenant_nodes.get_opt(&name).await.ok()?
+            },
+        )
+        .await;
+    nodes.delete(&name, &DeleteParams::default()).await.unwrap();
+    booted
+        .runner
+        .wait_for("the tenant Node is gone", BOOTED_STEP * 2, || async {
+            tenant_nodes.get_opt(&name).await.ok()?.is_none().then_some(())
+        })
+        .await;
     booted.stop().await;
 }

@@ -190,11 +190,22 @@ fn young(node: &Node) -> bool {
 }
 
 async fn beat(tenant: &Tenant, node: &Node, with_status: bool) -> Result<(), kube::Error> {
-    renew(tenant, node).await?;
-    if with_status {
-        let super_node = Api::<Node>::all(tenant.super_client.clone())
-            .get(&node.name_any())
+    let super_node = if with_status {
+        let found = Api::<Node>::all(tenant.super_client.clone())
+            .get_opt(&node.name_any())
             .await?;
+        // A super node that is gone takes its tenant Node with it (the tenant's pod garbage
+        // collector then removes the pods bound to it), rather than leaving it Ready.
+        if found.is_none() {
+            tracing::info!(node = %node.name_any(), "removing a tenant Node whose super node is gone");
+            return remove(tenant, node).await;
+        }
+        found
+    } else {
+        None
+    };
+    renew(tenant, node).await?;
+    if let Some(super_node) = super_node {
         let patch = serde_json::json!({"status": {"conditions": ready(&super_node, Timestamp::now())}});
         Api::<Node>::all(tenant.tenant_client.clone())
             .patch_status(&node.name_any(), &PatchParams::default(), &Patch::Strategic(patch))

@@ -579,7 +579,14 @@ fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
         (&key, &hostname, &namespace),
         &restart_policy,
         &key,
-        shared.dir.join("pods").join(&namespace).join(&name),
+        // By uid, as the kubelet keeps `/var/lib/kubelet/pods/<uid>`: a pod deleted and made
+        // again under its name at once is another pod, whose directory must not meet the
+        // old one's while that is still being torn down.
+        shared
+            .dir
+            .join("pods")
+            .join(&namespace)
+            .join(format!("{name}-{}", pod.metadata.uid.as_deref().unwrap_or_default())),
     );
     let identity = PodIdentity {
         name,
