@@ -144,9 +144,10 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
         Some(live) if pod_drift(&translation.pod, &live).is_empty() => live,
         _ => match apply_super(tenant, &super_name, &translation.pod).await {
             Ok(applied) => Arc::new(applied),
-            // The super cluster's admission said no (its ResourceQuota is used up, a policy of
-            // its own): the tenant hears why, and the pod is tried again, as the quota may free.
-            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
+            // The super cluster's admission said no to a new super pod (its ResourceQuota is
+            // used up, a policy of its own): the tenant hears why, and the pod is tried
+            // again, as the quota may free. (A refused update of a running one is retried.)
+            Err(kube::Error::Api(e)) if created && (e.code == 403 || e.code == 422) => {
                 let message = format!("the super cluster refused the pod: {}", e.message);
                 return refuse(
                     tenant,
