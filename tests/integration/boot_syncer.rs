@@ -827,9 +827,12 @@ async fn the_control_planes_workload_settings_reach_the_super_cluster() {
         .runner
         .wait_for("the ResourceQuota allows 3 pods", BOOTED_STEP, hard_pods("3"))
         .await;
+    // The worker restarts with the new settings, the super cluster's quota controller
+    // recounts, and the refused pod is tried again every 20 s: a longer step on a loaded
+    // machine.
     booted
         .runner
-        .wait_for("three restricted pods Running", BOOTED_STEP, running(3))
+        .wait_for("three restricted pods Running", BOOTED_STEP * 2, running(3))
         .await;
     say("syncer: restricted and the quota hold in the super cluster");
 
