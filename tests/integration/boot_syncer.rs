@@ -65,6 +65,17 @@ fn with_token(mut config: kube::Config, token: &str) -> Client {
     Client::try_from(config).unwrap()
 }
 
+/// The workload namespace `name` of the super cluster, once the syncer has made it.
+async fn workload_namespace(booted: &Booted, name: &str) -> Namespace {
+    let namespaces = Api::<Namespace>::all(booted.client.clone());
+    booted
+        .runner
+        .wait_for("the workload namespace exists", BOOTED_STEP, || async {
+            namespaces.get_opt(name).await.ok().flatten()
+        })
+        .await
+}
+
 /// The `PodScheduled=False` condition of the tenant pod `name`, once it has one.
 async fn refusal(booted: &Booted, pods: &Api<Pod>, name: &str) -> PodCondition {
     booted
@@ -103,16 +114,7 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
     let workloads = control_plane.workload_namespace();
 
     // The workload namespace, at the default Pod Security level, with its NetworkPolicy.
-    let namespace = booted
-        .runner
-        .wait_for("the workload namespace exists", BOOTED_STEP, || async {
-            Api::<Namespace>::all(client.clone())
-                .get_opt(&workloads)
-                .await
-                .ok()
-                .flatten()
-        })
-        .await;
+    let namespace = workload_namespace(&booted, &workloads).await;
     assert_eq!(namespace.labels()["pod-security.kubernetes.io/enforce"], "baseline");
     // Applied after the namespace, so waited for too.
     let policies = Api::<NetworkPolicy>::namespaced(client.clone(), &workloads);
@@ -555,16 +557,7 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
     tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
     for (name, tenant) in &tenants {
         let workloads = ControlPlaneRef::new(&ns, *name).workload_namespace();
-        booted
-            .runner
-            .wait_for("the workload namespace exists", BOOTED_STEP, || async {
-                Api::<Namespace>::all(client.clone())
-                    .get_opt(&workloads)
-                    .await
-                    .ok()
-                    .flatten()
-            })
-            .await;
+        workload_namespace(&booted, &workloads).await;
         Api::<Namespace>::all(tenant.clone())
             .create(
                 &PostParams::default(),
@@ -713,12 +706,7 @@ async fn the_control_planes_workload_settings_reach_the_super_cluster() {
     let tenant = tenant_client(&booted).await;
     let workloads = ControlPlaneRef::new(&ns, "demo").workload_namespace();
     let namespaces = Api::<Namespace>::all(client.clone());
-    let namespace = booted
-        .runner
-        .wait_for("the workload namespace exists", BOOTED_STEP, || async {
-            namespaces.get_opt(&workloads).await.ok().flatten()
-        })
-        .await;
+    let namespace = workload_namespace(&booted, &workloads).await;
     assert_eq!(namespace.labels()["pod-security.kubernetes.io/enforce"], "restricted");
     let quotas = Api::<ResourceQuota>::namespaced(client.clone(), &workloads);
     let hard_pods = |expected: &'static str| {
@@ -793,7 +781,7 @@ async fn the_control_planes_workload_settings_reach_the_super_cluster() {
     };
     booted
         .runner
-        .wait_for("two restricted pods Running", BOOTED_STEP, running(2))
+        .wait_for("two restricted pods Running", BOOTED_STEP * 2, running(2))
         .await;
     let over = booted
         .runner
@@ -883,6 +871,10 @@ const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
 /// shared watches. Measured (2026-12-06): 14 to 16 for 6 pods; the budget is 3 per pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_syncers_super_cluster_requests_per_pod_stay_within_budget() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("capn=info")
+        .with_test_writer()
+        .try_init();
     let counter = capn_testkit::counting::RequestCounter::default();
     let booted = boot_with(
         "syncer, request budget",
@@ -890,19 +882,10 @@ async fn the_syncers_super_cluster_requests_per_pod_stay_within_budget() {
         StartCapn::InProcessCounted(counter.clone()),
     )
     .await;
-    let (client, ns) = (booted.client.clone(), booted.ns.clone());
+    let ns = booted.ns.clone();
     let tenant = tenant_client(&booted).await;
     let workloads = ControlPlaneRef::new(&ns, "demo").workload_namespace();
-    booted
-        .runner
-        .wait_for("the workload namespace exists", BOOTED_STEP, || async {
-            Api::<Namespace>::all(client.clone())
-                .get_opt(&workloads)
-                .await
-                .ok()
-                .flatten()
-        })
-        .await;
+    workload_namespace(&booted, &workloads).await;
     default_service_account(&booted, &tenant).await;
     tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
     let quiet = || async { (counter.idle_for() >= QUIET).then_some(()) };
@@ -916,15 +899,19 @@ async fn the_syncers_super_cluster_requests_per_pod_stay_within_budget() {
     let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
     booted
         .runner
-        .wait_for(&format!("{BUDGET_PODS} tenant pods Running"), BOOTED_STEP, || async {
-            let list = pods.list(&ListParams::default().labels("app=web")).await.ok()?;
-            let running = list
-                .items
-                .iter()
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count() as u64;
-            (running == BUDGET_PODS).then_some(())
-        })
+        .wait_for(
+            &format!("{BUDGET_PODS} tenant pods Running"),
+            BOOTED_STEP * 2,
+            || async {
+                let list = pods.list(&ListParams::default().labels("app=web")).await.ok()?;
+                let running = list
+                    .items
+                    .iter()
+                    .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                    .count() as u64;
+                (running == BUDGET_PODS).then_some(())
+            },
+        )
         .await;
     booted.runner.wait_for("capn is quiet", BOOTED_STEP, quiet).await;
     let spent = counter.tally().since(&before);
