@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, PodSpec, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
@@ -18,6 +18,7 @@ use super::scope::{CopyRecord, FIELD_MANAGER, Tenant, typed};
 use crate::syncer::diff::metadata_drift;
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::super_metadata;
+use crate::syncer::pod::references::referenced as pod_references;
 use crate::syncer::pod::{Reference, ReferenceKind};
 
 /// The legacy service-account token Secret type: a copy of one is made `Opaque`, so that
@@ -297,51 +298,20 @@ async fn claim(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kub
     Ok(true)
 }
 
-/// The ConfigMaps and the Secrets the pods refer to (volumes, projected sources, the
-/// Secrets of volume plugins, `env`, `envFrom`, `imagePullSecrets`), by name.
-pub(super) fn referenced(pods: &[std::sync::Arc<Pod>]) -> (BTreeSet<String>, BTreeSet<String>) {
+/// The ConfigMaps and the Secrets the pods refer to, by the names their specs use
+/// (`crate::syncer::pod::references::referenced`: volumes, projected sources, the Secrets of
+/// volume plugins, `env`, `envFrom`, `imagePullSecrets`).
+pub(super) fn referenced(pods: &[Arc<Pod>]) -> (BTreeSet<String>, BTreeSet<String>) {
     let mut config_maps = BTreeSet::new();
     let mut secrets = BTreeSet::new();
-    for spec in pods.iter().filter_map(|p| p.spec.as_ref()) {
-        collect(spec, &mut config_maps, &mut secrets);
+    for reference in pods.iter().filter_map(|p| p.spec.as_ref()).flat_map(pod_references) {
+        match reference.kind {
+            ReferenceKind::ConfigMap => config_maps.insert(reference.name),
+            ReferenceKind::Secret => secrets.insert(reference.name),
+            ReferenceKind::PersistentVolumeClaim => false,
+        };
     }
     (config_maps, secrets)
-}
-
-pub(super) fn collect(spec: &PodSpec, config_maps: &mut BTreeSet<String>, secrets: &mut BTreeSet<String>) {
-    for volume in spec.volumes.iter().flatten() {
-        config_maps.extend(volume.config_map.as_ref().map(|c| c.name.clone()));
-        secrets.extend(volume.secret.as_ref().and_then(|s| s.secret_name.clone()));
-        // The Secrets volume plugins read from the pod's namespace.
-        let plugin_secrets = [
-            volume.csi.as_ref().and_then(|v| v.node_publish_secret_ref.as_ref()),
-            volume.cephfs.as_ref().and_then(|v| v.secret_ref.as_ref()),
-            volume.cinder.as_ref().and_then(|v| v.secret_ref.as_ref()),
-            volume.flex_volume.as_ref().and_then(|v| v.secret_ref.as_ref()),
-            volume.iscsi.as_ref().and_then(|v| v.secret_ref.as_ref()),
-            volume.rbd.as_ref().and_then(|v| v.secret_ref.as_ref()),
-            volume.scale_io.as_ref().map(|v| &v.secret_ref),
-            volume.storageos.as_ref().and_then(|v| v.secret_ref.as_ref()),
-        ];
-        secrets.extend(plugin_secrets.into_iter().flatten().map(|r| r.name.clone()));
-        secrets.extend(volume.azure_file.as_ref().map(|v| v.secret_name.clone()));
-        for source in volume.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
-            config_maps.extend(source.config_map.as_ref().map(|c| c.name.clone()));
-            secrets.extend(source.secret.as_ref().map(|s| s.name.clone()));
-        }
-    }
-    secrets.extend(spec.image_pull_secrets.iter().flatten().map(|s| s.name.clone()));
-    let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
-    for container in containers {
-        for from in container.env_from.iter().flatten() {
-            config_maps.extend(from.config_map_ref.as_ref().map(|c| c.name.clone()));
-            secrets.extend(from.secret_ref.as_ref().map(|s| s.name.clone()));
-        }
-        for value in container.env.iter().flatten().filter_map(|e| e.value_from.as_ref()) {
-            config_maps.extend(value.config_map_key_ref.as_ref().map(|c| c.name.clone()));
-            secrets.extend(value.secret_key_ref.as_ref().map(|s| s.name.clone()));
-        }
-    }
 }
 
 #[cfg(test)]
@@ -370,7 +340,7 @@ mod tests {
                     "envFrom": [{"configMapRef": {"name": "cm-env-from"}}]}]}
         }))
         .unwrap();
-        let (config_maps, secrets) = referenced(&[std::sync::Arc::new(pod)]);
+        let (config_maps, secrets) = referenced(&[Arc::new(pod)]);
         let names = |set: BTreeSet<String>| set.into_iter().collect::<Vec<_>>();
         assert_eq!(
             names(config_maps),

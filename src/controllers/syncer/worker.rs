@@ -20,11 +20,12 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::caches::{Changes, reflect};
 use super::scope::Tenant;
 use super::super_caches::SuperCaches;
-use super::{nodes, patrol, pod_events, pods, references};
+use super::{nodes, patrol, pod_events, pods};
 use crate::controllers::events::Recorder;
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
-use crate::syncer::pod::Target;
+use crate::syncer::pod::references::referenced;
+use crate::syncer::pod::{ReferenceKind, Target};
 use crate::telemetry::Metrics;
 
 /// The reconciles one tenant's worker runs at once.
@@ -49,15 +50,18 @@ pub(super) async fn run(start: Start) {
     // The tenant's ConfigMaps and Secrets by metadata only (kube sends metadata-only requests
     // for `PartialObjectMeta`): their changes wake the pods that use them, and their versions
     // tell a pass whether a copy is current.
-    let (tenant_config_maps, tenant_config_map_events) = reflect(Api::all(start.tenant_client.clone()), everything());
-    let (tenant_secrets, tenant_secret_events) = reflect(Api::all(start.tenant_client.clone()), everything());
+    let (tenant_config_maps, tenant_config_map_events) =
+        reflect(Api::all(start.tenant_client.clone()), watcher::Config::default());
+    let (tenant_secrets, tenant_secret_events) =
+        reflect(Api::all(start.tenant_client.clone()), watcher::Config::default());
     let (tenant_nodes, node_events) = reflect::<Node>(
         Api::all(start.tenant_client.clone()),
         watcher::Config::default().labels(&format!("{}=true", nodes::VIRTUAL_NODE_LABEL)),
     );
     // The queue's own cache of tenant pods is trimmed like the others (Controller::new would
     // keep every pod's managedFields).
-    let (tenant_pods, tenant_pod_changes) = reflect::<Pod>(Api::all(start.tenant_client.clone()), everything());
+    let (tenant_pods, tenant_pod_changes) =
+        reflect::<Pod>(Api::all(start.tenant_client.clone()), watcher::Config::default());
     let controller = Controller::for_stream(tenant_pod_changes, tenant_pods.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let tenant = Arc::new(Tenant {
@@ -118,11 +122,6 @@ pub(super) async fn run(start: Start) {
     );
 }
 
-/// Every object of a kind.
-fn everything() -> watcher::Config {
-    watcher::Config::default()
-}
-
 /// The messages of `receiver` as a trigger stream.
 fn received<T: Send + 'static>(receiver: UnboundedReceiver<T>) -> Changes<T> {
     futures::stream::unfold(receiver, |mut receiver| async move {
@@ -136,28 +135,15 @@ async fn drain<K>(stream: Changes<K>) {
     stream.for_each(|_| async {}).await;
 }
 
-/// Which kind of object a pod uses.
-#[derive(Clone, Copy)]
-enum Kind {
-    ConfigMap,
-    Secret,
-}
-
-/// The tenant pods in `namespace` that use the ConfigMap or Secret `name`.
-fn users_of(pods: &Store<Pod>, kind: Kind, namespace: &str, name: &str) -> Vec<ObjectRef<Pod>> {
+/// The tenant pods in `namespace` that use the ConfigMap or Secret (`kind`) `name`.
+fn users_of(pods: &Store<Pod>, kind: ReferenceKind, namespace: &str, name: &str) -> Vec<ObjectRef<Pod>> {
     pods.state()
         .iter()
         .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
         .filter(|p| {
-            let mut config_maps = std::collections::BTreeSet::new();
-            let mut secrets = std::collections::BTreeSet::new();
-            if let Some(spec) = &p.spec {
-                references::collect(spec, &mut config_maps, &mut secrets);
-            }
-            match kind {
-                Kind::ConfigMap => config_maps.contains(name),
-                Kind::Secret => secrets.contains(name),
-            }
+            p.spec
+                .as_ref()
+                .is_some_and(|spec| referenced(spec).iter().any(|r| r.kind == kind && r.name == name))
         })
         .map(|p| ObjectRef::from_obj(&**p))
         .collect()
@@ -179,7 +165,7 @@ fn with_triggers(controller: Controller<Pod>, control_plane: &ControlPlaneRef, t
     let pods = controller.store();
     let of_super = control_plane.clone();
     let control_plane = control_plane.clone();
-    let users = move |kind: Kind| {
+    let users = move |kind: ReferenceKind| {
         let (pods, of_super) = (pods.clone(), of_super.clone());
         move |meta: &ObjectMeta, copy: bool| {
             let object = if copy {
@@ -190,7 +176,7 @@ fn with_triggers(controller: Controller<Pod>, control_plane: &ControlPlaneRef, t
             object.map_or_else(Vec::new, |(namespace, name)| users_of(&pods, kind, &namespace, &name))
         }
     };
-    let (config_map_users, secret_users) = (users(Kind::ConfigMap), users(Kind::Secret));
+    let (config_map_users, secret_users) = (users(ReferenceKind::ConfigMap), users(ReferenceKind::Secret));
     let (tenant_config_map_users, tenant_secret_users) = (config_map_users.clone(), secret_users.clone());
     controller
         .watches_stream(triggers.super_pods, move |pod: PartialObjectMeta<Pod>| {

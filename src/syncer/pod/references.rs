@@ -36,37 +36,38 @@ pub struct Reference {
     pub name: String,
 }
 
-/// Renames references and records them.
-struct Mapper<'a> {
-    control_plane: &'a ControlPlaneRef,
-    namespace: &'a str,
-    found: BTreeSet<Reference>,
-}
-
-impl Mapper<'_> {
-    fn map(&mut self, kind: ReferenceKind, name: &mut String) {
-        // An empty name is invalid in the tenant already; it stays as it is.
-        if name.is_empty() {
-            return;
-        }
-        self.found.insert(Reference {
-            kind,
-            name: name.clone(),
-        });
-        *name = self
-            .control_plane
-            .super_name(NameLimit::Subdomain, self.namespace, name);
-    }
-}
-
 /// Rewrites every reference of `spec` (a pod of `namespace`) and returns the tenant objects
 /// referred to.
 pub(super) fn rewrite(spec: &mut PodSpec, control_plane: &ControlPlaneRef, namespace: &str) -> BTreeSet<Reference> {
-    let mut mapper = Mapper {
-        control_plane,
-        namespace,
-        found: BTreeSet::new(),
-    };
+    let mut found = BTreeSet::new();
+    visit(spec, &mut |kind, name| {
+        found.insert(Reference {
+            kind,
+            name: name.clone(),
+        });
+        *name = control_plane.super_name(NameLimit::Subdomain, namespace, name);
+    });
+    found
+}
+
+/// Every object of its namespace that `spec` refers to, by the names it uses: a tenant pod's
+/// are tenant names, a super pod's (already rewritten) the copies' names. The same walk as
+/// [`rewrite`], so the two never disagree on what counts as a reference.
+pub fn referenced(spec: &PodSpec) -> BTreeSet<Reference> {
+    let mut found = BTreeSet::new();
+    visit(&mut spec.clone(), &mut |kind, name| {
+        found.insert(Reference {
+            kind,
+            name: name.clone(),
+        });
+    });
+    found
+}
+
+/// Calls `each` on every reference of `spec` with a name (an empty name is invalid in the
+/// tenant already, and is left as it is).
+fn visit(spec: &mut PodSpec, each: &mut dyn FnMut(ReferenceKind, &mut String)) {
+    let mut mapper = Mapper(each);
     for volume in spec.volumes.iter_mut().flatten() {
         volume_references(volume, &mut mapper);
     }
@@ -80,7 +81,17 @@ pub(super) fn rewrite(spec: &mut PodSpec, control_plane: &ControlPlaneRef, names
     for secret in spec.image_pull_secrets.iter_mut().flatten() {
         mapper.map(ReferenceKind::Secret, &mut secret.name);
     }
-    mapper.found
+}
+
+/// What [`visit`] calls for each reference.
+struct Mapper<'a>(&'a mut dyn FnMut(ReferenceKind, &mut String));
+
+impl Mapper<'_> {
+    fn map(&mut self, kind: ReferenceKind, name: &mut String) {
+        if !name.is_empty() {
+            (self.0)(kind, name);
+        }
+    }
 }
 
 fn volume_references(volume: &mut Volume, mapper: &mut Mapper<'_>) {
