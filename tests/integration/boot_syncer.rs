@@ -436,6 +436,25 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
             (pod.uid() == victim.uid() && pod.status?.pod_ip == new_ip).then_some(())
         })
         .await;
+    // ... with a token Secret of its own (the old one goes with the old super pod).
+    booted
+        .runner
+        .wait_for("the new super pod owns a token Secret", BOOTED_STEP, || async {
+            let owned = secrets
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .any(|s| {
+                    s.annotations().contains_key(capn::controllers::syncer::REFRESH_AT)
+                        && s.owner_references()
+                            .iter()
+                            .any(|o| Some(&o.uid) == again.uid().as_ref())
+                });
+            owned.then_some(())
+        })
+        .await;
 
     // Deleting the Deployment removes every super pod and every copy.
     Api::<Deployment>::namespaced(tenant.clone(), "shop")

@@ -1,9 +1,9 @@
 //! The super cluster's side of every worker (docs/design.md §11): one watch per kind for all
 //! tenants, each feeding one cache, whose changes are routed to the worker of the workload
 //! namespace they happen in. The pods, ConfigMaps and Secrets the syncer made are selected
-//! by the [`tenancy::NAMESPACE`] label every one of them carries; Events are watched whole
-//! (the scheduler and kubelets write them, unlabelled) and only those in a workload namespace
-//! are routed.
+//! by the [`tenancy::NAMESPACE`] label every one of them carries; Events about pods are
+//! watched by field selector (the scheduler and kubelets write them, unlabelled) and only
+//! those in a workload namespace are routed.
 //!
 //! Why shared: capn talks to the super cluster over one HTTP/2 connection, on which the
 //! kube-apiserver allows 100 concurrent streams (its default since the HTTP/2 rapid-reset fix,
@@ -72,9 +72,14 @@ impl SuperCaches {
             secrets,
             routes: Mutex::default(),
         });
-        let events = watcher(Api::<Event>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .applied_objects();
+        // Only Events about pods: the API server filters them (`regarding.kind` is one of
+        // the Event's selectable fields), and those outside a workload namespace are dropped.
+        let events = watcher(
+            Api::<Event>::all(client.clone()),
+            watcher::Config::default().fields("regarding.kind=Pod"),
+        )
+        .default_backoff()
+        .applied_objects();
         let routing = {
             let caches = caches.clone();
             async move {

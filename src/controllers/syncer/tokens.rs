@@ -43,8 +43,11 @@ pub(super) async fn sync(
     let current = tenant
         .super_secrets
         .get(&ObjectRef::new(&secret.name).within(&tenant.namespace));
+    // A Secret of an earlier super pod of this name (deleted, made again) is the garbage
+    // collector's: this pod gets its own.
     let due = current
         .as_ref()
+        .filter(|s| s.owner_references().iter().any(|o| o.uid == owner))
         .and_then(|s| s.annotations().get(REFRESH_AT))
         .and_then(|at| at.parse::<Timestamp>().ok())
         .or_else(|| issued_lately(tenant, &secret.name, &owner));
