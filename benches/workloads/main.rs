@@ -27,13 +27,14 @@
 //!
 //! Figures are printed, never asserted.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use capn::api::{NestedAPIServer, NestedControlPlane};
+use capn_testkit::requests::Tally;
 use capn_testkit::runner::Runner;
 use capn_testkit::{audit, test_namespace};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -272,16 +273,13 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
     let synced = pods * tenants.len();
     let requests = syncer_requests(audit_log)?;
     let during = &requests[audited_before..];
-    let mut by_key: BTreeMap<String, usize> = BTreeMap::new();
-    for r in during {
-        *by_key.entry(format!("{} {}", r.key.verb, r.key.resource)).or_default() += 1;
-    }
+    let by_key: Tally = during.iter().map(|r| r.key.clone()).collect();
     let writes = during
         .iter()
         .filter(|r| !matches!(r.key.verb.as_str(), "get" | "list" | "watch"))
         .count();
     let busy = process::usage_of(pid)?;
-    let tenant_during = tenant_requests(tenants)? - tenant_audited_before;
+    let tenant_during = tenant_requests(tenants)?.since(&tenant_audited_before);
     println!("\n2. {} more tenants apply the same at once", others.len());
     println!("   apply → all {} pods Running: {:.2?}", pods * others.len(), all);
     println!(
@@ -290,17 +288,13 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
         during.len() as f64 / synced as f64,
         writes as f64 / synced as f64
     );
-    for (key, count) in &by_key {
-        println!("      {count:>5}  {key}");
-    }
+    print!("{}", by_key.breakdown());
     println!(
         "   tenant-apiserver requests of the syncer for the same pods: {} ({:.2} per pod)",
         tenant_during.total(),
         tenant_during.total() as f64 / synced as f64
     );
-    for (key, count) in &tenant_during.by_key {
-        println!("      {count:>5}  {key}");
-    }
+    print!("{}", tenant_during.breakdown());
     println!(
         "   syncer RSS: {:.1} MiB idle with {} tenants, {:.1} MiB with {synced} pods (+{:.1} MiB, {:.1} MiB per 1,000 pods); CPU {:.2} s for the syncing",
         idle.rss_anon_bytes as f64 / 1048576.0,
@@ -651,10 +645,7 @@ fn tenant_requests(tenants: &[Tenant]) -> Result<Tally, String> {
             .into_iter()
             .filter(|r| r.identity == TENANT_ADMIN)
         {
-            *tally
-                .by_key
-                .entry(format!("{} {}", request.key.verb, request.key.resource))
-                .or_default() += 1;
+            tally.add(request.key);
         }
     }
     Ok(tally)
@@ -692,31 +683,6 @@ fn signal(pid: i32, signal: &str) -> Result<(), String> {
         .success()
         .then_some(())
         .ok_or_else(|| format!("kill -{signal} {pid}: {status}"))
-}
-
-/// Requests counted by verb and resource.
-#[derive(Default)]
-struct Tally {
-    by_key: BTreeMap<String, usize>,
-}
-
-impl Tally {
-    fn total(&self) -> usize {
-        self.by_key.values().sum()
-    }
-}
-
-impl std::ops::Sub for Tally {
-    type Output = Tally;
-
-    fn sub(mut self, before: Tally) -> Tally {
-        for (key, count) in before.by_key {
-            let now = self.by_key.entry(key).or_default();
-            *now = now.saturating_sub(count);
-        }
-        self.by_key.retain(|_, count| *count > 0);
-        self
-    }
 }
 
 /// The admin kubeconfig, impersonating [`SYNCER_USER`] in `system:masters`.

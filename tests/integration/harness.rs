@@ -204,25 +204,24 @@ pub async fn apply_example(client: &Client, namespace: &str, path: &str) {
 
 /// Server-side applies one document in `namespace` with a user's field manager.
 pub async fn apply_doc(client: &Client, namespace: &str, doc: serde_json::Value) {
-    let api_version = doc["apiVersion"].as_str().unwrap().to_string();
-    let kind = doc["kind"].as_str().unwrap().to_string();
-    let name = doc["metadata"]["name"].as_str().unwrap().to_string();
-    let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
-    api.patch(&name, &PatchParams::apply("kubectl"), &Patch::Apply(&doc))
-        .await
-        .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
+    apply(client, Some(namespace), doc).await;
 }
 
 /// Server-side applies the cluster-scoped object `doc` as `kubectl` would.
 pub async fn apply_cluster_doc(client: &Client, doc: serde_json::Value) {
+    apply(client, None, doc).await;
+}
+
+async fn apply(client: &Client, namespace: Option<&str>, doc: serde_json::Value) {
     let api_version = doc["apiVersion"].as_str().unwrap().to_string();
     let kind = doc["kind"].as_str().unwrap().to_string();
     let name = doc["metadata"]["name"].as_str().unwrap().to_string();
     let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let api: Api<DynamicObject> = match namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
     api.patch(&name, &PatchParams::apply("kubectl"), &Patch::Apply(&doc))
         .await
         .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
