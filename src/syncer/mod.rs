@@ -9,12 +9,15 @@
 //! - [`pod`]: a tenant Pod translated into the super cluster's Pod;
 //! - [`diff`]: the patrol's comparison of the desired and the live super pod, whose each
 //!   super object is, and the orphans;
-//! - [`upward`]: the tenant pod's status from its super pod, and the node to bind it to.
+//! - [`upward`]: the tenant pod's status from its super pod, and the node to bind it to;
+//! - [`volume`]: a tenant claim's copy, and the tenant volume that shows the super volume
+//!   bound to it.
 pub mod admission;
 pub mod diff;
 pub mod names;
 pub mod pod;
 pub mod upward;
+pub mod volume;
 
 #[cfg(test)]
 mod fixtures;
