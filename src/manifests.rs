@@ -132,7 +132,8 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
             ),
             // The syncer's workload namespaces, each with its ResourceQuota, LimitRange and
             // `default` ServiceAccount (token automount off); the super nodes its pods run on
-            // are read for their tenant Nodes.
+            // are read for their tenant Nodes, and the volumes bound to its claims for their
+            // tenant PersistentVolumes.
             rule(
                 &[""],
                 &["namespaces", "resourcequotas", "limitranges"],
@@ -140,6 +141,7 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
             ),
             rule(&[""], &["serviceaccounts"], &["get", "create", "update", "patch"]),
             rule(&[""], &["nodes"], &["get"]),
+            rule(&[""], &["persistentvolumes"], READ),
             rule(
                 &["policy"],
                 &["poddisruptionbudgets"],

@@ -256,7 +256,12 @@ fn controller_manager_args(kubeconfig: &Path, port: u16, files: &Credentials) ->
         // kubelet and that controller would (docs/reference.md, "Standing in for the kubelet").
         // The ResourceQuota controller runs: without the usage it records, the API server
         // refuses every pod in a namespace with a quota (the syncer's workload namespaces).
-        "--controllers=garbagecollector,namespace,resourcequota".to_owned(),
+        // The PersistentVolume controller binds the syncer's claim copies to volumes, and
+        // the two protection controllers lift the finalizers the API server's admission puts
+        // on every claim and volume, once unused (without them no claim or volume is ever
+        // deleted).
+        "--controllers=garbagecollector,namespace,resourcequota,persistentvolume-binder,pvc-protection,pv-protection"
+            .to_owned(),
         "--leader-elect=false".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),
         format!("--secure-port={port}"),

@@ -1021,3 +1021,110 @@ async fn a_tenant_node_goes_with_its_super_node() {
         .await;
     booted.stop().await;
 }
+
+/// A tenant claim is bound through its copy, as in a cluster whose volumes come from a CSI
+/// provisioner: the super cluster binds the copy to a volume made by its admin, the tenant is
+/// shown that volume bound in advance to the claim, and the tenant's own PersistentVolume
+/// controller binds the claim (`Bound`, the volume's name and capacity). Deleting the
+/// tenant claim deletes its copy (the super volume, `Retain`, stays and so does its tenant
+/// volume, released); deleting the super volume removes the tenant volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_claim_is_bound_through_its_copy_and_its_volume_shown() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let booted = boot_with("syncer, claims", None, StartCapn::InProcess).await;
+    let (client, ns) = (booted.client.clone(), booted.ns.clone());
+    let tenant = tenant_client(&booted).await;
+    // A class name of this test's own, so that no other test's claim binds the volume.
+    let class = format!("capn-test-{ns}");
+    let volume_name = format!("capn-claim-{ns}");
+    let volumes = Api::<PersistentVolume>::all(client.clone());
+    let volume: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": volume_name},
+        "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"],
+            "storageClassName": class, "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": format!("/tmp/{volume_name}")}}
+    }))
+    .unwrap();
+    volumes.create(&PostParams::default(), &volume).await.unwrap();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(tenant.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+            "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    let uid = claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    say("the tenant claim is bound to the tenant volume that shows the super volume");
+    let bound = booted
+        .runner
+        .wait_for("the tenant claim is Bound", BOOTED_STEP * 2, || async {
+            let claim = claims.get("data").await.ok()?;
+            (claim.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(claim)
+        })
+        .await;
+    assert_eq!(
+        bound.spec.as_ref().unwrap().volume_name.as_deref(),
+        Some(volume_name.as_str())
+    );
+    assert_eq!(
+        bound.status.as_ref().unwrap().capacity.as_ref().unwrap()["storage"].0,
+        "2Gi"
+    );
+    let tenant_volumes = Api::<PersistentVolume>::all(tenant.clone());
+    let shown = tenant_volumes.get(&volume_name).await.unwrap();
+    let spec = shown.spec.as_ref().unwrap();
+    let claim_ref = spec.claim_ref.as_ref().unwrap();
+    assert_eq!(
+        (
+            claim_ref.namespace.as_deref(),
+            claim_ref.name.as_deref(),
+            claim_ref.uid.as_deref()
+        ),
+        (Some("default"), Some("data"), Some(uid.as_str()))
+    );
+    assert_eq!(spec.host_path, None, "the super volume's host path is not shown");
+    assert_eq!(spec.csi.as_ref().unwrap().driver, capn::syncer::volume::CSI_DRIVER);
+    let workloads = ControlPlaneRef::new(&ns, "demo").workload_namespace();
+    let copies = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &workloads);
+    let copy = copies.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(copy.len(), 1, "one copy: {copy:?}");
+    assert_eq!(
+        copy[0].spec.as_ref().unwrap().volume_name.as_deref(),
+        Some(volume_name.as_str())
+    );
+
+    say("deleting the tenant claim deletes its copy; the retained volume stays shown");
+    claims.delete("data", &DeleteParams::default()).await.unwrap();
+    booted
+        .runner
+        .wait_for("the claim's copy is gone", BOOTED_STEP, || async {
+            copies
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+    booted
+        .runner
+        .wait_for("the tenant volume is Released", BOOTED_STEP, || async {
+            let volume = tenant_volumes.get(&volume_name).await.ok()?;
+            (volume.status?.phase.as_deref() == Some("Released")).then_some(())
+        })
+        .await;
+    volumes.delete(&volume_name, &DeleteParams::default()).await.unwrap();
+    booted
+        .runner
+        .wait_for("the tenant volume goes with the super volume", BOOTED_STEP, || async {
+            tenant_volumes.get_opt(&volume_name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    booted.stop().await;
+}

@@ -20,6 +20,7 @@ mod references;
 mod scope;
 mod super_caches;
 mod tokens;
+mod volumes;
 mod worker;
 pub mod workload_namespace;
 
@@ -121,13 +122,15 @@ async fn reconcile(
         workers.stop(&control_plane);
         workload_namespace::delete(&ctx.client, &control_plane).await?;
         if !enabled {
-            // The tenant Nodes the syncer made go once, when syncing stops: no pod runs on
-            // them any more (the tenant's pod garbage collector then removes the pods bound
-            // to them). A tenant that cannot be reached keeps the condition as it was, and
+            // The tenant Nodes and PersistentVolumes the syncer made go once, when syncing
+            // stops: no pod runs on the Nodes any more (the tenant's pod garbage collector
+            // then removes the pods bound to them), and the volumes' claim copies went with
+            // the workload namespace. A tenant that cannot be reached keeps the condition as it was, and
             // this is retried.
             if !sync_disabled_before(&ncp) {
                 let tenant = kube::Client::try_from(tenant_config(&ctx, &ncp, &ns).await?)?;
                 nodes::remove_all(&tenant).await?;
+                volumes::remove_all(&tenant).await?;
             }
             let update = ConditionUpdate::new(
                 WORKLOADS_SYNCED,

@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 
 use super::caches::in_namespace;
 use super::references::referenced;
-use super::scope::Tenant;
+use super::scope::{Tenant, ignore_missing};
 use crate::syncer::diff::copy_of;
 use crate::syncer::names::NameLimit;
 
@@ -95,11 +95,4 @@ where
             .await
             .map(drop),
     )
-}
-
-fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
-    match result {
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        other => other,
-    }
 }

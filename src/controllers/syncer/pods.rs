@@ -9,14 +9,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
 use super::scope::{FIELD_MANAGER, Tenant, typed};
 use super::{nodes, references, tokens};
-use crate::controllers::events::Occurrence;
 use crate::syncer::diff::{Ownership, ownership, pod_drift};
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::{MissingField, TenantObject};
@@ -80,7 +79,7 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
                 "the super cluster already has a pod {super_name} in {} that is not this pod's copy; it is left alone",
                 tenant.namespace
             );
-            event(tenant, &pod, true, "NameConflict", note).await;
+            tenant.event(&*pod, true, "NameConflict", note).await;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
         Some(Ownership::Stale) => {
@@ -172,7 +171,7 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
             .map(|t| t.key.clone().unwrap_or_default())
             .collect();
         let note = format!("tolerations not carried to the super cluster: {}", keys.join(", "));
-        event(tenant, &pod, false, "TolerationsDropped", note).await;
+        tenant.event(&*pod, false, "TolerationsDropped", note).await;
     }
     upward(tenant, &pod, &live).await?;
     Ok(next)
@@ -293,7 +292,7 @@ async fn refuse(tenant: &Tenant, pod: &Pod, reason: &str, message: String, next:
             &Patch::Merge(serde_json::json!({"status": {"phase": "Pending", "conditions": conditions}})),
         )
         .await?;
-    event(tenant, pod, true, reason, message).await;
+    tenant.event(pod, true, reason, message).await;
     Ok(next)
 }
 
@@ -309,7 +308,7 @@ async fn lost(tenant: &Tenant, pod: &Pod, node: &str) -> Result<Action, SyncErro
             &Patch::Merge(serde_json::json!({"status": {"phase": "Failed", "reason": NODE_LOST, "message": message}})),
         )
         .await?;
-    event(tenant, pod, true, NODE_LOST, message).await;
+    tenant.event(pod, true, NODE_LOST, message).await;
     Ok(Action::await_change())
 }
 
@@ -366,23 +365,6 @@ fn changes(
     let mut merged = current.clone();
     json_patch::merge(&mut merged, &serde_json::to_value(desired).unwrap_or_default());
     merged != current
-}
-
-/// Publishes an Event about the tenant pod in the tenant; a failure is logged, never
-/// fatal.
-async fn event(tenant: &Tenant, pod: &Pod, warning: bool, reason: &str, note: String) {
-    let regarding = pod.object_ref(&());
-    let occurrence = Occurrence {
-        warning,
-        reason,
-        action: "Sync",
-        note,
-        regarding,
-        related: None,
-    };
-    if let Err(error) = tenant.recorder.publish(&occurrence).await {
-        tracing::info!(%error, pod = %pod.name_any(), "could not publish an Event in the tenant");
-    }
 }
 
 #[cfg(test)]

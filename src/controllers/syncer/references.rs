@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
@@ -15,11 +15,13 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::scope::{CopyRecord, FIELD_MANAGER, Tenant, typed};
+use super::volumes::ensure_copy;
 use crate::syncer::diff::metadata_drift;
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::super_metadata;
 use crate::syncer::pod::references::referenced as pod_references;
 use crate::syncer::pod::{Reference, ReferenceKind};
+use crate::syncer::volume::claim_copy;
 
 /// The legacy service-account token Secret type: a copy of one is made `Opaque`, so that
 /// the super cluster's token controller never fills it with a super-cluster token.
@@ -259,43 +261,22 @@ pub(super) fn records(tenant: &Tenant) -> std::sync::MutexGuard<'_, std::collect
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A claim's copy asks for the same storage (class, access modes, size, volume mode) and
-/// nothing that names super-cluster objects: no `volumeName`, `selector` or data source,
-/// which would reach volumes and objects outside the tenant's own. A claim's spec is
-/// immutable but for its size, so the copy is made once.
+/// Ensures the copy of the tenant claim `name` (its rules: [`claim_copy`]). The volumes
+/// pass copies every claim; a pod's pass makes sure of its own before the super pod needs it.
 async fn claim(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
-    let Some(source) = Api::<PersistentVolumeClaim>::namespaced(tenant.tenant_client.clone(), namespace)
-        .get_opt(name)
-        .await?
-    else {
+    let cached = tenant.tenant_claims.get(&ObjectRef::new(name).within(namespace));
+    let source = match cached {
+        Some(claim) => Some((*claim).clone()),
+        None => {
+            Api::<PersistentVolumeClaim>::namespaced(tenant.tenant_client.clone(), namespace)
+                .get_opt(name)
+                .await?
+        }
+    };
+    let Some(copy) = source.and_then(|claim| claim_copy(tenant.control_plane(), &claim).ok()) else {
         return Ok(false);
     };
-    let Some(metadata) = copy_meta(tenant, &source.metadata) else {
-        return Ok(false);
-    };
-    let spec = source.spec.unwrap_or_default();
-    let copy = PersistentVolumeClaim {
-        metadata,
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: spec.access_modes,
-            resources: spec.resources,
-            storage_class_name: spec.storage_class_name,
-            volume_mode: spec.volume_mode,
-            ..PersistentVolumeClaimSpec::default()
-        }),
-        status: None,
-    };
-    let api = Api::<PersistentVolumeClaim>::namespaced(tenant.super_client.clone(), &tenant.namespace);
-    let name = copy.metadata.name.clone().unwrap_or_default();
-    if api.get_opt(&name).await?.is_none() {
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(typed(&copy)),
-        )
-        .await?;
-    }
-    Ok(true)
+    ensure_copy(tenant, &copy).await
 }
 
 /// The ConfigMaps and the Secrets the pods refer to, by the names their specs use

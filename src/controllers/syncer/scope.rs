@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource};
 
-use crate::controllers::events::Recorder;
+use crate::controllers::events::{Occurrence, Recorder};
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::pod::Target;
 use crate::telemetry::Metrics;
@@ -32,12 +32,20 @@ pub(super) struct Tenant {
     pub target: Target,
     /// The workload namespace.
     pub namespace: String,
-    /// The super pods of the workload namespace.
+    /// The super pods of every workload namespace (the shared cache).
     pub super_pods: Store<Pod>,
     /// The super Secrets of the workload namespace (copies and token Secrets).
     pub super_secrets: Store<Secret>,
     /// The super ConfigMaps of the workload namespace (copies).
     pub super_config_maps: Store<ConfigMap>,
+    /// The claim copies of every workload namespace (the shared cache).
+    pub super_claims: Store<PersistentVolumeClaim>,
+    /// The super cluster's PersistentVolumes (the shared cache).
+    pub super_volumes: Store<PersistentVolume>,
+    /// The tenant's PersistentVolumeClaims.
+    pub tenant_claims: Store<PersistentVolumeClaim>,
+    /// The tenant PersistentVolumes the syncer made.
+    pub tenant_volumes: Store<PersistentVolume>,
     /// The tenant's pods (the worker's own queue reads from it).
     pub tenant_pods: Store<Pod>,
     /// The tenant Nodes the syncer made.
@@ -88,6 +96,23 @@ impl Tenant {
     pub fn control_plane(&self) -> &ControlPlaneRef {
         &self.target.control_plane
     }
+
+    /// Publishes an Event about the tenant object `object` in the tenant (a `Warning` when
+    /// `warning`); a failure is logged, never fatal.
+    pub async fn event<K: Resource<DynamicType = ()>>(&self, object: &K, warning: bool, reason: &str, note: String) {
+        let occurrence = Occurrence {
+            warning,
+            reason,
+            action: "Sync",
+            note,
+            regarding: object.object_ref(&()),
+            related: None,
+        };
+        if let Err(error) = self.recorder.publish(&occurrence).await {
+            let name = object.meta().name.as_deref().unwrap_or_default();
+            tracing::info!(%error, kind = %K::kind(&()), %name, "could not publish an Event in the tenant");
+        }
+    }
 }
 
 /// The object with its `apiVersion` and `kind`, which server-side apply requires.
@@ -96,4 +121,12 @@ pub(super) fn typed<K: Resource<DynamicType = ()> + serde::Serialize>(object: &K
     value["apiVersion"] = K::api_version(&()).into();
     value["kind"] = K::kind(&()).into();
     value
+}
+
+/// `result`, with a 404 (the object is already gone) taken as success.
+pub(super) fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other,
+    }
 }

@@ -1,22 +1,24 @@
 //! The super cluster's side of every worker (docs/design.md §11): one watch per kind for all
 //! tenants, each feeding one cache, whose changes are routed to the worker of the workload
-//! namespace they happen in. The pods, ConfigMaps and Secrets the syncer made are selected
-//! by the [`tenancy::NAMESPACE`] label every one of them carries; Events about pods are
-//! watched by field selector (the scheduler and kubelets write them, unlabelled) and only
-//! those in a workload namespace are routed.
+//! namespace they happen in. The pods, ConfigMaps, Secrets and PersistentVolumeClaims the
+//! syncer made are selected by the [`tenancy::NAMESPACE`] label every one of them carries;
+//! Events about pods are watched by field selector (the scheduler and kubelets write them,
+//! unlabelled) and only those in a workload namespace are routed; PersistentVolumes are
+//! cluster-scoped and unlabelled (the super cluster's provisioners make them), so all are
+//! cached and a change is routed to the namespace of the claim it is bound to.
 //!
 //! Why shared: capn talks to the super cluster over one HTTP/2 connection, on which the
 //! kube-apiserver allows 100 concurrent streams (its default since the HTTP/2 rapid-reset fix,
 //! CVE-2023-44487; `--http2-max-streams-per-connection`). A watch per tenant and kind would
 //! use them up at about 25 tenants, after which every request of capn's waits for a stream
-//! that never frees. Shared, capn holds four watches there however many tenants it serves,
-//! and the super cluster keeps four watchers for capn instead of four per tenant.
+//! that never frees. Shared, capn holds six watches there however many tenants it serves,
+//! and the super cluster keeps six watchers for capn instead of six per tenant.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::Api;
 use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
@@ -36,6 +38,10 @@ pub(super) struct SuperCaches {
     pub config_maps: Store<ConfigMap>,
     /// Every Secret copy and token Secret.
     pub secrets: Store<Secret>,
+    /// Every PersistentVolumeClaim copy.
+    pub claims: Store<PersistentVolumeClaim>,
+    /// Every PersistentVolume of the super cluster.
+    pub volumes: Store<PersistentVolume>,
     routes: Mutex<HashMap<String, Route>>,
 }
 
@@ -45,6 +51,8 @@ struct Route {
     config_maps: UnboundedSender<PartialObjectMeta<ConfigMap>>,
     secrets: UnboundedSender<PartialObjectMeta<Secret>>,
     events: UnboundedSender<Event>,
+    /// A claim copy or a volume bound to one changed (the volumes pass looks at them all).
+    volumes: UnboundedSender<()>,
 }
 
 /// What one worker receives: the changed objects of its workload namespace (metadata, which
@@ -56,20 +64,26 @@ pub(super) struct Subscription {
     pub config_maps: UnboundedReceiver<PartialObjectMeta<ConfigMap>>,
     pub secrets: UnboundedReceiver<PartialObjectMeta<Secret>>,
     pub events: UnboundedReceiver<Event>,
+    pub volumes: UnboundedReceiver<()>,
 }
 
 impl SuperCaches {
-    /// Starts the four watches on the super cluster through `client`. The caches fill while
+    /// Starts the six watches on the super cluster through `client`. The caches fill while
     /// the returned future is polled (for as long as the syncer runs).
     pub fn start(client: &Client) -> (std::sync::Arc<Self>, impl Future<Output = ()> + use<>) {
         let synced = watcher::Config::default().labels(tenancy::NAMESPACE);
         let (pods, pod_changes) = reflect::<Pod>(Api::all(client.clone()), synced.clone());
         let (config_maps, config_map_changes) = reflect::<ConfigMap>(Api::all(client.clone()), synced.clone());
-        let (secrets, secret_changes) = reflect::<Secret>(Api::all(client.clone()), synced);
+        let (secrets, secret_changes) = reflect::<Secret>(Api::all(client.clone()), synced.clone());
+        let (claims, claim_changes) = reflect::<PersistentVolumeClaim>(Api::all(client.clone()), synced);
+        let (volumes, volume_changes) =
+            reflect::<PersistentVolume>(Api::all(client.clone()), watcher::Config::default());
         let caches = std::sync::Arc::new(SuperCaches {
             pods,
             config_maps,
             secrets,
+            claims,
+            volumes,
             routes: Mutex::default(),
         });
         // Only Events about pods: the API server filters them (`regarding.kind` is one of
@@ -84,18 +98,27 @@ impl SuperCaches {
             let caches = caches.clone();
             async move {
                 tokio::join!(
-                    caches.route(pod_changes, |r| &r.pods, |p: Pod| p.metadata.into_request_partial()),
+                    caches.route(
+                        pod_changes,
+                        namespace,
+                        |r| &r.pods,
+                        |p: Pod| p.metadata.into_request_partial()
+                    ),
                     caches.route(
                         config_map_changes,
+                        namespace,
                         |r| &r.config_maps,
                         |c: ConfigMap| { c.metadata.into_request_partial() }
                     ),
                     caches.route(
                         secret_changes,
+                        namespace,
                         |r| &r.secrets,
                         |s: Secret| s.metadata.into_request_partial()
                     ),
-                    caches.route(events, |r| &r.events, |e: Event| e),
+                    caches.route(events, namespace, |r| &r.events, |e: Event| e),
+                    caches.route(claim_changes, namespace, |r| &r.volumes, |_| ()),
+                    caches.route(volume_changes, claim_namespace, |r| &r.volumes, |_| ()),
                 );
             }
         };
@@ -109,6 +132,7 @@ impl SuperCaches {
         let (config_maps, config_maps_rx) = unbounded_channel();
         let (secrets, secrets_rx) = unbounded_channel();
         let (events, events_rx) = unbounded_channel();
+        let (volumes, volumes_rx) = unbounded_channel();
         self.lock().insert(
             namespace.to_owned(),
             Route {
@@ -116,6 +140,7 @@ impl SuperCaches {
                 config_maps,
                 secrets,
                 events,
+                volumes,
             },
         );
         Subscription {
@@ -123,23 +148,23 @@ impl SuperCaches {
             config_maps: config_maps_rx,
             secrets: secrets_rx,
             events: events_rx,
+            volumes: volumes_rx,
         }
     }
 
-    /// Sends each change of `changes` to the route of its namespace; a route whose worker is
-    /// gone is dropped.
+    /// Sends each change of `changes` to the route of the namespace `key` gives it; a route
+    /// whose worker is gone is dropped.
     async fn route<K, T>(
         &self,
         changes: impl futures::Stream<Item = Result<K, watcher::Error>>,
+        key: impl Fn(&K) -> Option<String>,
         sender: impl Fn(&Route) -> &UnboundedSender<T>,
         message: impl Fn(K) -> T,
-    ) where
-        K: Resource,
-    {
+    ) {
         futures::pin_mut!(changes);
         while let Some(change) = changes.next().await {
             let Ok(object) = change else { continue };
-            let Some(namespace) = object.meta().namespace.clone() else {
+            let Some(namespace) = key(&object) else {
                 continue;
             };
             let mut routes = self.lock();
@@ -155,4 +180,14 @@ impl SuperCaches {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
         self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The namespace an object is in.
+fn namespace<K: Resource>(object: &K) -> Option<String> {
+    object.meta().namespace.clone()
+}
+
+/// The namespace of the claim a volume is bound to.
+fn claim_namespace(volume: &PersistentVolume) -> Option<String> {
+    volume.spec.as_ref()?.claim_ref.as_ref()?.namespace.clone()
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::Api;
@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::caches::{Changes, reflect};
 use super::scope::Tenant;
 use super::super_caches::SuperCaches;
-use super::{nodes, patrol, pod_events, pods};
+use super::{nodes, patrol, pod_events, pods, volumes};
 use crate::controllers::events::Recorder;
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
@@ -58,6 +58,13 @@ pub(super) async fn run(start: Start) {
         Api::all(start.tenant_client.clone()),
         watcher::Config::default().labels(&format!("{}=true", nodes::VIRTUAL_NODE_LABEL)),
     );
+    // The tenant's claims, and the volumes the syncer showed there: the volumes pass's.
+    let (tenant_claims, tenant_claim_changes) =
+        reflect::<PersistentVolumeClaim>(Api::all(start.tenant_client.clone()), watcher::Config::default());
+    let (tenant_volumes, tenant_volume_changes) = reflect::<PersistentVolume>(
+        Api::all(start.tenant_client.clone()),
+        watcher::Config::default().labels(&format!("{}=true", crate::syncer::volume::VIRTUAL_VOLUME_LABEL)),
+    );
     // The queue's own cache of tenant pods is trimmed like the others (Controller::new would
     // keep every pod's managedFields).
     let (tenant_pods, tenant_pod_changes) =
@@ -77,6 +84,10 @@ pub(super) async fn run(start: Start) {
         super_pods: start.caches.pods.clone(),
         super_secrets: start.caches.secrets.clone(),
         super_config_maps: start.caches.config_maps.clone(),
+        super_claims: start.caches.claims.clone(),
+        super_volumes: start.caches.volumes.clone(),
+        tenant_claims,
+        tenant_volumes,
         tenant_pods,
         tenant_nodes,
         nodes_made: Default::default(),
@@ -119,6 +130,15 @@ pub(super) async fn run(start: Start) {
         nodes::heartbeats(&tenant),
         patrol::run(&tenant),
         pod_events::run(&tenant, subscription.events),
+        volumes::run(
+            &tenant,
+            futures::stream::select_all([
+                received(subscription.volumes).map(drop).boxed(),
+                tenant_claim_changes.map(drop).boxed(),
+                tenant_volume_changes.map(drop).boxed(),
+            ])
+            .boxed()
+        ),
     );
 }
 

@@ -1,0 +1,202 @@
+//! The volumes pass (docs/design.md §11 "Claims and volumes"; the rules are
+//! [`crate::syncer::volume`]'s): every tenant claim gets its copy in the workload namespace,
+//! a copy whose tenant claim is gone is deleted (after a read of the tenant confirms it, as
+//! the patrol does for pods), and each super volume bound to a copy is shown in the tenant,
+//! where the tenant's PersistentVolume controller binds the claim to it. A pass reads only
+//! the caches and writes only what differs; it runs when a claim or a volume changes on
+//! either side, and every patrol period.
+
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::ObjectRef;
+
+use super::caches::in_namespace;
+use super::scope::{TENANT_FIELD_MANAGER, Tenant, ignore_missing, typed};
+use crate::syncer::names::tenancy::TenantObject;
+use crate::syncer::volume::{VolumeChange, claim_copy, orphaned_claims, volume_changes};
+
+/// How soon a failed pass is tried again.
+const RETRY: Duration = Duration::from_secs(5);
+/// Why a claim has no copy: the super cluster refused it (quota, policy).
+const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
+
+/// Runs the volumes pass until `wakes` ends: once the caches are filled, then after each
+/// change `wakes` reports (those that arrive during a pass are seen by the next one), and
+/// at least every patrol period.
+pub(super) async fn run(tenant: &Tenant, wakes: futures::stream::BoxStream<'static, ()>) {
+    let mut wakes = wakes;
+    // The tenant caches fill only while `wakes` is polled.
+    let ready = async {
+        tenant.tenant_claims.wait_until_ready().await.is_ok()
+            && tenant.tenant_volumes.wait_until_ready().await.is_ok()
+            && tenant.super_claims.wait_until_ready().await.is_ok()
+            && tenant.super_volumes.wait_until_ready().await.is_ok()
+    };
+    futures::pin_mut!(ready);
+    loop {
+        tokio::select! {
+            filled = &mut ready => if filled { break } else { return },
+            woken = wakes.next() => if woken.is_none() { return },
+        }
+    }
+    loop {
+        let next = match pass(tenant).await {
+            Ok(()) => tenant.patrol_every,
+            Err(error) => {
+                tracing::info!(%error, tenant = %tenant.control_plane().key(), "volumes pass failed; trying again");
+                RETRY
+            }
+        };
+        tokio::select! {
+            woken = wakes.next() => if woken.is_none() { return },
+            () = tokio::time::sleep(next) => {}
+        }
+        while let Some(Some(())) = wakes.next().now_or_never() {}
+    }
+}
+
+/// One pass: claims down, orphaned copies out, volumes up.
+async fn pass(tenant: &Tenant) -> Result<(), kube::Error> {
+    let control_plane = tenant.control_plane();
+    let copies = in_namespace(&tenant.super_claims, &tenant.namespace);
+    let claims = tenant.tenant_claims.state();
+    for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
+        let Ok(copy) = claim_copy(control_plane, claim) else {
+            continue;
+        };
+        if copies.iter().all(|c| c.metadata.name != copy.metadata.name) {
+            create_copy(tenant, claim, &copy).await?;
+        }
+    }
+    let owners: Vec<TenantObject> = claims
+        .iter()
+        .filter_map(|c| TenantObject::of(&c.metadata).ok())
+        .collect();
+    for (copy, owner) in orphaned_claims(control_plane, &copies, &owners) {
+        if copy.metadata.deletion_timestamp.is_none() {
+            delete_orphan(tenant, copy, &owner).await?;
+        }
+    }
+    let api = Api::<PersistentVolume>::all(tenant.tenant_client.clone());
+    let changes = volume_changes(
+        control_plane,
+        &tenant.namespace,
+        &tenant.super_volumes.state(),
+        &copies,
+        &tenant.tenant_volumes.state(),
+    );
+    for change in changes {
+        match change {
+            VolumeChange::Apply { volume, existing: true } => {
+                let name = volume.name_any();
+                api.patch(
+                    &name,
+                    &PatchParams::apply(TENANT_FIELD_MANAGER).force(),
+                    &Patch::Apply(typed(&*volume)),
+                )
+                .await?;
+            }
+            // Made with a create, not an apply: a tenant volume of that name that the syncer
+            // did not make is never taken over.
+            VolumeChange::Apply {
+                volume,
+                existing: false,
+            } => match api.create(&PostParams::default(), &volume).await {
+                Err(kube::Error::Api(e)) if e.code == 409 => tracing::info!(
+                    volume = %volume.name_any(),
+                    "a tenant PersistentVolume of this name exists that the syncer did not make; not shown"
+                ),
+                other => drop(other?),
+            },
+            VolumeChange::Delete(name) => {
+                let going = tenant
+                    .tenant_volumes
+                    .get(&ObjectRef::new(&name))
+                    .is_some_and(|v| v.metadata.deletion_timestamp.is_some());
+                if !going {
+                    ignore_missing(api.delete(&name, &DeleteParams::default()).await.map(drop))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ensures the copy `copy` of a tenant claim exists. Returns whether it is there and is
+/// this claim's (a copy of a claim deleted and made again under its name is waited out).
+///
+/// # Errors
+/// A failed write of the super cluster.
+pub(super) async fn ensure_copy(tenant: &Tenant, copy: &PersistentVolumeClaim) -> Result<bool, kube::Error> {
+    let name = copy.name_any();
+    if let Some(live) = tenant
+        .super_claims
+        .get(&ObjectRef::new(&name).within(&tenant.namespace))
+    {
+        let owner = |c: &PersistentVolumeClaim| TenantObject::of_super(tenant.control_plane(), &c.metadata);
+        return Ok(owner(&live) == owner(copy) && live.metadata.deletion_timestamp.is_none());
+    }
+    match Api::<PersistentVolumeClaim>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+        .create(&PostParams::default(), copy)
+        .await
+    {
+        Ok(_) => Ok(true),
+        // Made meanwhile (by a pod's pass, or a pass before the cache showed it): the next
+        // look, from the cache, tells whose it is.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes the copy of `claim`; a refusal of the super cluster's admission (its quota on
+/// claims or storage, a policy) is told in the tenant, as for pods, and tried again next
+/// pass.
+async fn create_copy(
+    tenant: &Tenant,
+    claim: &PersistentVolumeClaim,
+    copy: &PersistentVolumeClaim,
+) -> Result<(), kube::Error> {
+    match ensure_copy(tenant, copy).await {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
+            let note = format!("the super cluster refused the claim: {}", e.message);
+            tenant.event(claim, true, SUPER_CLUSTER_REFUSED, note).await;
+            Ok(())
+        }
+        other => other.map(drop),
+    }
+}
+
+/// Deletes the copy `copy` once a read of the tenant confirms that its claim `owner` is
+/// gone (or was made again: another uid). The super cluster's own claim protection keeps
+/// the copy while a super pod still mounts it.
+async fn delete_orphan(tenant: &Tenant, copy: &PersistentVolumeClaim, owner: &TenantObject) -> Result<(), kube::Error> {
+    let confirmed = Api::<PersistentVolumeClaim>::namespaced(tenant.tenant_client.clone(), &owner.namespace)
+        .get_opt(&owner.name)
+        .await?;
+    if confirmed.is_some_and(|c| c.metadata.uid.as_deref() == Some(owner.uid.as_str())) {
+        return Ok(());
+    }
+    tracing::info!(claim = %copy.name_any(), "deleting a claim copy whose tenant claim is gone");
+    ignore_missing(
+        Api::<PersistentVolumeClaim>::namespaced(tenant.super_client.clone(), &tenant.namespace)
+            .delete(&copy.name_any(), &DeleteParams::default())
+            .await
+            .map(drop),
+    )
+}
+
+/// Removes every tenant volume the syncer made (when syncing is turned off: their super
+/// volumes went with the workload namespace's claims, or are kept by the platform).
+pub(super) async fn remove_all(tenant_client: &kube::Client) -> Result<(), kube::Error> {
+    Api::<PersistentVolume>::all(tenant_client.clone())
+        .delete_collection(
+            &DeleteParams::default(),
+            &kube::api::ListParams::default().labels(&format!("{}=true", crate::syncer::volume::VIRTUAL_VOLUME_LABEL)),
+        )
+        .await
+        .map(drop)
+}
