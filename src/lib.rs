@@ -17,7 +17,8 @@
 //! - [`apply`] (server-side apply, ApplySets, readiness) · [`status`] (condition types and
 //!   reasons) · [`client`] (the super cluster's client) · [`telemetry`];
 //! - [`syncer`]: the pure core of tenant workloads (names, pod translation, admission,
-//!   drift, status back to the tenant);
+//!   drift, status back to the tenant, claims and volumes); [`kubelet`]: the tenant Nodes'
+//!   kubelet API (who calls, logs);
 //! - [`controllers`]: the reconcilers; [`manifests`]: the clusterctl artifacts; [`cli`].
 
 pub mod api;
@@ -30,6 +31,7 @@ pub mod component;
 pub mod controllers;
 pub mod crds;
 pub mod etcd;
+pub mod kubelet;
 pub mod manifests;
 pub mod patch;
 pub mod pki;

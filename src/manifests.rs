@@ -142,6 +142,8 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
             rule(&[""], &["serviceaccounts"], &["get", "create", "update", "patch"]),
             rule(&[""], &["nodes"], &["get"]),
             rule(&[""], &["persistentvolumes"], READ),
+            // The tenant Nodes' kubelet API answers `kubectl logs` from the super pods' logs.
+            rule(&[""], &["pods/log"], &["get"]),
             rule(
                 &["policy"],
                 &["poddisruptionbudgets"],
@@ -266,11 +268,14 @@ fn deployment(p: Provider, ns: &str) -> Value {
                             "--health-probe-bind-address=0.0.0.0:8081",
                         ],
                         // The etcd restore init containers run capn's own image: the same one.
+                        // The pod IP is where tenant apiservers reach the syncer's kubelet API.
                         "env": [env_from_field("POD_NAME", "metadata.name"), env_from_field("POD_NAMESPACE", "metadata.namespace"),
+                                env_from_field("POD_IP", "status.podIP"),
                                 json!({"name": "CAPN_IMAGE", "value": "${CAPN_IMAGE:=ghcr.io/capn/capn:v0.1.0}"})],
                         "ports": [
                             {"name": "metrics", "containerPort": 8080, "protocol": "TCP"},
                             {"name": "healthz", "containerPort": 8081, "protocol": "TCP"},
+                            {"name": "kubelet", "containerPort": 10250, "protocol": "TCP"},
                         ],
                         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "healthz"}},
                         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "healthz"}},
@@ -373,6 +378,11 @@ mod tests {
                 |e| e["name"] == "POD_NAMESPACE" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
             ),
             "capn learns its namespace from the downward API"
+        );
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"),
+            "the tenant Nodes announce capn's pod IP for the kubelet API"
         );
         // The selector is immutable on an installed Deployment: the new label is not in it.
         assert_eq!(

@@ -144,6 +144,16 @@ pub struct RunArgs {
     /// a Go duration.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
     pub syncer_patrol_interval: std::time::Duration,
+    /// Where the syncer serves the tenant Nodes' kubelet API (`kubectl logs` in a tenant):
+    /// `ADDRESS:PORT`, port 0 for a free one.
+    #[arg(long, value_name = "ADDRESS:PORT", default_value = "0.0.0.0:10250")]
+    pub kubelet_bind_address: std::net::SocketAddr,
+    /// The address tenant apiservers dial for the kubelet API, announced as each tenant
+    /// Node's InternalIP: capn's pod IP in a super cluster (the clusterctl Deployment passes
+    /// the downward API's `POD_IP`). Unset, no kubelet API is served and tenant Nodes
+    /// announce only their hostname.
+    #[arg(long, env = "POD_IP", value_name = "ADDRESS")]
+    pub kubelet_advertise_address: Option<std::net::IpAddr>,
 }
 
 impl RunArgs {
@@ -299,6 +309,12 @@ pub async fn main() -> anyhow::Result<()> {
                 capn_image: args.capn_image,
                 etcd_hosts_file: args.etcd_hosts_file,
                 syncer_patrol: args.syncer_patrol_interval,
+                kubelet: args
+                    .kubelet_advertise_address
+                    .map(|advertise| crate::kubelet::KubeletEndpoint {
+                        bind: args.kubelet_bind_address,
+                        advertise,
+                    }),
             };
             let client = crate::client::infer()
                 .await

@@ -100,6 +100,10 @@ pub struct Settings {
     /// How often the syncer's patrol runs (`capn run --syncer-patrol-interval`, default
     /// [`syncer::DEFAULT_PATROL`]).
     pub syncer_patrol: std::time::Duration,
+    /// The tenant Nodes' kubelet API, served by the syncer (`capn run
+    /// --kubelet-bind-address`, `--kubelet-advertise-address`; [`crate::kubelet`]); `None`
+    /// serves none, and tenant Nodes announce only their hostname.
+    pub kubelet: Option<crate::kubelet::KubeletEndpoint>,
 }
 
 /// Default of [`Settings::upgrade_step_timeout`]: a step rolls three StatefulSets, each
@@ -136,6 +140,7 @@ impl Default for Settings {
             capn_image: DEFAULT_CAPN_IMAGE.to_string(),
             etcd_hosts_file: None,
             syncer_patrol: syncer::DEFAULT_PATROL,
+            kubelet: None,
         }
     }
 }

@@ -977,6 +977,23 @@ fn watch_volume_sources(
 }
 
 impl Shared {
+    /// The log file of container `container` of the pod named `pod` while the runner has
+    /// the pod.
+    fn container_log(&self, pod: &str, container: &str) -> Option<PathBuf> {
+        let state = lock(&self.state);
+        let pod = state
+            .sets
+            .values()
+            .flat_map(|s| s.pods.values())
+            .find(|p| p.name == pod)?;
+        let log = lock(&pod.shared.containers)
+            .values()
+            .find(|c| c.name == container)?
+            .log
+            .clone();
+        Some(log)
+    }
+
     /// The spawner thread, the directory and the pod network of a runner or node.
     ///
     /// # Errors

@@ -67,6 +67,12 @@ fn in_process_settings(ns: &str, runner: &Runner) -> capn::controllers::Settings
         tenant_config_hook: Some(tenant_hook(runner)),
         // The syncer's patrol, shortened so that a removal shows within a test step.
         syncer_patrol: Duration::from_secs(5),
+        // The tenant Nodes' kubelet API, where this runner's pods (the tenant apiserver)
+        // reach the host.
+        kubelet: Some(capn::kubelet::KubeletEndpoint {
+            bind: std::net::SocketAddr::new(runner.host_address().into(), 0),
+            advertise: runner.host_address().into(),
+        }),
         ..capn::controllers::Settings::default()
     };
     settings.enabled.public_crds = false;

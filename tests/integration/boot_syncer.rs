@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -281,6 +281,26 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         "the tenant apiserver accepted the pod's token:\n{log}"
     );
     assert!(!log.contains("authz_header=<empty>"), "{log}");
+
+    // `kubectl logs` in the tenant: the tenant apiserver asks the tenant Node's kubelet
+    // API, which is capn's, which answers from the super pod's log (the node's kubelet API).
+    let through_tenant = tenant_pods
+        .logs("in-cluster", &LogParams::default())
+        .await
+        .expect("the tenant apiserver serves the pod's log");
+    assert!(through_tenant.contains("calling /healthz"), "{through_tenant}");
+    let last = tenant_pods
+        .logs(
+            "in-cluster",
+            &LogParams {
+                tail_lines: Some(1),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(last.trim_end().lines().count(), 1, "tailLines=1: {last:?}");
+    kubelet_api_refuses_strangers(&tenant, node.name()).await;
 
     // The tenant Node is Ready, with a Lease the syncer renews.
     let tenant_node = Api::<Node>::all(tenant.clone()).get(node.name()).await.unwrap();
@@ -1127,4 +1147,45 @@ async fn a_tenant_claim_is_bound_through_its_copy_and_its_volume_shown() {
         })
         .await;
     booted.stop().await;
+}
+
+/// capn's kubelet API, where the tenant Node `node` says it is, refuses a client whose
+/// certificate another CA signed (a tenant cannot read another tenant's pods by presenting
+/// its own apiserver's certificate: each CA names its tenant).
+async fn kubelet_api_refuses_strangers(tenant: &Client, node: &str) {
+    use capn::pki::{CertificateAuthority, KeyAlgorithm, apiserver_kubelet_client_leaf};
+    let status = Api::<Node>::all(tenant.clone())
+        .get(node)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let address = status
+        .addresses
+        .unwrap()
+        .into_iter()
+        .find(|a| a.type_ == "InternalIP")
+        .expect("the tenant Node names capn's kubelet API")
+        .address;
+    let port = status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port;
+    let now = time::OffsetDateTime::now_utc();
+    let stranger = CertificateAuthority::generate("kubernetes", now, KeyAlgorithm::EcdsaP256).unwrap();
+    let identity = stranger
+        .issue(&apiserver_kubelet_client_leaf(), now, KeyAlgorithm::EcdsaP256)
+        .unwrap();
+    let mut config = kube::Config::new(format!("https://{address}:{port}").parse().unwrap());
+    config.accept_invalid_certs = true;
+    config.auth_info.client_certificate_data = Some(base64_encode(identity.cert_pem.as_bytes()));
+    config.auth_info.client_key_data = Some(base64_encode(identity.key_pem.as_bytes()).into());
+    let client = Client::try_from(config).unwrap();
+    let request = http::Request::get("/containerLogs/shop/in-cluster/c")
+        .body(Vec::new())
+        .unwrap();
+    let answer = client.request_text(request).await;
+    assert!(answer.is_err(), "a stranger's certificate is refused: {answer:?}");
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

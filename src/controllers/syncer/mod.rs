@@ -77,12 +77,21 @@ struct Started {
     level: Level,
     workloads: Option<Workloads>,
     apiserver: ApiServerAddress,
+    /// capn's kubelet API as the tenant Nodes announce it.
+    kubelet: Option<std::net::SocketAddr>,
+}
+
+/// capn's kubelet API for the tenant Nodes: who may call, and where the Nodes say it is.
+struct KubeletApi {
+    tenants: Arc<crate::kubelet::Tenants>,
+    announced: std::net::SocketAddr,
 }
 
 /// Runs the syncer until the stream ends.
 pub async fn run(ctx: Arc<Context>) {
     let workers = Arc::new(Workers::default());
     let (caches, routing) = SuperCaches::start(&ctx.client);
+    let kubelet = start_kubelet_api(&ctx).await.map(Arc::new);
     let controller = Controller::new(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config());
     let store = controller.store();
     let sweep = sweep_forever(ctx.clone(), workers.clone(), store);
@@ -90,10 +99,10 @@ pub async fn run(ctx: Arc<Context>) {
         .shutdown_on_signal()
         .run(
             move |ncp, ctx| {
-                let (workers, caches) = (workers.clone(), caches.clone());
+                let (workers, caches, kubelet) = (workers.clone(), caches.clone(), kubelet.clone());
                 async move {
-                    crate::controllers::instrumented(&ctx.clone(), "syncer", reconcile(ncp, ctx, &workers, caches))
-                        .await
+                    let reconciled = reconcile(ncp, ctx.clone(), &workers, caches, kubelet.as_deref());
+                    crate::controllers::instrumented(&ctx, "syncer", reconciled).await
                 }
             },
             |_, error, _| {
@@ -113,6 +122,7 @@ async fn reconcile(
     ctx: Arc<Context>,
     workers: &Workers,
     caches: Arc<SuperCaches>,
+    kubelet: Option<&KubeletApi>,
 ) -> Result<Action, ReconcileError> {
     let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
     let control_plane = ControlPlaneRef::new(&ns, ncp.name_any());
@@ -120,6 +130,9 @@ async fn reconcile(
     let enabled = workloads.as_ref().and_then(|w| w.sync) != Some(false);
     if ncp.meta().deletion_timestamp.is_some() || !enabled {
         workers.stop(&control_plane);
+        if let Some(kubelet) = kubelet {
+            kubelet.tenants.remove(&control_plane);
+        }
         workload_namespace::delete(&ctx.client, &control_plane).await?;
         if !enabled {
             // The tenant Nodes and PersistentVolumes the syncer made go once, when syncing
@@ -158,7 +171,11 @@ async fn reconcile(
             host: endpoint.host.clone(),
             port: u16::try_from(endpoint.port).unwrap_or(443),
         },
+        kubelet: kubelet.map(|k| k.announced),
     };
+    if let Some(kubelet) = kubelet {
+        admit(&ctx, kubelet, &ncp, &ns, &control_plane).await?;
+    }
     if workers.running(&control_plane, &started) {
         return Ok(Action::requeue(Duration::from_secs(300)));
     }
@@ -193,6 +210,56 @@ fn sync_disabled_before(ncp: &NestedControlPlane) -> bool {
         .any(|c| c.type_ == WORKLOADS_SYNCED && c.reason == Reason::WorkloadSyncDisabled.as_str())
 }
 
+/// Binds and serves capn's kubelet API when `--kubelet-advertise-address` asks for it; a
+/// failure is logged and the tenant Nodes then announce none (pods still run).
+async fn start_kubelet_api(ctx: &Context) -> Option<KubeletApi> {
+    let endpoint = ctx.settings.kubelet.clone()?;
+    let (listener, port) = match crate::kubelet::bind(&endpoint).await {
+        Ok(bound) => bound,
+        Err(error) => {
+            tracing::error!(%error, "the tenant Nodes' kubelet API is off");
+            return None;
+        }
+    };
+    let tenants = Arc::new(crate::kubelet::Tenants::default());
+    let serving = crate::kubelet::serve(listener, endpoint.advertise, tenants.clone(), ctx.client.clone());
+    tokio::spawn(async move {
+        if let Err(error) = serving.await {
+            tracing::error!(%error, "the tenant Nodes' kubelet API stopped");
+        }
+    });
+    let announced = std::net::SocketAddr::new(endpoint.advertise, port);
+    tracing::info!(%announced, "serving the tenant Nodes' kubelet API");
+    Some(KubeletApi { tenants, announced })
+}
+
+/// Lets the tenant's apiserver call the kubelet API with a client certificate of its
+/// cluster CA (read from `<cluster>-ca` at every reconcile, so a rotated CA is followed).
+async fn admit(
+    ctx: &Context,
+    kubelet: &KubeletApi,
+    ncp: &NestedControlPlane,
+    ns: &str,
+    control_plane: &ControlPlaneRef,
+) -> Result<(), ReconcileError> {
+    let names = crate::pki::SecretNames::new(&crate::controllers::shared::read::cluster_name(ncp));
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(ctx.client.clone(), ns)
+        .get(&names.ca)
+        .await?;
+    let pem = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(crate::pki::TLS_CERT_KEY))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        .unwrap_or_default();
+    if !kubelet.tenants.admitted_with(control_plane, &pem)
+        && let Err(error) = kubelet.tenants.admit(control_plane, &pem)
+    {
+        tracing::warn!(%error, "the tenant's apiserver cannot call the kubelet API");
+    }
+    Ok(())
+}
+
 /// Makes the workload namespace and starts the worker.
 async fn start(
     ctx: &Context,
@@ -221,6 +288,7 @@ async fn start(
         },
         patrol_every: ctx.settings.syncer_patrol,
         metrics: ctx.metrics.clone(),
+        kubelet: started.kubelet,
     };
     tracing::info!(tenant = %control_plane.key(), namespace = %control_plane.workload_namespace(), "syncing the tenant's workloads");
     let task = tokio::spawn(worker::run(start));

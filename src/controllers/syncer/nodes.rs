@@ -1,8 +1,10 @@
 //! The tenant's Nodes: one for each super node that runs a tenant pod, made when the first
 //! pod is bound to it and removed when none is left (docs/design.md §11). A tenant Node
 //! carries what scheduling and `kubectl get nodes` need (the well-known labels, capacity,
-//! allocatable, node info and the `Ready` condition) and no super-cluster address: its only
-//! address is its hostname. The syncer renews its Lease in `kube-node-lease` as the kubelet
+//! allocatable, node info and the `Ready` condition) and no super-cluster address: its
+//! addresses are its hostname and, when capn serves the kubelet API (`crate::kubelet`),
+//! capn's endpoint for it as `InternalIP` with its port as the kubelet endpoint, which is
+//! where the tenant apiserver asks for logs. The syncer renews its Lease in `kube-node-lease` as the kubelet
 //! does (every 10 seconds, for 40), so the tenant's node lifecycle controller sees a
 //! healthy node and never evicts its pods; its `Ready` condition follows the super node's.
 
@@ -10,7 +12,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus};
+use std::net::SocketAddr;
+
+use k8s_openapi::api::core::v1::{DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -42,8 +46,9 @@ const STATUS_EVERY: u32 = 6;
 /// the watch cache yet.
 const GRACE: Duration = Duration::from_secs(60);
 
-/// The tenant Node for the super node `super_node`.
-pub(super) fn tenant_node(super_node: &Node, now: Timestamp) -> Node {
+/// The tenant Node for the super node `super_node`, whose kubelet API is capn's at
+/// `kubelet` (none: the Node announces only its hostname).
+pub(super) fn tenant_node(super_node: &Node, now: Timestamp, kubelet: Option<SocketAddr>) -> Node {
     let name = super_node.name_any();
     let mut labels: std::collections::BTreeMap<String, String> = super_node
         .labels()
@@ -65,13 +70,34 @@ pub(super) fn tenant_node(super_node: &Node, now: Timestamp) -> Node {
             allocatable: status.allocatable,
             node_info: status.node_info,
             conditions: Some(ready(super_node, now)),
-            addresses: Some(vec![NodeAddress {
-                type_: "Hostname".to_owned(),
-                address: name,
-            }]),
+            addresses: Some(addresses(&name, kubelet)),
+            daemon_endpoints: daemon_endpoints(kubelet),
             ..NodeStatus::default()
         }),
     }
+}
+
+/// A tenant Node's addresses: capn's kubelet API endpoint, if any, then the hostname.
+fn addresses(name: &str, kubelet: Option<SocketAddr>) -> Vec<NodeAddress> {
+    let internal = kubelet.map(|k| NodeAddress {
+        type_: "InternalIP".to_owned(),
+        address: k.ip().to_string(),
+    });
+    internal
+        .into_iter()
+        .chain([NodeAddress {
+            type_: "Hostname".to_owned(),
+            address: name.to_owned(),
+        }])
+        .collect()
+}
+
+fn daemon_endpoints(kubelet: Option<SocketAddr>) -> Option<NodeDaemonEndpoints> {
+    kubelet.map(|k| NodeDaemonEndpoints {
+        kubelet_endpoint: Some(DaemonEndpoint {
+            port: i32::from(k.port()),
+        }),
+    })
 }
 
 /// The super node's `Ready` condition, heartbeat now (`Unknown` when it reports none).
@@ -108,7 +134,7 @@ pub(super) async fn ensure(tenant: &Tenant, name: &str) -> Result<(), kube::Erro
         return Ok(());
     }
     let super_node = Api::<Node>::all(tenant.super_client.clone()).get(name).await?;
-    let node = tenant_node(&super_node, Timestamp::now());
+    let node = tenant_node(&super_node, Timestamp::now(), tenant.kubelet);
     let nodes = Api::<Node>::all(tenant.tenant_client.clone());
     // A Node keeps the status it is created with (the kubelet registers that way).
     let created = match nodes.create(&PostParams::default(), &node).await {
@@ -206,7 +232,12 @@ async fn beat(tenant: &Tenant, node: &Node, with_status: bool) -> Result<(), kub
     };
     renew(tenant, node).await?;
     if let Some(super_node) = super_node {
-        let patch = serde_json::json!({"status": {"conditions": ready(&super_node, Timestamp::now())}});
+        // The kubelet endpoint too: another capn replica that took over announces its own.
+        let patch = serde_json::json!({"status": {
+            "conditions": ready(&super_node, Timestamp::now()),
+            "addresses": addresses(&node.name_any(), tenant.kubelet),
+            "daemonEndpoints": daemon_endpoints(tenant.kubelet).unwrap_or_default(),
+        }});
         Api::<Node>::all(tenant.tenant_client.clone())
             .patch_status(&node.name_any(), &PatchParams::default(), &Patch::Strategic(patch))
             .await?;
@@ -261,7 +292,7 @@ mod tests {
         }))
         .unwrap();
         let now = Timestamp::now();
-        let node = tenant_node(&super_node, now);
+        let node = tenant_node(&super_node, now, None);
         let labels = node.labels();
         assert_eq!(labels.get(VIRTUAL_NODE_LABEL).map(String::as_str), Some("true"));
         assert_eq!(labels.get("kubernetes.io/os").map(String::as_str), Some("linux"));
@@ -282,5 +313,23 @@ mod tests {
             ("Ready", "True")
         );
         assert_eq!(conditions[0].last_heartbeat_time, Some(Time(now)));
+        assert_eq!(status.daemon_endpoints, None);
+        // With capn's kubelet API, the Node names capn's endpoint, never the super node's.
+        let node = tenant_node(&super_node, now, Some("192.0.2.9:10250".parse().unwrap()));
+        let status = node.status.unwrap();
+        let addresses: Vec<_> = status
+            .addresses
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.type_, a.address))
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                ("InternalIP".to_owned(), "192.0.2.9".to_owned()),
+                ("Hostname".to_owned(), "worker-1".to_owned())
+            ]
+        );
+        assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
     }
 }

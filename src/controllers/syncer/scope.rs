@@ -32,6 +32,9 @@ pub(super) struct Tenant {
     pub target: Target,
     /// The workload namespace.
     pub namespace: String,
+    /// capn's kubelet API as the tenant Nodes announce it (`crate::kubelet`); `None` when
+    /// capn does not serve it.
+    pub kubelet: Option<std::net::SocketAddr>,
     /// The super pods of every workload namespace (the shared cache).
     pub super_pods: Store<Pod>,
     /// The super Secrets of the workload namespace (copies and token Secrets).

@@ -40,6 +40,8 @@ pub(super) struct Start {
     pub target: Target,
     pub patrol_every: Duration,
     pub metrics: Arc<Metrics>,
+    /// capn's kubelet API as the tenant Nodes announce it.
+    pub kubelet: Option<std::net::SocketAddr>,
 }
 
 /// Runs one tenant's syncer until dropped: the watches of both sides, the pod queue, the
@@ -81,6 +83,7 @@ pub(super) async fn run(start: Start) {
         tenant_client: start.tenant_client,
         target: start.target,
         namespace,
+        kubelet: start.kubelet,
         super_pods: start.caches.pods.clone(),
         super_secrets: start.caches.secrets.clone(),
         super_config_maps: start.caches.config_maps.clone(),

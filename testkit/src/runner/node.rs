@@ -49,9 +49,11 @@
 //!    containers are reported only through `Initialized` and the phase. The stop of a deleted
 //!    pod uses the pod's `terminationGracePeriodSeconds`, not `deletionGracePeriodSeconds`.
 //!    No Events are recorded.
-//! 6. **No kubelet API.** Nothing listens on the announced `kubeletEndpoint` port: no logs,
-//!    exec, port-forward or metrics through the API server. Tests read a container's output
-//!    with [`Node::container_log`]. No node lifecycle controller runs, so the node is never
+//! 6. **Kubelet API: logs only.** The announced `kubeletEndpoint` serves `containerLogs`
+//!    (`kubectl logs` through the API server; `tailLines` and `follow` only, see
+//!    `kubelet.rs`), with a self-signed certificate and no client authentication; no exec,
+//!    attach, port-forward or metrics. Tests also read a container's output with
+//!    [`Node::container_log`]. No node lifecycle controller runs, so the node is never
 //!    tainted; the heartbeat keeps it Ready should one run.
 //! 7. **One process.** The node lives as long as the test process; its pods are killed when
 //!    it exits (its directory is removed then). Pods it finds already Succeeded or Failed
@@ -60,6 +62,7 @@
 //!    admission puts on every new Node is lifted by the node itself once it is Ready (the
 //!    node lifecycle controller's job, which does not run in the super cluster).
 
+mod kubelet;
 mod objects;
 pub use objects::MAX_PODS_VARIABLE;
 mod status;
@@ -136,9 +139,10 @@ impl Node {
     /// The output so far of container `container` of pod `namespace/name` (while the node
     /// has the pod).
     pub fn container_log(&self, namespace: &str, name: &str, container: &str) -> Option<String> {
-        let key = format!("{namespace}/{name}");
-        let pod = self.runner.pods().into_iter().find(|p| p.name == key)?;
-        let log = pod.containers.into_iter().find(|c| c.name == container)?.log;
+        let log = self
+            .runner
+            .shared
+            .container_log(&format!("{namespace}/{name}"), container)?;
         std::fs::read_to_string(log).ok()
     }
 
@@ -297,6 +301,8 @@ async fn start_here() -> Result<(Node, crate::process::Process), String> {
             }
         }
     }));
+    let kubelet = std::net::SocketAddr::new(shared.host_ip.into(), objects::KUBELET_PORT);
+    kubelet::start(kubelet, shared.clone()).await?;
     shared.event(format!(
         "node {name} registered at {} ({}); kube-scheduler pid {}",
         shared.host_ip,
