@@ -2,7 +2,7 @@
 //! a local super cluster, capn's controllers, `examples/nestedcontrolplane.yaml` applied and
 //! booted for real, the nested control plane's namespaces listed through the kubeconfig capn
 //! generated, a Deployment of the tenant running on the super cluster's node through capn's
-//! syncer, and instructions to use that kubeconfig with kubectl. Everything is removed on
+//! syncer (with the last lines of one pod's log read through the tenant), and instructions to use that kubeconfig with kubectl. Everything is removed on
 //! exit or Ctrl-C.
 //!
 //! Needs root (the runner creates network and mount namespaces), `KUBEBUILDER_ASSETS`
@@ -252,11 +252,15 @@ async fn boot() -> Result<Running, String> {
         3,
         &format!("Running capn: `capn run --namespace {NAMESPACE}` against the super cluster"),
     );
-    // capn dials the tenant's etcd members by name: the runner's hosts file maps them.
+    // capn dials the tenant's etcd members by name: the runner's hosts file maps them. The
+    // tenant Nodes' kubelet API (`kubectl logs`) listens where the tenant apiserver's pod
+    // reaches this host.
     let options = CapnOptions {
         args: vec![
             "--etcd-hosts-file".to_owned(),
             runner.hosts_file().display().to_string(),
+            format!("--kubelet-advertise-address={}", runner.host_address()),
+            format!("--kubelet-bind-address={}:0", runner.host_address()),
         ],
         ..CapnOptions::default()
     };
@@ -373,6 +377,7 @@ Use the nested control plane with kubectl
   namespace {workloads}):
       kubectl create deployment hello --image=registry.k8s.io/e2e-test-images/agnhost:2.53 --replicas=3 -- /agnhost netexec --http-port=8080
       kubectl get pods -o wide
+      kubectl logs deployment/hello
       kubectl --kubeconfig {super_kubeconfig} -n {workloads} get pods
 
 Apply to ready: {boot_time:.1?} (the whole demo so far: {:.1?}).",
@@ -440,6 +445,21 @@ async fn run_web(tenant: &Client) -> Result<(), String> {
             status.phase.unwrap_or_default(),
             status.pod_ip.unwrap_or_default()
         );
+    }
+    // `kubectl logs` through the tenant apiserver, which asks capn's kubelet API.
+    if let Some(first) = running.first() {
+        let params = kube::api::LogParams {
+            tail_lines: Some(2),
+            ..kube::api::LogParams::default()
+        };
+        let log = pods
+            .logs(&first.name_any(), &params)
+            .await
+            .map_err(|e| format!("kubectl logs {} in the tenant: {e}", first.name_any()))?;
+        println!("      kubectl logs {} --tail=2:", first.name_any());
+        for line in log.lines() {
+            println!("        {line}");
+        }
     }
     Ok(())
 }

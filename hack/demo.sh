@@ -2,7 +2,8 @@
 # The first command (docs/getting-started.md "Try it"): on a fresh machine, builds what is missing, then starts
 # a local super cluster, runs capn, applies examples/nestedcontrolplane.yaml, boots it for
 # real, lists the nested control plane's namespaces through the kubeconfig capn generated, runs
-# a Deployment of the tenant on the super cluster's node through capn's syncer, and tells you
+# a Deployment of the tenant on the super cluster's node through capn's syncer (and reads a
+# pod's log through the tenant, as `kubectl logs` does), and tells you
 # how to use it with kubectl. Ctrl-C stops it and removes everything it started.
 #
 #   hack/demo.sh
