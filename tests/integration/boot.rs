@@ -60,9 +60,10 @@ pub(crate) fn tenant_hook(runner: &Runner) -> capn::controllers::TenantConfigHoo
 /// The settings of capn in this test's runtime next to `runner`: it dials the tenant's etcd
 /// members through the runner's hosts file, and the tenant apiserver (the upgrade preflight,
 /// the syncer) at the address the runner gives it.
-fn in_process_settings(ns: &str, runner: &Runner) -> capn::controllers::Settings {
+fn in_process_settings(ns: &str, runner: &Runner, watch_filter: Option<&str>) -> capn::controllers::Settings {
     let mut settings = capn::controllers::Settings {
         namespace: Some(ns.to_owned()),
+        watch_filter: watch_filter.map(str::to_owned),
         etcd_hosts_file: Some(runner.hosts_file()),
         tenant_config_hook: Some(tenant_hook(runner)),
         // The syncer's patrol, shortened so that a removal shows within a test step.
@@ -87,6 +88,8 @@ pub(crate) struct Booted {
     capn: Running,
     /// The client capn runs with in this process.
     capn_client: Client,
+    /// capn's `--watch-filter` in this process, if any.
+    watch_filter: Option<String>,
 }
 
 /// How capn runs next to a booted control plane.
@@ -107,6 +110,9 @@ pub(crate) enum StartCapn {
     InProcessWithShippedRbac,
     /// In this process, every request to the super cluster counted by the counter.
     InProcessCounted(capn_testkit::counting::RequestCounter),
+    /// In this process, with `--watch-filter` set to this value (the documents applied must
+    /// carry its label).
+    InProcessWithWatchFilter(String),
     Process(Vec<String>),
 }
 
@@ -150,7 +156,11 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     let capn_client = match &start {
         StartCapn::InProcessWithShippedRbac => shipped_rbac_client(&client, &ns).await,
         StartCapn::InProcessCounted(counter) => counter.client(cluster().config()),
-        StartCapn::InProcess | StartCapn::Process(_) => client.clone(),
+        StartCapn::InProcess | StartCapn::InProcessWithWatchFilter(_) | StartCapn::Process(_) => client.clone(),
+    };
+    let watch_filter = match &start {
+        StartCapn::InProcessWithWatchFilter(value) => Some(value.clone()),
+        _ => None,
     };
     let capn = match start {
         StartCapn::Process(mut args) => {
@@ -159,7 +169,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         }
         _ => Running::InProcess(Capn::start_with_settings(
             &capn_client,
-            in_process_settings(&ns, &runner),
+            in_process_settings(&ns, &runner, watch_filter.as_deref()),
             &[],
         )),
     };
@@ -202,6 +212,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         runner,
         capn,
         capn_client,
+        watch_filter,
     }
 }
 
@@ -275,7 +286,7 @@ impl Booted {
         self.capn = match restart {
             None => Running::InProcess(Capn::start_with_settings(
                 &self.capn_client,
-                in_process_settings(&self.ns, &self.runner),
+                in_process_settings(&self.ns, &self.runner, self.watch_filter.as_deref()),
                 &[],
             )),
             Some(args) => Running::Process(start_capn_process(&self.ns, &args), args),

@@ -1048,12 +1048,56 @@ async fn a_tenant_node_goes_with_its_super_node() {
 /// controller binds the claim (`Bound`, the volume's name and capacity). Deleting the
 /// tenant claim deletes its copy (the super volume, `Retain`, stays and so does its tenant
 /// volume, released); deleting the super volume removes the tenant volume.
+///
+/// capn runs with `--watch-filter` here (the control plane carries its label): what the
+/// syncer makes carries the label, and the shared super caches, which select by it, still
+/// see it all (the pod runs, the claim's copy is found bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_claim_is_bound_through_its_copy_and_its_volume_shown() {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-    let booted = boot_with("syncer, claims", None, StartCapn::InProcess).await;
+    let filter = capn::controllers::WATCH_FILTER_LABEL;
+    let mut control_plane = control_plane_with(json!({}));
+    control_plane["metadata"]["labels"] = json!({filter: "claims"});
+    let booted = boot_with(
+        "syncer, claims",
+        Some(vec![control_plane]),
+        StartCapn::InProcessWithWatchFilter("claims".to_owned()),
+    )
+    .await;
     let (client, ns) = (booted.client.clone(), booted.ns.clone());
     let tenant = tenant_client(&booted).await;
+    let workloads = ControlPlaneRef::new(&ns, "demo").workload_namespace();
+    default_service_account(&booted, &tenant).await;
+    let pause: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "paused", "namespace": "default"},
+        "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}
+    }))
+    .unwrap();
+    capn_testkit::node();
+    let tenant_pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    tenant_pods.create(&PostParams::default(), &pause).await.unwrap();
+    booted
+        .runner
+        .wait_for(
+            "the tenant pod runs under the watch filter",
+            BOOTED_STEP * 2,
+            || async {
+                let pod = tenant_pods.get("paused").await.ok()?;
+                (pod.status?.phase.as_deref() == Some("Running")).then_some(())
+            },
+        )
+        .await;
+    let super_pods = Api::<Pod>::namespaced(client.clone(), &workloads)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        super_pods
+            .iter()
+            .all(|p| p.labels().get(filter).map(String::as_str) == Some("claims")),
+        "every super pod carries the filter's label"
+    );
     // A class name of this test's own, so that no other test's claim binds the volume.
     let class = format!("capn-test-{ns}");
     let volume_name = format!("capn-claim-{ns}");
@@ -1109,10 +1153,10 @@ async fn a_tenant_claim_is_bound_through_its_copy_and_its_volume_shown() {
     );
     assert_eq!(spec.host_path, None, "the super volume's host path is not shown");
     assert_eq!(spec.csi.as_ref().unwrap().driver, capn::syncer::volume::CSI_DRIVER);
-    let workloads = ControlPlaneRef::new(&ns, "demo").workload_namespace();
     let copies = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &workloads);
     let copy = copies.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(copy.len(), 1, "one copy: {copy:?}");
+    assert_eq!(copy[0].labels().get(filter).map(String::as_str), Some("claims"));
     assert_eq!(
         copy[0].spec.as_ref().unwrap().volume_name.as_deref(),
         Some(volume_name.as_str())

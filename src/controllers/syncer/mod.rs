@@ -90,7 +90,7 @@ struct KubeletApi {
 /// Runs the syncer until the stream ends.
 pub async fn run(ctx: Arc<Context>) {
     let workers = Arc::new(Workers::default());
-    let (caches, routing) = SuperCaches::start(&ctx.client);
+    let (caches, routing) = SuperCaches::start(&ctx.client, ctx.settings.watch_filter.as_deref());
     let kubelet = start_kubelet_api(&ctx).await.map(Arc::new);
     let controller = Controller::new(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config());
     let store = controller.store();
@@ -289,6 +289,7 @@ async fn start(
         patrol_every: ctx.settings.syncer_patrol,
         metrics: ctx.metrics.clone(),
         kubelet: started.kubelet,
+        watch_filter: ctx.settings.watch_filter.clone(),
     };
     tracing::info!(tenant = %control_plane.key(), namespace = %control_plane.workload_namespace(), "syncing the tenant's workloads");
     let task = tokio::spawn(worker::run(start));

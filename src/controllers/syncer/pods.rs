@@ -120,6 +120,7 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
             return refuse(tenant, &pod, refused.reason(), message, Action::await_change()).await;
         }
     };
+    tenant.mark(&mut translation.pod.metadata);
     // A pod stays on the node it was bound to, as pods do: a super pod deleted under a bound
     // tenant pod (evicted, deleted by hand) is made again on that node, not scheduled anew,
     // so that the tenant pod's node stays true; if that node is gone, the pod is lost with it.

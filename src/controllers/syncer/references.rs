@@ -52,7 +52,9 @@ pub(super) async fn sync(
 
 /// The copy's metadata, or `None` when the tenant object lacks its identity.
 fn copy_meta(tenant: &Tenant, meta: &ObjectMeta) -> Option<ObjectMeta> {
-    super_metadata(tenant.control_plane(), NameLimit::Subdomain, meta).ok()
+    let mut copy = super_metadata(tenant.control_plane(), NameLimit::Subdomain, meta).ok()?;
+    tenant.mark(&mut copy);
+    Some(copy)
 }
 
 async fn config_map(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
@@ -273,9 +275,10 @@ async fn claim(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kub
                 .await?
         }
     };
-    let Some(copy) = source.and_then(|claim| claim_copy(tenant.control_plane(), &claim).ok()) else {
+    let Some(mut copy) = source.and_then(|claim| claim_copy(tenant.control_plane(), &claim).ok()) else {
         return Ok(false);
     };
+    tenant.mark(&mut copy.metadata);
     ensure_copy(tenant, &copy).await
 }
 

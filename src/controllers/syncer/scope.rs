@@ -35,6 +35,9 @@ pub(super) struct Tenant {
     /// capn's kubelet API as the tenant Nodes announce it (`crate::kubelet`); `None` when
     /// capn does not serve it.
     pub kubelet: Option<std::net::SocketAddr>,
+    /// This capn instance's `--watch-filter` value, put on every super object the syncer
+    /// makes (see [`Tenant::mark`]).
+    pub watch_filter: Option<String>,
     /// The super pods of every workload namespace (the shared cache).
     pub super_pods: Store<Pod>,
     /// The super Secrets of the workload namespace (copies and token Secrets).
@@ -98,6 +101,18 @@ impl Tenant {
     /// The control plane this worker syncs.
     pub fn control_plane(&self) -> &ControlPlaneRef {
         &self.target.control_plane
+    }
+
+    /// Puts this instance's `--watch-filter` label on a super object it makes, so that the
+    /// shared super caches of each instance select only its own tenants' objects
+    /// (`super_caches`). The instance that syncs a tenant is the one whose filter its
+    /// control plane carries, so the label is also the control plane's.
+    pub fn mark(&self, meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+        if let Some(value) = &self.watch_filter {
+            meta.labels
+                .get_or_insert_with(Default::default)
+                .insert(crate::controllers::WATCH_FILTER_LABEL.to_owned(), value.clone());
+        }
     }
 
     /// Publishes an Event about the tenant object `object` in the tenant (a `Warning` when

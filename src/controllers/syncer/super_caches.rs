@@ -1,7 +1,8 @@
 //! The super cluster's side of every worker (docs/design.md §11): one watch per kind for all
 //! tenants, each feeding one cache, whose changes are routed to the worker of the workload
 //! namespace they happen in. The pods, ConfigMaps, Secrets and PersistentVolumeClaims the
-//! syncer made are selected by the [`tenancy::NAMESPACE`] label every one of them carries;
+//! syncer made are selected by the [`tenancy::NAMESPACE`] label every one of them carries
+//! (and, under `--watch-filter`, by the filter's label, which the instance puts on them);
 //! Events about pods are watched by field selector (the scheduler and kubelets write them,
 //! unlabelled) and only those in a workload namespace are routed; PersistentVolumes are
 //! cluster-scoped and unlabelled (the super cluster's provisioners make them), so all are
@@ -70,8 +71,11 @@ pub(super) struct Subscription {
 impl SuperCaches {
     /// Starts the six watches on the super cluster through `client`. The caches fill while
     /// the returned future is polled (for as long as the syncer runs).
-    pub fn start(client: &Client) -> (std::sync::Arc<Self>, impl Future<Output = ()> + use<>) {
-        let synced = watcher::Config::default().labels(tenancy::NAMESPACE);
+    pub fn start(
+        client: &Client,
+        watch_filter: Option<&str>,
+    ) -> (std::sync::Arc<Self>, impl Future<Output = ()> + use<>) {
+        let synced = watcher::Config::default().labels(&synced_selector(watch_filter));
         let (pods, pod_changes) = reflect::<Pod>(Api::all(client.clone()), synced.clone());
         let (config_maps, config_map_changes) = reflect::<ConfigMap>(Api::all(client.clone()), synced.clone());
         let (secrets, secret_changes) = reflect::<Secret>(Api::all(client.clone()), synced.clone());
@@ -179,6 +183,20 @@ impl SuperCaches {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Route>> {
         self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The label selector of the objects the syncer made: all, or with `--watch-filter` only
+/// those this instance made (`Tenant::mark` puts the filter's label on each), so that each
+/// instance caches its own shard.
+fn synced_selector(watch_filter: Option<&str>) -> String {
+    match watch_filter {
+        Some(value) => format!(
+            "{},{}={value}",
+            tenancy::NAMESPACE,
+            crate::controllers::WATCH_FILTER_LABEL
+        ),
+        None => tenancy::NAMESPACE.to_owned(),
     }
 }
 

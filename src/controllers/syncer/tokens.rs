@@ -83,7 +83,7 @@ pub(super) async fn sync(
         refresh_at = refresh_at.min(now + lifetime.mul_f64(0.8));
         data.insert(request.key.clone(), ByteString(token.into_bytes()));
     }
-    let copy = Secret {
+    let mut copy = Secret {
         metadata: ObjectMeta {
             name: Some(secret.name.clone()),
             namespace: Some(tenant.namespace.clone()),
@@ -115,6 +115,7 @@ pub(super) async fn sync(
         type_: Some("Opaque".to_owned()),
         ..Secret::default()
     };
+    tenant.mark(&mut copy.metadata);
     Api::<Secret>::namespaced(tenant.super_client.clone(), &tenant.namespace)
         .patch(
             &secret.name,

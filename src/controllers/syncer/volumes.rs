@@ -65,9 +65,10 @@ async fn pass(tenant: &Tenant) -> Result<(), kube::Error> {
     let copies = in_namespace(&tenant.super_claims, &tenant.namespace);
     let claims = tenant.tenant_claims.state();
     for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
-        let Ok(copy) = claim_copy(control_plane, claim) else {
+        let Ok(mut copy) = claim_copy(control_plane, claim) else {
             continue;
         };
+        tenant.mark(&mut copy.metadata);
         if copies.iter().all(|c| c.metadata.name != copy.metadata.name) {
             create_copy(tenant, claim, &copy).await?;
         }
@@ -140,14 +141,25 @@ pub(super) async fn ensure_copy(tenant: &Tenant, copy: &PersistentVolumeClaim) -
         let owner = |c: &PersistentVolumeClaim| TenantObject::of_super(tenant.control_plane(), &c.metadata);
         return Ok(owner(&live) == owner(copy) && live.metadata.deletion_timestamp.is_none());
     }
-    match Api::<PersistentVolumeClaim>::namespaced(tenant.super_client.clone(), &tenant.namespace)
-        .create(&PostParams::default(), copy)
-        .await
-    {
+    let api = Api::<PersistentVolumeClaim>::namespaced(tenant.super_client.clone(), &tenant.namespace);
+    match api.create(&PostParams::default(), copy).await {
         Ok(_) => Ok(true),
-        // Made meanwhile (by a pod's pass, or a pass before the cache showed it): the next
-        // look, from the cache, tells whose it is.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        // Made meanwhile (by a pod's pass, or a pass before the cache showed it), or made
+        // before this instance had its `--watch-filter` label, which keeps it out of the
+        // cache: this claim's copy gets the labels (and so shows in the cache); another's is
+        // waited out.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let Some(live) = api.get_opt(&name).await? else {
+                return Ok(false);
+            };
+            let owner = |c: &PersistentVolumeClaim| TenantObject::of_super(tenant.control_plane(), &c.metadata);
+            if owner(&live) != owner(copy) || live.metadata.deletion_timestamp.is_some() {
+                return Ok(false);
+            }
+            let labels = serde_json::json!({"metadata": {"labels": copy.metadata.labels}});
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(labels)).await?;
+            Ok(true)
+        }
         Err(e) => Err(e),
     }
 }

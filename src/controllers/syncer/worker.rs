@@ -42,6 +42,8 @@ pub(super) struct Start {
     pub metrics: Arc<Metrics>,
     /// capn's kubelet API as the tenant Nodes announce it.
     pub kubelet: Option<std::net::SocketAddr>,
+    /// This instance's `--watch-filter` value (see `Tenant::mark`).
+    pub watch_filter: Option<String>,
 }
 
 /// Runs one tenant's syncer until dropped: the watches of both sides, the pod queue, the
@@ -84,6 +86,7 @@ pub(super) async fn run(start: Start) {
         target: start.target,
         namespace,
         kubelet: start.kubelet,
+        watch_filter: start.watch_filter,
         super_pods: start.caches.pods.clone(),
         super_secrets: start.caches.secrets.clone(),
         super_config_maps: start.caches.config_maps.clone(),
