@@ -378,6 +378,7 @@ Use the nested control plane with kubectl
       kubectl create deployment hello --image=registry.k8s.io/e2e-test-images/agnhost:2.53 --replicas=3 -- /agnhost netexec --http-port=8080
       kubectl get pods -o wide
       kubectl logs deployment/hello
+      kubectl port-forward deployment/hello 8080:8080 &  curl localhost:8080/hostname
       kubectl --kubeconfig {super_kubeconfig} -n {workloads} get pods
 
 Apply to ready: {boot_time:.1?} (the whole demo so far: {:.1?}).",

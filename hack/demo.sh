@@ -35,6 +35,8 @@ release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
 for b in kube-scheduler agnhost; do
   [ -x "$release_dir/$b" ] || die "$release_dir/$b is missing (run hack/kube-assets.sh)"
 done
+# Its exec and port-forward (hack/test-kubelet): built in seconds when missing.
+hack/kube-assets.sh test-kubelet >/dev/null || die "capn-test-kubelet could not be built (hack/kube-assets.sh test-kubelet)"
 echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS" >&2
 # The runner takes each image's release from kube-assets.sh's cache; name it, so that sudo
 # (another HOME) finds the same one.

@@ -4,11 +4,13 @@
 # cache outside the repository, and prints the directory to use as KUBEBUILDER_ASSETS.
 # With them come the binaries of the test kit's node (testkit/src/node.rs): kube-scheduler,
 # and agnhost (the e2e test image's binary, whose `pause` subcommand stands in for the pause
-# image).
+# image), and capn-test-kubelet (hack/test-kubelet: the node's exec and port-forward).
 #
 #   hack/kube-assets.sh            # build what is missing, print the assets dir on stdout
 #   hack/kube-assets.sh e2e        # build the upstream e2e.test of KUBE_VERSION (for
 #                                  # hack/conformance.sh) if missing, print its path
+#   hack/kube-assets.sh test-kubelet  # build the test node's capn-test-kubelet if missing
+#                                  # (any release), print its path
 #
 # Environment:
 #   CAPN_ASSETS_CACHE   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets)
@@ -147,6 +149,30 @@ build_etcd() {
   done
 }
 
+# The streaming half of the test node's kubelet API (hack/test-kubelet: exec and
+# port-forward with the kubelet's own k8s.io/cri-streaming), cached under the hash of its
+# sources (testkit/src/runner/node/kubelet.rs computes the same name). Prints its path.
+build_test_kubelet() {
+  local src dir
+  src="$(cd "$(dirname "$0")/test-kubelet" && pwd)"
+  dir="$CACHE/test-kubelet-$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
+  if [ -x "$dir/capn-test-kubelet" ]; then
+    log "cached: capn-test-kubelet"
+  else
+    log "building capn-test-kubelet (seconds once Kubernetes is built)"
+    mkdir -p "$dir"
+    (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$dir/capn-test-kubelet.tmp" . >&2)
+    mv "$dir/capn-test-kubelet.tmp" "$dir/capn-test-kubelet"
+    log "built $dir/capn-test-kubelet"
+  fi
+  echo "$dir/capn-test-kubelet"
+}
+
+if [ "${1:-}" = test-kubelet ]; then
+  build_test_kubelet
+  exit 0
+fi
+
 if [ "${1:-}" = e2e ]; then
   if [ -x "$kube_dir/e2e.test" ]; then log "cached: e2e.test $KUBE_VERSION"; else build_e2e; fi
   echo "$kube_dir/e2e.test"
@@ -165,6 +191,11 @@ for b in etcd etcdutl; do
   [ -x "$etcd_dir/$b" ] || missing+=("$b")
 done
 if [ ${#missing[@]} -gt 0 ]; then build_etcd "${missing[@]}"; else log "cached: etcd $ETCD_VERSION"; fi
+
+# The streaming half of the test node's kubelet API (hack/test-kubelet: exec and
+# port-forward with the kubelet's own k8s.io/cri-streaming), cached under the hash of its
+# sources (testkit/src/runner/node/kubelet.rs computes the same name).
+[ "${KUBE_NODE_BINARIES:-1}" = 0 ] || build_test_kubelet >/dev/null
 
 mkdir -p "$assets"
 ln -sf "$kube_dir/kube-apiserver" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd" "$etcd_dir/etcdutl" "$assets/"

@@ -24,6 +24,8 @@ release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
 for b in kube-scheduler agnhost; do
   [ -x "$release_dir/$b" ] || { echo "ERROR: $release_dir/$b is missing (run hack/kube-assets.sh with the KUBE_VERSION of $KUBEBUILDER_ASSETS)" >&2; exit 1; }
 done
+# Its exec and port-forward (hack/test-kubelet): built in seconds when its sources changed.
+hack/kube-assets.sh test-kubelet >/dev/null
 if [ -z "${CAPI_ASSETS:-}" ]; then
   CAPI_ASSETS="$(hack/capi-assets.sh)"
   export CAPI_ASSETS

@@ -142,8 +142,15 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
             rule(&[""], &["serviceaccounts"], &["get", "create", "update", "patch"]),
             rule(&[""], &["nodes"], &["get"]),
             rule(&[""], &["persistentvolumes"], READ),
-            // The tenant Nodes' kubelet API answers `kubectl logs` from the super pods' logs.
+            // The tenant Nodes' kubelet API answers `kubectl logs`, `exec`, `attach` and
+            // `port-forward` from the super pods' (a stream is `create`, or `get` over
+            // WebSockets).
             rule(&[""], &["pods/log"], &["get"]),
+            rule(
+                &[""],
+                &["pods/exec", "pods/attach", "pods/portforward"],
+                &["get", "create"],
+            ),
             rule(
                 &["policy"],
                 &["poddisruptionbudgets"],

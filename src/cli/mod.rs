@@ -144,7 +144,8 @@ pub struct RunArgs {
     /// a Go duration.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
     pub syncer_patrol_interval: std::time::Duration,
-    /// Where the syncer serves the tenant Nodes' kubelet API (`kubectl logs` in a tenant):
+    /// Where the syncer serves the tenant Nodes' kubelet API (`kubectl logs`, `exec`,
+    /// `attach`, `port-forward` in a tenant):
     /// `ADDRESS:PORT`, port 0 for a free one.
     #[arg(long, value_name = "ADDRESS:PORT", default_value = "0.0.0.0:10250")]
     pub kubelet_bind_address: std::net::SocketAddr,
@@ -297,6 +298,16 @@ pub async fn main() -> anyhow::Result<()> {
             crate::telemetry::init(matches!(args.log_format, LogFormat::Json));
             let channels = Arc::new(ChannelRegistry::load(&args.channels.channels_dirs)?);
             let capn_pods = args.capn_pods()?;
+            // The kubelet API's streams need HTTP/1.1 upgrades: a client of their own, from
+            // the same configuration as capn's.
+            let streams = match args.kubelet_advertise_address {
+                Some(_) => Some(
+                    kube::Config::infer()
+                        .await
+                        .context("reading the super cluster's configuration for the kubelet API's streams")?,
+                ),
+                None => None,
+            };
             let settings = Settings {
                 super_dns_domain: args.super_cluster_dns_domain,
                 namespace: args.namespace,
@@ -314,6 +325,7 @@ pub async fn main() -> anyhow::Result<()> {
                     .map(|advertise| crate::kubelet::KubeletEndpoint {
                         bind: args.kubelet_bind_address,
                         advertise,
+                        streams,
                     }),
             };
             let client = crate::client::infer()

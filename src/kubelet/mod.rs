@@ -10,9 +10,9 @@
 //! through the super cluster's API, so it needs no access to the nodes and the super
 //! cluster's own authorization and audit see every call.
 //!
-//! Served: `GET /containerLogs/{namespace}/{pod}/{container}` ([`logs`]). Not yet: exec,
-//! attach and port-forward (they need the super kubelets' streaming upgrade passed through),
-//! answered `501 Not Implemented` with a message saying so.
+//! Served: `GET /containerLogs/{namespace}/{pod}/{container}` ([`logs`]), and `exec`,
+//! `attach` and `portForward`, whose upgraded connections are relayed to the super
+//! cluster's API ([`streams`]).
 //!
 //! TLS: a self-signed serving certificate for the advertised address, made at start, as a
 //! kubelet without a serving certificate makes one; tenant apiservers do not verify kubelet
@@ -21,12 +21,12 @@
 
 pub mod identity;
 pub mod logs;
+pub mod streams;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
-use axum::http::StatusCode;
 use axum::routing::{any, get};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
@@ -39,7 +39,7 @@ pub use identity::Tenants;
 use crate::syncer::names::ControlPlaneRef;
 
 /// Where capn serves the kubelet API, and the address the tenant Nodes announce for it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct KubeletEndpoint {
     /// The address and port to listen on (`capn run --kubelet-bind-address`, default
     /// `0.0.0.0:10250`, the kubelet's port; port 0 picks a free one).
@@ -47,6 +47,10 @@ pub struct KubeletEndpoint {
     /// The address tenant apiservers dial (`--kubelet-advertise-address`, in a super cluster
     /// capn's pod IP), announced as each tenant Node's `InternalIP`.
     pub advertise: IpAddr,
+    /// The super cluster's client configuration for the streams (`exec`, `attach`,
+    /// `portForward`), which need HTTP/1.1 upgrades (capn's own client speaks HTTP/2);
+    /// `None` answers them `501`.
+    pub streams: Option<kube::Config>,
 }
 
 /// What one connection's requests are served with: the calling tenant and the super
@@ -55,6 +59,8 @@ pub struct KubeletEndpoint {
 pub(crate) struct Served {
     pub tenant: ControlPlaneRef,
     pub client: kube::Client,
+    /// An HTTP/1.1 client of the super cluster, for upgrades.
+    pub upgrades: Option<kube::Client>,
 }
 
 /// An error starting the kubelet API.
@@ -90,19 +96,27 @@ pub async fn bind(endpoint: &KubeletEndpoint) -> Result<(TcpListener, u16), Serv
     Ok((listener, port))
 }
 
-/// Serves the kubelet API on `listener` for the apiservers of `tenants`, answering from the
-/// super cluster through `client`, until dropped. A connection whose client certificate no
+/// Serves the kubelet API of `endpoint` on `listener` for the apiservers of `tenants`,
+/// answering from the super cluster through `client` (and streams through `endpoint`'s
+/// HTTP/1.1 configuration), until dropped. A connection whose client certificate no
 /// admitted tenant's CA signed is refused in the handshake.
 ///
 /// # Errors
-/// [`ServeError::Certificate`] when the serving certificate for `advertise` cannot be made.
+/// [`ServeError::Certificate`] when the serving certificate cannot be made.
 pub async fn serve(
     listener: TcpListener,
-    advertise: IpAddr,
+    endpoint: KubeletEndpoint,
     tenants: Arc<Tenants>,
     client: kube::Client,
 ) -> Result<(), ServeError> {
-    let acceptor = TlsAcceptor::from(Arc::new(server_config(advertise, tenants.clone())?));
+    let acceptor = TlsAcceptor::from(Arc::new(server_config(endpoint.advertise, tenants.clone())?));
+    let upgrades = match endpoint.streams.map(kube::Client::try_from).transpose() {
+        Ok(upgrades) => upgrades,
+        Err(error) => {
+            tracing::warn!(%error, "no client for exec, attach and port-forward: they answer 501");
+            None
+        }
+    };
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -112,7 +126,8 @@ pub async fn serve(
                 continue;
             }
         };
-        let (acceptor, tenants, client) = (acceptor.clone(), tenants.clone(), client.clone());
+        let (acceptor, tenants, client, upgrades) =
+            (acceptor.clone(), tenants.clone(), client.clone(), upgrades.clone());
         tokio::spawn(async move {
             let tls = match acceptor.accept(tcp).await {
                 Ok(tls) => tls,
@@ -129,7 +144,11 @@ pub async fn serve(
             else {
                 return;
             };
-            let service = TowerToHyperService::new(router(Served { tenant, client }));
+            let service = TowerToHyperService::new(router(Served {
+                tenant,
+                client,
+                upgrades,
+            }));
             let served = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection_with_upgrades(TokioIo::new(tls), service)
                 .await;
@@ -147,17 +166,10 @@ fn router(served: Served) -> Router {
             "/containerLogs/{namespace}/{pod}/{container}",
             get(logs::container_logs),
         )
-        .route("/exec/{*rest}", any(not_yet))
-        .route("/attach/{*rest}", any(not_yet))
-        .route("/portForward/{*rest}", any(not_yet))
+        .route("/exec/{namespace}/{pod}/{container}", any(streams::exec))
+        .route("/attach/{namespace}/{pod}/{container}", any(streams::attach))
+        .route("/portForward/{namespace}/{pod}", any(streams::port_forward))
         .with_state(served)
-}
-
-async fn not_yet() -> (StatusCode, &'static str) {
-    (
-        StatusCode::NOT_IMPLEMENTED,
-        "capn's kubelet API serves logs; exec, attach and port-forward into synced pods are not served yet",
-    )
 }
 
 /// TLS with a fresh self-signed certificate for `advertise`, requiring a client certificate

@@ -977,21 +977,31 @@ fn watch_volume_sources(
 }
 
 impl Shared {
-    /// The log file of container `container` of the pod named `pod` while the runner has
-    /// the pod.
-    fn container_log(&self, pod: &str, container: &str) -> Option<PathBuf> {
+    /// Container `container` of the pod named `pod` (its log, its process), with the pod's
+    /// address, while the runner has the pod.
+    fn container(&self, pod: &str, container: &str) -> Option<(ContainerReport, Option<Ipv4Addr>)> {
         let state = lock(&self.state);
         let pod = state
             .sets
             .values()
             .flat_map(|s| s.pods.values())
             .find(|p| p.name == pod)?;
-        let log = lock(&pod.shared.containers)
+        let report = lock(&pod.shared.containers)
             .values()
             .find(|c| c.name == container)?
-            .log
             .clone();
-        Some(log)
+        Some((report, *lock(&pod.shared.ip)))
+    }
+
+    /// The address of the pod named `pod` while the runner has it.
+    fn pod_address(&self, pod: &str) -> Option<Ipv4Addr> {
+        let state = lock(&self.state);
+        let pod = state
+            .sets
+            .values()
+            .flat_map(|s| s.pods.values())
+            .find(|p| p.name == pod)?;
+        *lock(&pod.shared.ip)
     }
 
     /// The spawner thread, the directory and the pod network of a runner or node.

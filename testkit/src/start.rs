@@ -246,7 +246,7 @@ fn apiserver_args(etcd_url: &str, port: u16, cert_dir: &Path, files: &Credential
         "--authorization-mode=RBAC".to_owned(),
         format!("--token-auth-file={}", files.tokens.display()),
         "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
-        // The test node's kubelet API (logs) is at its InternalIP; its hostname resolves
+        // The test node's kubelet API (logs, exec, port-forward) is at its InternalIP; its hostname resolves
         // nowhere.
         "--kubelet-preferred-address-types=InternalIP".to_owned(),
     ]

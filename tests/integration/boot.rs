@@ -73,6 +73,7 @@ fn in_process_settings(ns: &str, runner: &Runner, watch_filter: Option<&str>) ->
         kubelet: Some(capn::kubelet::KubeletEndpoint {
             bind: std::net::SocketAddr::new(runner.host_address().into(), 0),
             advertise: runner.host_address().into(),
+            streams: Some(capn_testkit::cluster().config()),
         }),
         ..capn::controllers::Settings::default()
     };

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, AttachParams, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -301,6 +301,30 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         .unwrap();
     assert_eq!(last.trim_end().lines().count(), 1, "tailLines=1: {last:?}");
     kubelet_api_refuses_strangers(&tenant, node.name()).await;
+
+    // `kubectl exec` and `kubectl port-forward` in the tenant, the same way: the tenant
+    // apiserver's upgraded stream is relayed by capn to the super pod's.
+    let hostname = exec_output(&tenant_pods, "in-cluster", &["cat", "/proc/sys/kernel/hostname"]).await;
+    assert_eq!(hostname.trim(), "in-cluster", "exec runs in the tenant pod's container");
+    let web = running[0].name_any();
+    let mut forward = tenant_pods.portforward(&web, &[8080]).await.expect("port-forward");
+    let mut stream = forward.take_stream(8080).unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"GET /hostname HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer)
+        .await
+        .unwrap();
+    assert!(
+        answer.contains(&web),
+        "netexec answers its hostname through the forward: {answer}"
+    );
+    drop(stream);
+    forward.abort();
 
     // The tenant Node is Ready, with a Lease the syncer renews.
     let tenant_node = Api::<Node>::all(tenant.clone()).get(node.name()).await.unwrap();
@@ -1232,4 +1256,19 @@ async fn kubelet_api_refuses_strangers(tenant: &Client, node: &str) {
 fn base64_encode(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// What `command` prints on stdout in the tenant pod `name` (`kubectl exec`).
+async fn exec_output(pods: &Api<Pod>, name: &str, command: &[&str]) -> String {
+    let mut attached = pods
+        .exec(name, command.to_vec(), &AttachParams::default().stderr(false))
+        .await
+        .expect("exec through the tenant apiserver");
+    let mut stdout = attached.stdout().expect("stdout");
+    let mut output = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut output)
+        .await
+        .unwrap();
+    attached.join().await.unwrap();
+    output
 }

@@ -222,13 +222,14 @@ async fn start_kubelet_api(ctx: &Context) -> Option<KubeletApi> {
         }
     };
     let tenants = Arc::new(crate::kubelet::Tenants::default());
-    let serving = crate::kubelet::serve(listener, endpoint.advertise, tenants.clone(), ctx.client.clone());
+    let advertise = endpoint.advertise;
+    let serving = crate::kubelet::serve(listener, endpoint, tenants.clone(), ctx.client.clone());
     tokio::spawn(async move {
         if let Err(error) = serving.await {
             tracing::error!(%error, "the tenant Nodes' kubelet API stopped");
         }
     });
-    let announced = std::net::SocketAddr::new(endpoint.advertise, port);
+    let announced = std::net::SocketAddr::new(advertise, port);
     tracing::info!(%announced, "serving the tenant Nodes' kubelet API");
     Some(KubeletApi { tenants, announced })
 }

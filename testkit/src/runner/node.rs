@@ -49,11 +49,12 @@
 //!    containers are reported only through `Initialized` and the phase. The stop of a deleted
 //!    pod uses the pod's `terminationGracePeriodSeconds`, not `deletionGracePeriodSeconds`.
 //!    No Events are recorded.
-//! 6. **Kubelet API: logs only.** The announced `kubeletEndpoint` serves `containerLogs`
-//!    (`kubectl logs` through the API server; `tailLines` and `follow` only, see
-//!    `kubelet.rs`), with a self-signed certificate and no client authentication; no exec,
-//!    attach, port-forward or metrics. Tests also read a container's output with
-//!    [`Node::container_log`]. No node lifecycle controller runs, so the node is never
+//! 6. **Kubelet API: logs, exec, port-forward.** The announced `kubeletEndpoint` serves
+//!    `containerLogs` (`tailLines` and `follow` only), and `exec` and `portForward` through
+//!    `capn-test-kubelet` (hack/test-kubelet: the kubelet's own streaming code; exec runs the
+//!    command with nsenter in the container's namespaces, without a terminal), with a
+//!    self-signed certificate and no client authentication; see `kubelet.rs`. No attach, no
+//!    metrics. Tests also read a container's output with [`Node::container_log`]. No node lifecycle controller runs, so the node is never
 //!    tainted; the heartbeat keeps it Ready should one run.
 //! 7. **One process.** The node lives as long as the test process; its pods are killed when
 //!    it exits (its directory is removed then). Pods it finds already Succeeded or Failed
@@ -139,11 +140,11 @@ impl Node {
     /// The output so far of container `container` of pod `namespace/name` (while the node
     /// has the pod).
     pub fn container_log(&self, namespace: &str, name: &str, container: &str) -> Option<String> {
-        let log = self
+        let (container, _) = self
             .runner
             .shared
-            .container_log(&format!("{namespace}/{name}"), container)?;
-        std::fs::read_to_string(log).ok()
+            .container(&format!("{namespace}/{name}"), container)?;
+        std::fs::read_to_string(container.log).ok()
     }
 
     /// The pid of the kube-scheduler the node started.

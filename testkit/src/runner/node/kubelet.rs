@@ -1,11 +1,17 @@
-//! The node's kubelet API, as far as the tests need it (node adaptation 6): `GET
-//! /containerLogs/{namespace}/{pod}/{container}` over TLS on the node's address and the
-//! kubelet's port, which the super cluster's apiserver calls for `pods/log` (`kubectl
-//! logs`). The query's `tailLines` and `follow` are honoured (a followed log is read again
-//! every 200 ms until the pod is gone); `timestamps`, `previous`, `limitBytes` and the `since`
-//! bounds are not. The certificate is self-signed and no client certificate is asked for
-//! (the super apiserver verifies no kubelet's certificate and presents none here).
-//! Exec, attach and port-forward are not served.
+//! The node's kubelet API, as far as the tests need it (node adaptation 6), over TLS on the
+//! node's address and the kubelet's port, which the super cluster's apiserver calls:
+//! - `GET /containerLogs/{namespace}/{pod}/{container}` for `pods/log` (`kubectl logs`):
+//!   `tailLines` and `follow` are honoured (a followed log is read again every 200 ms until
+//!   the pod is gone); `timestamps`, `previous`, `limitBytes` and the `since` bounds are not;
+//! - `/exec/{namespace}/{pod}/{container}` and `/portForward/{namespace}/{pod}` for
+//!   `pods/exec` and `pods/portforward`: relayed to `capn-test-kubelet` (hack/test-kubelet,
+//!   the kubelet's own streaming code, k8s.io/cri-streaming) with the container's process
+//!   and the pod's address added to the query; exec runs the command with nsenter in the
+//!   container's mount, UTS, IPC and network namespaces, without a terminal; port-forward
+//!   dials the pod's address. No attach.
+//!
+//! The certificate is self-signed and no client certificate is asked for (the super
+//! apiserver verifies no kubelet's certificate and presents none here).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,10 +20,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -32,6 +38,7 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 /// # Errors
 /// The address cannot be bound or the certificate made.
 pub(super) async fn start(address: SocketAddr, shared: Arc<Shared>) -> Result<(), String> {
+    let streams = start_streams(&shared.dir)?;
     let certified = rcgen::generate_simple_self_signed(vec![address.ip().to_string()])
         .map_err(|e| format!("kubelet API certificate: {e}"))?;
     let chain = vec![CertificateDer::from(certified.cert.der().to_vec())];
@@ -48,7 +55,9 @@ pub(super) async fn start(address: SocketAddr, shared: Arc<Shared>) -> Result<()
         .map_err(|e| format!("kubelet API: cannot listen on {address}: {e}"))?;
     let router = Router::new()
         .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
-        .with_state(shared);
+        .route("/exec/{namespace}/{pod}/{container}", any(exec))
+        .route("/portForward/{namespace}/{pod}", any(port_forward))
+        .with_state(Kubelet { shared, streams });
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
@@ -59,7 +68,7 @@ pub(super) async fn start(address: SocketAddr, shared: Arc<Shared>) -> Result<()
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else { return };
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
+                    .serve_connection_with_upgrades(TokioIo::new(tls), TowerToHyperService::new(router))
                     .await;
             });
         }
@@ -67,19 +76,150 @@ pub(super) async fn start(address: SocketAddr, shared: Arc<Shared>) -> Result<()
     Ok(())
 }
 
+/// What the handlers share: the node's pods, and where `capn-test-kubelet` listens.
+#[derive(Clone)]
+struct Kubelet {
+    shared: Arc<Shared>,
+    streams: SocketAddr,
+}
+
+/// The path of `capn-test-kubelet` in the cache of `hack/kube-assets.sh`, which names its
+/// directory after the SHA-256 of the sources, as computed here.
+fn streams_binary() -> std::path::PathBuf {
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    hash.update(include_bytes!("../../../../hack/test-kubelet/go.mod"));
+    hash.update(include_bytes!("../../../../hack/test-kubelet/go.sum"));
+    hash.update(include_bytes!("../../../../hack/test-kubelet/main.go"));
+    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    super::super::pod::release_cache()
+        .join(format!("test-kubelet-{}", &hex[..16]))
+        .join("capn-test-kubelet")
+}
+
+/// Starts `capn-test-kubelet` on a free loopback port and returns its address (the first
+/// line it prints). It lives as long as the node's thread, which is the test process's.
+fn start_streams(dir: &std::path::Path) -> Result<SocketAddr, String> {
+    let binary = streams_binary();
+    if !binary.is_file() {
+        return Err(format!(
+            "MISSING: the node's exec and port-forward need {} (built by hack/kube-assets.sh from hack/test-kubelet)",
+            binary.display()
+        ));
+    }
+    let process =
+        crate::process::Process::spawn("capn-test-kubelet", &binary, &["--listen=127.0.0.1:0".to_owned()], dir)?;
+    let log = process.log.clone();
+    std::mem::forget(process);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if let Some(address) = text.lines().next().and_then(|l| l.trim().parse().ok()) {
+            return Ok(address);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("capn-test-kubelet printed no address in 30 s: {text}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+async fn exec(
+    State(kubelet): State<Kubelet>,
+    Path((namespace, pod, container)): Path<(String, String, String)>,
+    request: Request,
+) -> Response {
+    let key = format!("{namespace}/{pod}");
+    let Some(pid) = kubelet.shared.container(&key, &container).and_then(|(c, _)| c.pid) else {
+        let message = format!("container {container} of pod {key} is not running on this node");
+        return (StatusCode::NOT_FOUND, message).into_response();
+    };
+    let extra = [("pid", pid.to_string()), ("pod", pod), ("container", container)];
+    relay(kubelet.streams, "/exec", &extra, request).await
+}
+
+async fn port_forward(
+    State(kubelet): State<Kubelet>,
+    Path((namespace, pod)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let key = format!("{namespace}/{pod}");
+    let Some(ip) = kubelet.shared.pod_address(&key) else {
+        return (StatusCode::NOT_FOUND, format!("pod {key} has no address on this node")).into_response();
+    };
+    let extra = [("ip", ip.to_string()), ("pod", pod)];
+    relay(kubelet.streams, "/portForward", &extra, request).await
+}
+
+/// Sends `request` on to `capn-test-kubelet` at `streams` (at `path`, its query with `extra`
+/// added) and, once both sides switched protocols, copies the bytes both ways.
+async fn relay(streams: SocketAddr, path: &str, extra: &[(&str, String)], mut request: Request) -> Response {
+    // (The serializer is not Send: it is gone before the first await.)
+    let query = {
+        let mut query = form_urlencoded::Serializer::new(request.uri().query().unwrap_or_default().to_owned());
+        for (key, value) in extra {
+            query.append_pair(key, value);
+        }
+        query.finish()
+    };
+    let mut upstream = http::Request::builder()
+        .method(request.method())
+        .uri(format!("{path}?{query}"));
+    for (name, value) in request.headers() {
+        upstream = upstream.header(name, value);
+    }
+    let Ok(upstream) = upstream.body(http_body_util::Empty::<bytes::Bytes>::new()) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let answer = async {
+        let tcp = tokio::net::TcpStream::connect(streams)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(connection.with_upgrades());
+        sender.send_request(upstream).await.map_err(|e| e.to_string())
+    };
+    let mut answer = match answer.await {
+        Ok(answer) => answer,
+        Err(e) => return (StatusCode::BAD_GATEWAY, format!("capn-test-kubelet: {e}")).into_response(),
+    };
+    if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
+        let status = answer.status();
+        let body = http_body_util::BodyExt::collect(answer.into_body())
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return (status, body).into_response();
+    }
+    let mut response = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+    for (name, value) in answer.headers() {
+        response = response.header(name, value);
+    }
+    let from_client = hyper::upgrade::on(&mut request);
+    let from_streams = hyper::upgrade::on(&mut answer);
+    tokio::spawn(async move {
+        if let Ok((a, b)) = tokio::try_join!(from_client, from_streams) {
+            let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+            let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+        }
+    });
+    response.body(Body::empty()).unwrap_or_default()
+}
+
 async fn container_logs(
-    State(shared): State<Arc<Shared>>,
+    State(kubelet): State<Kubelet>,
     Path((namespace, pod, container)): Path<(String, String, String)>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
+    let shared = kubelet.shared;
     let key = format!("{namespace}/{pod}");
-    let Some(path) = shared.container_log(&key, &container) else {
-        return (
-            StatusCode::NOT_FOUND,
-            format!("container {container} of pod {key} is not on this node"),
-        )
-            .into_response();
+    let Some((report, _)) = shared.container(&key, &container) else {
+        let message = format!("container {container} of pod {key} is not on this node");
+        return (StatusCode::NOT_FOUND, message).into_response();
     };
+    let path = report.log;
     let text = std::fs::read(&path).unwrap_or_default();
     let tail = query.get("tailLines").and_then(|n| n.parse::<usize>().ok());
     let start = tail.map_or(0, |lines| tail_start(&text, lines));
@@ -96,7 +236,7 @@ async fn container_logs(
             }
             loop {
                 tokio::time::sleep(FOLLOW_EVERY).await;
-                shared.container_log(&key, &container)?;
+                shared.container(&key, &container)?;
                 let text = std::fs::read(&path).ok()?;
                 if text.len() > offset {
                     let next = text[offset..].to_vec();
