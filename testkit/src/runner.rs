@@ -977,31 +977,31 @@ fn watch_volume_sources(
 }
 
 impl Shared {
-    /// Container `container` of the pod named `pod` (its log, its process), with the pod's
-    /// address, while the runner has the pod.
-    fn container(&self, pod: &str, container: &str) -> Option<(ContainerReport, Option<Ipv4Addr>)> {
+    /// What `read` finds in the pod named `pod`, while the runner has the pod.
+    fn with_pod<R>(&self, pod: &str, read: impl FnOnce(&PodHandle) -> Option<R>) -> Option<R> {
         let state = lock(&self.state);
-        let pod = state
-            .sets
-            .values()
-            .flat_map(|s| s.pods.values())
-            .find(|p| p.name == pod)?;
-        let report = lock(&pod.shared.containers)
-            .values()
-            .find(|c| c.name == container)?
-            .clone();
-        Some((report, *lock(&pod.shared.ip)))
+        read(
+            state
+                .sets
+                .values()
+                .flat_map(|s| s.pods.values())
+                .find(|p| p.name == pod)?,
+        )
     }
 
-    /// The address of the pod named `pod` while the runner has it.
+    /// Container `container` of the pod named `pod` (its log, its process).
+    fn container(&self, pod: &str, container: &str) -> Option<ContainerReport> {
+        self.with_pod(pod, |p| {
+            lock(&p.shared.containers)
+                .values()
+                .find(|c| c.name == container)
+                .cloned()
+        })
+    }
+
+    /// The address of the pod named `pod`.
     fn pod_address(&self, pod: &str) -> Option<Ipv4Addr> {
-        let state = lock(&self.state);
-        let pod = state
-            .sets
-            .values()
-            .flat_map(|s| s.pods.values())
-            .find(|p| p.name == pod)?;
-        *lock(&pod.shared.ip)
+        self.with_pod(pod, |p| *lock(&p.shared.ip))
     }
 
     /// The spawner thread, the directory and the pod network of a runner or node.

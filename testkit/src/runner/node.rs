@@ -140,7 +140,7 @@ impl Node {
     /// The output so far of container `container` of pod `namespace/name` (while the node
     /// has the pod).
     pub fn container_log(&self, namespace: &str, name: &str, container: &str) -> Option<String> {
-        let (container, _) = self
+        let container = self
             .runner
             .shared
             .container(&format!("{namespace}/{name}"), container)?;

@@ -130,7 +130,7 @@ async fn exec(
     request: Request,
 ) -> Response {
     let key = format!("{namespace}/{pod}");
-    let Some(pid) = kubelet.shared.container(&key, &container).and_then(|(c, _)| c.pid) else {
+    let Some(pid) = kubelet.shared.container(&key, &container).and_then(|c| c.pid) else {
         let message = format!("container {container} of pod {key} is not running on this node");
         return (StatusCode::NOT_FOUND, message).into_response();
     };
@@ -215,7 +215,7 @@ async fn container_logs(
 ) -> Response {
     let shared = kubelet.shared;
     let key = format!("{namespace}/{pod}");
-    let Some((report, _)) = shared.container(&key, &container) else {
+    let Some(report) = shared.container(&key, &container) else {
         let message = format!("container {container} of pod {key} is not on this node");
         return (StatusCode::NOT_FOUND, message).into_response();
     };
