@@ -62,12 +62,20 @@ pub type Service = BoxService<http::Request<Body>, http::Response<Box<DynBody>>,
 /// What kube-client's builder returns for the same config: the TLS identity or roots
 /// cannot be read, the server name is invalid, or the authentication cannot be set up.
 pub fn builder(config: Config) -> kube::Result<ClientBuilder<Service>> {
+    stack(config, true)
+}
+
+/// The stack of [`builder`], offering HTTP/2 (`http2`) or HTTP/1.1 only. TCP segments go
+/// out at once (`TCP_NODELAY`, as Go's net package sets it for client-go): a stream's small
+/// frames are not held for the peer's delayed ACK.
+fn stack(config: Config, http2: bool) -> kube::Result<ClientBuilder<Service>> {
     if config.proxy_url.is_some() {
         return ClientBuilder::try_from(config);
     }
     let tls = config.rustls_client_config()?;
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
+    tcp.set_nodelay(true);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
@@ -80,7 +88,11 @@ pub fn builder(config: Config) -> kube::Result<ClientBuilder<Service>> {
         )),
         None => https,
     };
-    let https = https.enable_http1().enable_http2().wrap_connector(tcp);
+    let https = if http2 {
+        https.enable_http1().enable_http2().wrap_connector(tcp)
+    } else {
+        https.enable_http1().wrap_connector(tcp)
+    };
     let mut connector = hyper_timeout::TimeoutConnector::new(https);
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
@@ -119,6 +131,15 @@ pub fn builder(config: Config) -> kube::Result<ClientBuilder<Service>> {
 /// As [`builder`].
 pub fn client(config: Config) -> kube::Result<Client> {
     Ok(builder(config)?.build())
+}
+
+/// A client for the super cluster at `config` that speaks HTTP/1.1 only, for requests that
+/// upgrade the connection (exec, attach, port-forward: HTTP/2 has no `Upgrade`).
+///
+/// # Errors
+/// As [`builder`].
+pub fn upgrade_client(config: Config) -> kube::Result<Client> {
+    Ok(stack(config, false)?.build())
 }
 
 /// A client for the super cluster the environment points at (in-cluster service account,

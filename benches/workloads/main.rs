@@ -203,6 +203,12 @@ async fn run(tenants: usize, pods: usize, flood: usize, dir: &Path, audit_log: &
             "--health-probe-bind-address=127.0.0.1:0",
         ])
         .arg(format!("--etcd-hosts-file={}", hosts.display()))
+        // The tenant Nodes' kubelet API where every runner's pods reach this host (step 5).
+        .arg(format!(
+            "--kubelet-advertise-address={}",
+            capn_testkit::node().address()
+        ))
+        .arg(format!("--kubelet-bind-address={}:0", capn_testkit::node().address()))
         .env("KUBECONFIG", &kubeconfig)
         .stdout(std::fs::File::create(dir.join("syncer.log")).map_err(|e| e.to_string())?)
         .stderr(std::process::Stdio::inherit())
@@ -395,6 +401,8 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
         flooded.cpu_seconds - before_flood.cpu_seconds
     );
 
+    streams(followed).await?;
+
     let per_pod_ms = all.as_secs_f64() * 1000.0 / (pods * others.len()) as f64;
     println!(
         "\nOn paper, 1,000 tenants × 30 pods at this slope: {:.0} super requests, {:.0} MiB of syncer memory for the pods",
@@ -403,6 +411,86 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
     );
     println!("(step 2's wall time per pod: {per_pod_ms:.0} ms on this machine's one node)");
     Ok(())
+}
+
+/// How many times each stream is timed.
+const STREAM_SAMPLES: usize = 50;
+
+/// 5. `kubectl exec` and `kubectl logs` into one of `tenant`'s Running `web` pods, through the
+/// tenant apiserver and capn's kubelet API, and the same straight to its super pod: medians.
+async fn streams(tenant: &Tenant) -> Result<(), String> {
+    use capn::syncer::names::{ControlPlaneRef, NameLimit};
+    let pods = Api::<Pod>::namespaced(tenant.client.clone(), "default");
+    let pod = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .map_err(|e| e.to_string())?
+        .items
+        .into_iter()
+        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .ok_or("no Running web pod to exec into")?
+        .name_any();
+    let control_plane = ControlPlaneRef::new(&tenant.ns, "demo");
+    // kube's own client (HTTP/1.1): the test kit's speaks HTTP/2, which has no upgrade.
+    let upgrades = Client::try_from(capn_testkit::cluster().config()).map_err(|e| e.to_string())?;
+    let super_pods = Api::<Pod>::namespaced(upgrades, &control_plane.workload_namespace());
+    let super_pod = control_plane.super_name(NameLimit::Subdomain, "default", &pod);
+    let exec_through = median_ms(STREAM_SAMPLES, || exec_once(&pods, &pod)).await?;
+    let exec_direct = median_ms(STREAM_SAMPLES, || exec_once(&super_pods, &super_pod)).await?;
+    let logs_through = median_ms(STREAM_SAMPLES, || logs_once(&pods, &pod)).await?;
+    let logs_direct = median_ms(STREAM_SAMPLES, || logs_once(&super_pods, &super_pod)).await?;
+    println!(
+        "\n5. Streams into a tenant pod, median of {STREAM_SAMPLES} (through the tenant apiserver and capn's kubelet API | straight to the super pod)"
+    );
+    println!(
+        "   kubectl exec (cat the hostname): {exec_through:.1} ms | {exec_direct:.1} ms (+{:.1} ms)",
+        exec_through - exec_direct
+    );
+    println!(
+        "   kubectl logs: {logs_through:.1} ms | {logs_direct:.1} ms (+{:.1} ms)",
+        logs_through - logs_direct
+    );
+    Ok(())
+}
+
+/// The median wall time of `samples` runs of `once`, in milliseconds.
+async fn median_ms<F, Fut>(samples: usize, once: F) -> Result<f64, String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        once().await?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+async fn exec_once(pods: &Api<Pod>, name: &str) -> Result<(), String> {
+    let params = kube::api::AttachParams::default().stderr(false);
+    let mut attached = pods
+        .exec(name, ["cat", "/proc/sys/kernel/hostname"], &params)
+        .await
+        .map_err(|e| format!("exec into {name}: {e}"))?;
+    let mut stdout = attached.stdout().ok_or("no stdout")?;
+    let mut output = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut output)
+        .await
+        .map_err(|e| e.to_string())?;
+    attached.join().await.map_err(|e| e.to_string())?;
+    (!output.trim().is_empty())
+        .then_some(())
+        .ok_or_else(|| format!("exec into {name} printed nothing"))
+}
+
+async fn logs_once(pods: &Api<Pod>, name: &str) -> Result<(), String> {
+    pods.logs(name, &kube::api::LogParams::default())
+        .await
+        .map(drop)
+        .map_err(|e| format!("logs of {name}: {e}"))
 }
 
 /// Applies the control plane `demo` in `ns`, its apiserver writing [`TENANT_AUDIT_POLICY`]'s

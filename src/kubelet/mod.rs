@@ -110,7 +110,7 @@ pub async fn serve(
     client: kube::Client,
 ) -> Result<(), ServeError> {
     let acceptor = TlsAcceptor::from(Arc::new(server_config(endpoint.advertise, tenants.clone())?));
-    let upgrades = match endpoint.streams.map(kube::Client::try_from).transpose() {
+    let upgrades = match endpoint.streams.map(crate::client::upgrade_client).transpose() {
         Ok(upgrades) => upgrades,
         Err(error) => {
             tracing::warn!(%error, "no client for exec, attach and port-forward: they answer 501");
@@ -126,6 +126,9 @@ pub async fn serve(
                 continue;
             }
         };
+        // Small writes (a log's last chunk, a stream's frames) go out at once, not after the
+        // peer's delayed ACK (40 ms on Linux).
+        let _ = tcp.set_nodelay(true);
         let (acceptor, tenants, client, upgrades) =
             (acceptor.clone(), tenants.clone(), client.clone(), upgrades.clone());
         tokio::spawn(async move {
