@@ -416,8 +416,9 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
 /// How many times each stream is timed.
 const STREAM_SAMPLES: usize = 50;
 
-/// 5. `kubectl exec` and `kubectl logs` into one of `tenant`'s Running `web` pods, through the
-/// tenant apiserver and capn's kubelet API, and the same straight to its super pod: medians.
+/// Step 5: `kubectl exec` and `kubectl logs` into one of `tenant`'s Running `web` pods,
+/// through the tenant apiserver and capn's kubelet API, and the same straight to its super
+/// pod: medians.
 async fn streams(tenant: &Tenant) -> Result<(), String> {
     use capn::syncer::names::{ControlPlaneRef, NameLimit};
     let pods = Api::<Pod>::namespaced(tenant.client.clone(), "default");
