@@ -597,7 +597,13 @@ async fn running_pods(booted: &Booted, tenant: &Client, count: usize) -> Vec<Pod
 /// has its workload namespace removed once capn is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync() {
-    let mut booted = boot_with("syncer, two tenants", None, StartCapn::Process(Vec::new())).await;
+    // capn serves the tenant Nodes' kubelet API where every runner's pods reach this host.
+    let node = tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
+    let kubelet = vec![
+        format!("--kubelet-advertise-address={}", node.address()),
+        format!("--kubelet-bind-address={}:0", node.address()),
+    ];
+    let mut booted = boot_with("syncer, two tenants", None, StartCapn::Process(kubelet)).await;
     let (client, ns) = (booted.client.clone(), booted.ns.clone());
     crate::harness::apply_doc(
         &client,
@@ -668,6 +674,38 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
         );
     }
     say("syncer: two tenants with the same names converged after capn was stopped mid-sync");
+
+    // A tenant's apiserver credentials reach its own pods only: with the kubelet client
+    // certificate of `demo`'s apiserver, capn's kubelet API serves the log of a `demo` pod and
+    // answers 404 for a pod that only `other` has.
+    let pod_of = |tenant: &Client| {
+        let pods = Api::<Pod>::namespaced(tenant.clone(), "shop");
+        async move { pods.list(&ListParams::default()).await.unwrap().items[0].name_any() }
+    };
+    let (own, others) = (pod_of(&tenants[0].1).await, pod_of(&tenants[1].1).await);
+    let log = |pod: String| {
+        let booted = &booted;
+        async move {
+            let client = kubelet_client_of(booted, "demo").await;
+            let request = http::Request::get(format!("/containerLogs/shop/{pod}/agnhost"))
+                .body(Vec::new())
+                .unwrap();
+            client.request_text(request).await
+        }
+    };
+    // capn was restarted above: its tenant Nodes announce the new endpoint at its first
+    // heartbeat.
+    booted
+        .runner
+        .wait_for("demo's apiserver reads the log of demo's pod", BOOTED_STEP, || async {
+            log(own.clone()).await.ok()
+        })
+        .await;
+    let refused = log(others.clone()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(e)) if e.code == 404),
+        "demo's apiserver cannot reach other's pod {others}: {refused:?}"
+    );
 
     // A pod with a hostPath volume is refused.
     let (_, other) = &tenants[1];
@@ -1271,4 +1309,37 @@ async fn exec_output(pods: &Api<Pod>, name: &str, command: &[&str]) -> String {
         .unwrap();
     attached.join().await.unwrap();
     output
+}
+
+/// A client of capn's kubelet API (where the tenant Nodes of `name` say it is) with the
+/// kubelet client certificate of `name`'s apiserver, as that apiserver calls it.
+async fn kubelet_client_of(booted: &Booted, name: &str) -> Client {
+    let secret = Api::<Secret>::namespaced(booted.client.clone(), &booted.ns)
+        .get(&format!("{name}-apiserver-kubelet-client"))
+        .await
+        .unwrap();
+    let data = secret.data.unwrap();
+    let tenant = tenant_client_of(booted, name).await;
+    let node = Api::<Node>::all(tenant)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("a tenant Node");
+    let status = node.status.unwrap();
+    let address = status
+        .addresses
+        .unwrap()
+        .into_iter()
+        .find(|a| a.type_ == "InternalIP")
+        .unwrap()
+        .address;
+    let port = status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port;
+    let mut config = kube::Config::new(format!("https://{address}:{port}").parse().unwrap());
+    config.accept_invalid_certs = true;
+    config.auth_info.client_certificate_data = Some(base64_encode(&data["tls.crt"].0));
+    config.auth_info.client_key_data = Some(base64_encode(&data["tls.key"].0).into());
+    Client::try_from(config).unwrap()
 }

@@ -185,8 +185,14 @@ async fn renew(tenant: &Tenant, node: &Node) -> Result<(), kube::Error> {
 /// removes the Nodes no tenant pod is bound to any more. A failure is logged and tried
 /// again at the next tick: a tenant apiserver that is down holds up only this tenant.
 pub(super) async fn heartbeats(tenant: &Tenant) {
+    // Both caches filled first: a Node is judged unused only against every pod.
+    if tenant.tenant_nodes.wait_until_ready().await.is_err() || tenant.tenant_pods.wait_until_ready().await.is_err() {
+        return;
+    }
     let mut tick = tokio::time::interval(RENEW_EVERY);
-    let mut round: u32 = 0;
+    // The first round refreshes the status too: a capn that just started (another replica,
+    // another port) announces its kubelet API at once, not a minute later.
+    let mut round: u32 = STATUS_EVERY - 1;
     loop {
         tick.tick().await;
         round = round.wrapping_add(1);
