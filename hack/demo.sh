@@ -9,8 +9,8 @@
 #   hack/demo.sh
 #
 # Needs: cargo, go (only to build the Kubernetes binaries the first time, ~14 min on 2 cores),
-# iproute2 (`ip`), and root (it uses sudo when not run as root): the nested control plane's
-# pods run in network and mount namespaces of their own.
+# iproute2 (`ip`), iptables (the node's kube-proxy), and root (it uses sudo when not run as
+# root): the nested control plane's pods run in network and mount namespaces of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,18 +19,19 @@ die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
 
 command -v cargo >/dev/null || die "cargo is not installed (https://rustup.rs)"
 command -v ip >/dev/null || die "ip (iproute2) is not installed: the demo gives each pod a network namespace with it"
+command -v iptables-restore >/dev/null || die "iptables is not installed: the demo node's kube-proxy routes ClusterIPs with it (apt-get install iptables)"
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || die "the demo needs root (network and mount namespaces), and sudo is not installed"
 fi
 
-step "1/2 Kubernetes binaries: etcd, kube-apiserver, kube-controller-manager, and the node's kube-scheduler and agnhost (cached by version; a cold build takes about 14 minutes on 2 cores: kube-apiserver ~9, kube-controller-manager ~3, etcd ~2)"
+step "1/2 Kubernetes binaries: etcd, kube-apiserver, kube-controller-manager, and the node's kube-scheduler, kube-proxy and agnhost (cached by version; a cold build takes about 14 minutes on 2 cores: kube-apiserver ~9, kube-controller-manager ~3, etcd ~2)"
 if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
   KUBEBUILDER_ASSETS="$(hack/kube-assets.sh)"
 fi
 for b in etcd kube-apiserver kube-controller-manager; do
   [ -x "$KUBEBUILDER_ASSETS/$b" ] || die "$KUBEBUILDER_ASSETS/$b is missing (run hack/kube-assets.sh)"
 done
-# The super cluster's node runs kube-scheduler and agnhost of the same release.
+# The super cluster's node runs kube-scheduler, kube-proxy and agnhost of the same release.
 release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
 for b in kube-scheduler agnhost; do
   [ -x "$release_dir/$b" ] || die "$release_dir/$b is missing (run hack/kube-assets.sh)"

@@ -18,10 +18,12 @@ hack/release-assets.sh
 for b in etcd kube-apiserver kube-controller-manager; do
   [ -x "$KUBEBUILDER_ASSETS/$b" ] || { echo "ERROR: $KUBEBUILDER_ASSETS/$b is missing (run hack/kube-assets.sh)" >&2; exit 1; }
 done
-# The test kit's node (tests/integration/node.rs) runs kube-scheduler and agnhost of the
-# super cluster's release, which hack/kube-assets.sh builds next to its kube-apiserver.
+# The test kit's node (tests/integration/node.rs) runs kube-scheduler, kube-proxy and agnhost of the
+# super cluster's release, which hack/kube-assets.sh builds next to its kube-apiserver;
+# its kube-proxy programs iptables (Debian's iptables package).
+command -v iptables-restore >/dev/null || { echo "ERROR: iptables-restore is missing: the test node's kube-proxy needs it (apt-get install iptables)" >&2; exit 1; }
 release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
-for b in kube-scheduler agnhost; do
+for b in kube-scheduler kube-proxy agnhost; do
   [ -x "$release_dir/$b" ] || { echo "ERROR: $release_dir/$b is missing (run hack/kube-assets.sh with the KUBE_VERSION of $KUBEBUILDER_ASSETS)" >&2; exit 1; }
 done
 # Its exec and port-forward (hack/test-kubelet): built in seconds when its sources changed.

@@ -20,6 +20,9 @@ pub struct Forward {
     address: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// Whether a drop wakes the accepting thread (a connection to its own address, from this
+    /// namespace) and waits for it.
+    joined: bool,
 }
 
 impl Forward {
@@ -31,6 +34,19 @@ impl Forward {
     pub(super) fn start(name: String, port: u16, resolve: Resolve) -> Result<Self, String> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .map_err(|e| format!("cannot listen on 127.0.0.1 for {name}:{port}: {e}"))?;
+        let mut forward = Self::serve(listener, name, port, resolve)?;
+        forward.joined = true;
+        Ok(forward)
+    }
+
+    /// Forwards every connection `listener` accepts to `port` at the address `resolve` gives.
+    /// The listener may be another network namespace's (it stays there; the connections out
+    /// are made in this thread's): dropping the forwarder then stops it at its next
+    /// connection, without waiting for it.
+    ///
+    /// # Errors
+    /// When the listener has no address or the thread cannot start.
+    pub(crate) fn serve(listener: TcpListener, name: String, port: u16, resolve: Resolve) -> Result<Self, String> {
         let address = listener.local_addr().map_err(|e| e.to_string())?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
@@ -58,6 +74,7 @@ impl Forward {
             address,
             stop,
             thread: Some(thread),
+            joined: false,
         })
     }
 
@@ -70,6 +87,9 @@ impl Forward {
 impl Drop for Forward {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        if !self.joined {
+            return;
+        }
         // Wakes the blocking accept, which then sees the flag.
         let _ = TcpStream::connect(self.address);
         if let Some(thread) = self.thread.take() {

@@ -4,12 +4,13 @@
 //! [`node()`] starts it on first use, once per test process (like [`crate::cluster`]), on a
 //! thread of its own that lives as long as the process. It
 //! - registers the Node `capn-node-<random>` (capacity and allocatable: 16 CPUs, 64 GiB,
-//!   110 pods, or `$CAPN_TEST_NODE_MAX_PODS` like the kubelet's `--max-pods`, up to the 253
+//!   110 pods, or `$CAPN_TEST_NODE_MAX_PODS` like the kubelet's `--max-pods`, up to the 252
 //!   addresses of its pod network; addresses: its bridge's host-side address as InternalIP, and its name as
 //!   Hostname; the kubelet's port as `kubeletEndpoint`; Ready with no pressure), renews its
 //!   Lease in `kube-node-lease` and the conditions' heartbeat every 10 s;
 //! - starts the real kube-scheduler of the super cluster's release against the super
-//!   cluster (admin kubeconfig, leader election off) and waits for its `/healthz`;
+//!   cluster (admin kubeconfig, leader election off) and waits for its `/healthz`, and the
+//!   real kube-proxy (adaptation 9), and waits for its;
 //! - plays the kubelet for every Pod whose `spec.nodeName` is the node, in any namespace:
 //!   each pod runs with the runner's machinery (its own network and UTS namespaces on the
 //!   node's bridge, volumes, containers as processes in their own mount namespaces, probes,
@@ -43,7 +44,7 @@
 //! 4. **DNS.** A node pod's `/etc/hosts` holds the names of every Service whose pods a live
 //!    [`super::Runner`] of this process runs (every form, `<svc>.<ns>.svc.cluster.local`
 //!    included), kept current like a runner pod's; Services of the node's own pods are not
-//!    resolved (no cluster DNS, no kube-proxy, no ClusterIP).
+//!    resolved by name (no cluster DNS); their ClusterIPs route (adaptation 9).
 //! 5. **Status.** `initContainerStatuses`, `ephemeralContainerStatuses`, resources and
 //!    `allocatedResources`, `nominatedNodeName` and readiness gates are not written; init
 //!    containers are reported only through `Initialized` and the phase. The stop of a deleted
@@ -62,9 +63,16 @@
 //! 8. **Node lifecycle.** The `node.kubernetes.io/not-ready` taint that the API server's
 //!    admission puts on every new Node is lifted by the node itself once it is Ready (the
 //!    node lifecycle controller's job, which does not run in the super cluster).
+//! 9. **kube-proxy.** The real one (iptables mode, from the release cache like the
+//!    scheduler; the host needs `iptables`, Debian's package) runs in the node's network
+//!    namespace, not the host's, which routes the super cluster's Service CIDR for the
+//!    node's pods; it masquerades all Service traffic (`masqueradeAll`: no `br_netfilter`
+//!    here), so a backend sees the node namespace's address as its client; NodePorts answer
+//!    only inside the node namespace. See `proxy.rs`.
 
 mod kubelet;
 mod objects;
+mod proxy;
 pub use objects::MAX_PODS_VARIABLE;
 mod status;
 
@@ -187,7 +195,7 @@ fn start() -> Result<Node, String> {
                 }
             };
             runtime.block_on(async move {
-                let (node, mut scheduler) = match start_here().await {
+                let (node, mut scheduler, mut proxy) = match start_here().await {
                     Ok(started) => started,
                     Err(e) => {
                         let _ = sender.send(Err(e));
@@ -201,6 +209,10 @@ fn start() -> Result<Node, String> {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     if let Err(report) = scheduler.check_running() {
                         shared.problem(format!("kube-scheduler died: {report}"));
+                        std::future::pending::<()>().await;
+                    }
+                    if let Err(report) = proxy.process.check_running() {
+                        shared.problem(format!("kube-proxy died: {report}"));
                         std::future::pending::<()>().await;
                     }
                 }
@@ -223,7 +235,7 @@ struct Book {
     written: BTreeMap<String, Value>,
 }
 
-async fn start_here() -> Result<(Node, crate::process::Process), String> {
+async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), String> {
     let client = crate::cluster().client();
     let cache = pod::release_cache();
     let (release, binaries) = objects::release_binaries(&cache)?;
@@ -258,6 +270,7 @@ async fn start_here() -> Result<(Node, crate::process::Process), String> {
     lock(&shared.state).libraries.insert(agnhost, libraries);
     let uid = objects::register(&client, &name, shared.host_ip, &release).await?;
     let scheduler = objects::start_scheduler(&binaries["kube-scheduler"], &shared.dir).await?;
+    let proxy = proxy::start(&binaries["kube-proxy"], &shared, &name).await?;
     let mut tasks = watch_volume_sources(
         &shared,
         (Api::all(client.clone()), secrets_writer),
@@ -305,10 +318,11 @@ async fn start_here() -> Result<(Node, crate::process::Process), String> {
     let kubelet = std::net::SocketAddr::new(shared.host_ip.into(), objects::KUBELET_PORT);
     kubelet::start(kubelet, shared.clone()).await?;
     shared.event(format!(
-        "node {name} registered at {} ({}); kube-scheduler pid {}",
+        "node {name} registered at {} ({}); kube-scheduler pid {}, kube-proxy pid {}",
         shared.host_ip,
         shared.host_link,
-        scheduler.child.id()
+        scheduler.child.id(),
+        proxy.process.child.id()
     ));
     remove_at_exit(shared.dir.clone());
     let node = Node {
@@ -317,7 +331,7 @@ async fn start_here() -> Result<(Node, crate::process::Process), String> {
         scheduler_log: scheduler.log.clone(),
         runner: Runner { shared, tasks },
     };
-    Ok((node, scheduler))
+    Ok((node, scheduler, proxy))
 }
 
 /// `namespace/name` of a pod.

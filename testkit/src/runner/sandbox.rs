@@ -24,8 +24,11 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// Every runner's and the node's pod network: one /24 of it each.
 pub(super) const POD_NETWORKS: &str = "198.18.0.0/15";
-/// How many pods one pod network (a /24: .2 to .254) holds at once.
-pub(crate) const POD_ADDRESSES: u16 = 253;
+/// How many pods one pod network (a /24: .2 to .253) holds at once.
+pub(crate) const POD_ADDRESSES: u16 = 252;
+/// The last address of each pod network: the node namespace's own, on its bridge, where
+/// the node's pods send Service traffic for its kube-proxy ([`Network::route_services`]).
+const NODE_ADDRESS: u8 = 254;
 
 /// A thread that forks every process of the runner. `PR_SET_PDEATHSIG` fires when the *thread*
 /// that forked a child ends; tokio's threads come and go, this one lives as long as the runner.
@@ -170,6 +173,8 @@ pub(super) struct Network {
     prefix: [u8; 3],
     used: BTreeSet<u8>,
     last: u8,
+    /// The Service CIDR routed through the node namespace ([`Network::route_services`]).
+    services: Option<String>,
 }
 
 impl Network {
@@ -213,6 +218,7 @@ impl Network {
                 prefix,
                 used: BTreeSet::new(),
                 last: 1,
+                services: None,
             };
             network.configure_uplink()?;
             return Ok(network);
@@ -290,6 +296,10 @@ impl Network {
             // default route.
             let gateway = self.address(1).to_string();
             ip(Some(&pod.net), &["route", "add", POD_NETWORKS, "via", &gateway])?;
+            if let Some(cidr) = &self.services {
+                let node = self.address(NODE_ADDRESS).to_string();
+                ip(Some(&pod.net), &["route", "add", cidr, "via", &node])?;
+            }
             Ok::<_, String>(())
         })();
         if let Err(e) = result {
@@ -297,6 +307,67 @@ impl Network {
             return Err(e);
         }
         Ok(address)
+    }
+
+    /// Makes the node namespace the router of the Service CIDR `cidr` for the pods attached
+    /// from now on, as a node is for its pods: it gets the address [`NODE_ADDRESS`] on its
+    /// bridge, forwards, and reaches the other pod networks of this host through the host; each
+    /// pod gets a route to `cidr` through it. Whatever programs the node namespace's packet
+    /// filter (kube-proxy, [`Network::node_namespace`]) then decides where that traffic goes.
+    ///
+    /// # Errors
+    /// When `ip` fails, or forwarding cannot be switched on in the node namespace.
+    pub fn route_services(&mut self, cidr: &str) -> Result<(), String> {
+        let own = format!("{}/24", self.address(NODE_ADDRESS));
+        ip(Some(&self.node.net), &["addr", "add", &own, "dev", "br0"])?;
+        let gateway = self.address(1).to_string();
+        ip(Some(&self.node.net), &["route", "add", POD_NETWORKS, "via", &gateway])?;
+        // `/proc/sys/net` shows the namespace of the thread that opens it.
+        let fd = self.node.net.as_raw_fd();
+        thread::spawn(move || -> io::Result<()> {
+            // SAFETY: setns(2) on this short-lived thread only.
+            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The network sysctls are those of the namespace of the thread that writes them.
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+        })
+        .join()
+        .map_err(|_| "the forwarding thread panicked".to_owned())?
+        .map_err(|e| format!("cannot enable forwarding in the node namespace: {e}"))?;
+        self.services = Some(cidr.to_owned());
+        Ok(())
+    }
+
+    /// A listener on `address` in the node namespace (made on a short-lived thread that
+    /// enters it; the socket stays there).
+    ///
+    /// # Errors
+    /// When the thread cannot enter the namespace or the address cannot be bound.
+    pub fn listen_in_node(&self, address: std::net::SocketAddr) -> Result<std::net::TcpListener, String> {
+        let fd = self.node.net.as_raw_fd();
+        thread::spawn(move || -> io::Result<std::net::TcpListener> {
+            // SAFETY: setns(2) on this short-lived thread only.
+            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            std::net::TcpListener::bind(address)
+        })
+        .join()
+        .map_err(|_| "the listening thread panicked".to_owned())?
+        .map_err(|e| format!("cannot listen on {address} in the node namespace: {e}"))
+    }
+
+    /// The node namespace's address on the pod network (once [`Network::route_services`]
+    /// gave it one).
+    pub fn node_address(&self) -> Ipv4Addr {
+        self.address(NODE_ADDRESS)
+    }
+
+    /// The node namespace, for a process that works there (`/proc/<pid>/fd/<n>`, valid while
+    /// the network lives).
+    pub fn node_namespace(&self) -> &OwnedFd {
+        &self.node.net
     }
 
     /// Removes the pod's veth pair (at once: a namespace is torn down asynchronously by the

@@ -102,7 +102,7 @@ fn arch() -> String {
 
 /// The variable that sets how many pods the node takes (the kubelet's `--max-pods`;
 /// default 110, the kubelet's default too): benchmarks that run hundreds of pods raise it,
-/// up to the 253 addresses of the node's pod network.
+/// up to the 252 pod addresses of the node's pod network.
 pub const MAX_PODS_VARIABLE: &str = "CAPN_TEST_NODE_MAX_PODS";
 
 /// The node's capacity, also its allocatable: generous, as one machine running test pods.
@@ -214,7 +214,7 @@ pub(super) fn release_binaries(cache: &Path) -> Result<(String, BTreeMap<&'stati
     let release = super::super::pod::parse_version(&text)
         .ok_or_else(|| format!("{} --version printed no version: {text}", apiserver.display()))?;
     let mut out = BTreeMap::new();
-    for name in ["kube-scheduler", "agnhost"] {
+    for name in ["kube-scheduler", "kube-proxy", "agnhost"] {
         let path = cache.join(format!("kubernetes-v{release}")).join(name);
         if !path.is_file() {
             return Err(format!(
