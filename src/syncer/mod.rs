@@ -11,11 +11,14 @@
 //!   super object is, and the orphans;
 //! - [`upward`]: the tenant pod's status from its super pod, and the node to bind it to;
 //! - [`volume`]: a tenant claim's copy, and the tenant volume that shows the super volume
-//!   bound to it.
+//!   bound to it;
+//! - [`service`]: a tenant Service's copy, its super ClusterIP shown back, and the Service
+//!   environment variables of a tenant pod.
 pub mod admission;
 pub mod diff;
 pub mod names;
 pub mod pod;
+pub mod service;
 pub mod upward;
 pub mod volume;
 

@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
 
 /// A tenant Deployment of `replicas` agnhost `netexec` pods in namespace `ns`.
-fn deployment(ns: &str, replicas: i32) -> Deployment {
+pub(crate) fn deployment(ns: &str, replicas: i32) -> Deployment {
     serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "web", "namespace": ns},
@@ -52,7 +52,7 @@ fn pause_deployment(ns: &str, replicas: i32) -> Deployment {
     deployment
 }
 
-async fn tenant_client(booted: &Booted) -> Client {
+pub(crate) async fn tenant_client(booted: &Booted) -> Client {
     booted.nested(&booted.kubeconfig().await).await
 }
 
@@ -91,7 +91,7 @@ async fn refusal(booted: &Booted, pods: &Api<Pod>, name: &str) -> PodCondition {
 
 /// Waits until the tenant's controller-manager has made the `default` ServiceAccount of its
 /// `default` namespace, which pods there run as (the apiserver refuses them before).
-async fn default_service_account(booted: &Booted, tenant: &Client) {
+pub(crate) async fn default_service_account(booted: &Booted, tenant: &Client) {
     let accounts = Api::<ServiceAccount>::namespaced(tenant.clone(), "default");
     booted
         .runner

@@ -13,11 +13,13 @@
 
 mod caches;
 mod nodes;
+mod passes;
 mod patrol;
 mod pod_events;
 mod pods;
 mod references;
 mod scope;
+mod services;
 mod super_caches;
 mod tokens;
 mod volumes;

@@ -14,12 +14,14 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
+use super::caches::in_namespace;
 use super::scope::{FIELD_MANAGER, Tenant, typed};
 use super::{nodes, references, tokens};
 use crate::syncer::diff::{Ownership, ownership, pod_drift};
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::{MissingField, TenantObject};
-use crate::syncer::pod::{TranslateError, translate};
+use crate::syncer::pod::{TranslateError, keep_live_env, translate};
+use crate::syncer::service::service_links;
 use crate::syncer::upward::tenant_status;
 
 /// How soon a pod that waits (for a tenant object it refers to, for its super pod to go)
@@ -31,6 +33,11 @@ const WAIT: Duration = Duration::from_secs(10);
 const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
 /// The reason of a bound pod whose super node is gone.
 const NODE_LOST: &str = "NodeLost";
+/// How long a new pod waits at most for a Service copy's ClusterIP (the services pass
+/// makes a copy within a request or two of the Service; see `waits_for_services`).
+const LINK_WAIT: Duration = Duration::from_secs(30);
+/// How soon a pod waiting for a Service copy's ClusterIP is looked at again.
+const LINK_RETRY: Duration = Duration::from_millis(500);
 /// How soon a pod the super cluster refused is tried again.
 const REFUSED_RETRY: Duration = Duration::from_secs(20);
 
@@ -60,7 +67,13 @@ impl SyncError {
 pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, SyncError> {
     // Until the shared super caches have listed, a missing super pod means nothing (and
     // every pod would be applied again at each start of capn).
-    if tenant.super_pods.wait_until_ready().await.is_err() {
+    // The same for the Services a new pod's environment names.
+    let ready = async {
+        tenant.super_pods.wait_until_ready().await.is_ok()
+            && tenant.super_services.wait_until_ready().await.is_ok()
+            && tenant.tenant_services.wait_until_ready().await.is_ok()
+    };
+    if !ready.await {
         return Ok(Action::requeue(WAIT));
     }
     let identity = TenantObject::of(&pod.metadata)?;
@@ -112,7 +125,16 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     } else {
         std::borrow::Cow::Borrowed(&*pod)
     };
-    let mut translation = match translate(&source, &tenant.target) {
+    let (links, waiting) = service_links(
+        tenant.control_plane(),
+        &identity.namespace,
+        &tenant.tenant_services.state(),
+        &in_namespace(&tenant.super_services, &tenant.namespace),
+    );
+    if live.is_none() && waits_for_services(tenant, &pod, &waiting) {
+        return Ok(Action::requeue(LINK_RETRY));
+    }
+    let mut translation = match translate(&source, &tenant.target, &links) {
         Ok(t) => t,
         Err(TranslateError::MissingField(e)) => return Err(e.into()),
         Err(refused) => {
@@ -121,6 +143,9 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
         }
     };
     tenant.mark(&mut translation.pod.metadata);
+    if let Some(live) = &live {
+        keep_live_env(&mut translation.pod, live);
+    }
     // A pod stays on the node it was bound to, as pods do: a super pod deleted under a bound
     // tenant pod (evicted, deleted by hand) is made again on that node, not scheduled anew,
     // so that the tenant pod's node stays true; if that node is gone, the pod is lost with it.
@@ -176,6 +201,24 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     }
     upward(tenant, &pod, &live).await?;
     Ok(next)
+}
+
+/// Whether the new pod `pod` waits for the copies of Services in `waiting` to get their
+/// ClusterIPs, so that its environment names them as the kubelet's would: only for a pod
+/// with service links on, and only for Services made less than [`LINK_WAIT`] ago (a copy
+/// the super cluster refused must not hold the pod forever; the Service has an Event).
+fn waits_for_services(tenant: &Tenant, pod: &Pod, waiting: &[String]) -> bool {
+    let links_on = pod.spec.as_ref().and_then(|s| s.enable_service_links) != Some(false);
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let now = Timestamp::now();
+    links_on
+        && waiting.iter().any(|name| {
+            tenant
+                .tenant_services
+                .get(&ObjectRef::new(name).within(namespace))
+                .and_then(|s| s.metadata.creation_timestamp.clone())
+                .is_some_and(|made| now.duration_since(made.0).unsigned_abs() < LINK_WAIT)
+        })
 }
 
 /// The earlier of two actions' requeues.

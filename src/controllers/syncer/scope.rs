@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource};
@@ -48,6 +48,10 @@ pub(super) struct Tenant {
     pub super_claims: Store<PersistentVolumeClaim>,
     /// The super cluster's PersistentVolumes (the shared cache).
     pub super_volumes: Store<PersistentVolume>,
+    /// The Service copies of every workload namespace (the shared cache).
+    pub super_services: Store<Service>,
+    /// The tenant's Services.
+    pub tenant_services: Store<Service>,
     /// The tenant's PersistentVolumeClaims.
     pub tenant_claims: Store<PersistentVolumeClaim>,
     /// The tenant PersistentVolumes the syncer made.

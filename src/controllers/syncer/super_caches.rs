@@ -12,14 +12,14 @@
 //! kube-apiserver allows 100 concurrent streams (its default since the HTTP/2 rapid-reset fix,
 //! CVE-2023-44487; `--http2-max-streams-per-connection`). A watch per tenant and kind would
 //! use them up at about 25 tenants, after which every request of capn's waits for a stream
-//! that never frees. Shared, capn holds six watches there however many tenants it serves,
-//! and the super cluster keeps six watchers for capn instead of six per tenant.
+//! that never frees. Shared, capn holds seven watches there however many tenants it serves,
+//! and the super cluster keeps seven watchers for capn instead of seven per tenant.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::Api;
 use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
@@ -43,6 +43,8 @@ pub(super) struct SuperCaches {
     pub claims: Store<PersistentVolumeClaim>,
     /// Every PersistentVolume of the super cluster.
     pub volumes: Store<PersistentVolume>,
+    /// Every Service copy.
+    pub services: Store<Service>,
     routes: Mutex<HashMap<String, Route>>,
 }
 
@@ -54,6 +56,8 @@ struct Route {
     events: UnboundedSender<Event>,
     /// A claim copy or a volume bound to one changed (the volumes pass looks at them all).
     volumes: UnboundedSender<()>,
+    /// A Service copy changed (the services pass looks at them all).
+    services: UnboundedSender<()>,
 }
 
 /// What one worker receives: the changed objects of its workload namespace (metadata, which
@@ -66,10 +70,11 @@ pub(super) struct Subscription {
     pub secrets: UnboundedReceiver<PartialObjectMeta<Secret>>,
     pub events: UnboundedReceiver<Event>,
     pub volumes: UnboundedReceiver<()>,
+    pub services: UnboundedReceiver<()>,
 }
 
 impl SuperCaches {
-    /// Starts the six watches on the super cluster through `client`. The caches fill while
+    /// Starts the seven watches on the super cluster through `client`. The caches fill while
     /// the returned future is polled (for as long as the syncer runs).
     pub fn start(
         client: &Client,
@@ -79,7 +84,8 @@ impl SuperCaches {
         let (pods, pod_changes) = reflect::<Pod>(Api::all(client.clone()), synced.clone());
         let (config_maps, config_map_changes) = reflect::<ConfigMap>(Api::all(client.clone()), synced.clone());
         let (secrets, secret_changes) = reflect::<Secret>(Api::all(client.clone()), synced.clone());
-        let (claims, claim_changes) = reflect::<PersistentVolumeClaim>(Api::all(client.clone()), synced);
+        let (claims, claim_changes) = reflect::<PersistentVolumeClaim>(Api::all(client.clone()), synced.clone());
+        let (services, service_changes) = reflect::<Service>(Api::all(client.clone()), synced);
         let (volumes, volume_changes) =
             reflect::<PersistentVolume>(Api::all(client.clone()), watcher::Config::default());
         let caches = std::sync::Arc::new(SuperCaches {
@@ -88,6 +94,7 @@ impl SuperCaches {
             secrets,
             claims,
             volumes,
+            services,
             routes: Mutex::default(),
         });
         // Only Events about pods: the API server filters them (`regarding.kind` is one of
@@ -123,6 +130,7 @@ impl SuperCaches {
                     caches.route(events, namespace, |r| &r.events, |e: Event| e),
                     caches.route(claim_changes, namespace, |r| &r.volumes, |_| ()),
                     caches.route(volume_changes, claim_namespace, |r| &r.volumes, |_| ()),
+                    caches.route(service_changes, namespace, |r| &r.services, |_| ()),
                 );
             }
         };
@@ -137,6 +145,7 @@ impl SuperCaches {
         let (secrets, secrets_rx) = unbounded_channel();
         let (events, events_rx) = unbounded_channel();
         let (volumes, volumes_rx) = unbounded_channel();
+        let (services, services_rx) = unbounded_channel();
         self.lock().insert(
             namespace.to_owned(),
             Route {
@@ -145,6 +154,7 @@ impl SuperCaches {
                 secrets,
                 events,
                 volumes,
+                services,
             },
         );
         Subscription {
@@ -153,6 +163,7 @@ impl SuperCaches {
             secrets: secrets_rx,
             events: events_rx,
             volumes: volumes_rx,
+            services: services_rx,
         }
     }
 

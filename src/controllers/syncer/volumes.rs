@@ -6,57 +6,29 @@
 //! the caches and writes only what differs; it runs when a claim or a volume changes on
 //! either side, and every patrol period.
 
-use std::time::Duration;
-
-use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::caches::in_namespace;
+use super::passes;
 use super::scope::{TENANT_FIELD_MANAGER, Tenant, ignore_missing, typed};
 use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::volume::{VolumeChange, claim_copy, orphaned_claims, volume_changes};
 
-/// How soon a failed pass is tried again.
-const RETRY: Duration = Duration::from_secs(5);
 /// Why a claim has no copy: the super cluster refused it (quota, policy).
 const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
 
-/// Runs the volumes pass until `wakes` ends: once the caches are filled, then after each
-/// change `wakes` reports (those that arrive during a pass are seen by the next one), and
-/// at least every patrol period.
+/// Runs the volumes pass until `wakes` ends (see [`passes::run`]).
 pub(super) async fn run(tenant: &Tenant, wakes: futures::stream::BoxStream<'static, ()>) {
-    let mut wakes = wakes;
-    // The tenant caches fill only while `wakes` is polled.
     let ready = async {
         tenant.tenant_claims.wait_until_ready().await.is_ok()
             && tenant.tenant_volumes.wait_until_ready().await.is_ok()
             && tenant.super_claims.wait_until_ready().await.is_ok()
             && tenant.super_volumes.wait_until_ready().await.is_ok()
     };
-    futures::pin_mut!(ready);
-    loop {
-        tokio::select! {
-            filled = &mut ready => if filled { break } else { return },
-            woken = wakes.next() => if woken.is_none() { return },
-        }
-    }
-    loop {
-        let next = match pass(tenant).await {
-            Ok(()) => tenant.patrol_every,
-            Err(error) => {
-                tracing::info!(%error, tenant = %tenant.control_plane().key(), "volumes pass failed; trying again");
-                RETRY
-            }
-        };
-        tokio::select! {
-            woken = wakes.next() => if woken.is_none() { return },
-            () = tokio::time::sleep(next) => {}
-        }
-        while let Some(Some(())) = wakes.next().now_or_never() {}
-    }
+    passes::run("volumes", tenant, ready, wakes, || pass(tenant)).await;
 }
 
 /// One pass: claims down, orphaned copies out, volumes up.

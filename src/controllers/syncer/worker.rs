@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::Api;
@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::caches::{Changes, reflect};
 use super::scope::Tenant;
 use super::super_caches::SuperCaches;
-use super::{nodes, patrol, pod_events, pods, volumes};
+use super::{nodes, patrol, pod_events, pods, services, volumes};
 use crate::controllers::events::Recorder;
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
@@ -69,6 +69,9 @@ pub(super) async fn run(start: Start) {
         Api::all(start.tenant_client.clone()),
         watcher::Config::default().labels(&format!("{}=true", crate::syncer::volume::VIRTUAL_VOLUME_LABEL)),
     );
+    // The tenant's Services: the services pass's, and the pods' environment.
+    let (tenant_services, tenant_service_changes) =
+        reflect::<Service>(Api::all(start.tenant_client.clone()), watcher::Config::default());
     // The queue's own cache of tenant pods is trimmed like the others (Controller::new would
     // keep every pod's managedFields).
     let (tenant_pods, tenant_pod_changes) =
@@ -92,6 +95,8 @@ pub(super) async fn run(start: Start) {
         super_config_maps: start.caches.config_maps.clone(),
         super_claims: start.caches.claims.clone(),
         super_volumes: start.caches.volumes.clone(),
+        super_services: start.caches.services.clone(),
+        tenant_services,
         tenant_claims,
         tenant_volumes,
         tenant_pods,
@@ -142,6 +147,14 @@ pub(super) async fn run(start: Start) {
                 received(subscription.volumes).map(drop).boxed(),
                 tenant_claim_changes.map(drop).boxed(),
                 tenant_volume_changes.map(drop).boxed(),
+            ])
+            .boxed()
+        ),
+        services::run(
+            &tenant,
+            futures::stream::select_all([
+                received(subscription.services).map(drop).boxed(),
+                tenant_service_changes.map(drop).boxed(),
             ])
             .boxed()
         ),

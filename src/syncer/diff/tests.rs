@@ -24,7 +24,7 @@ fn desired(tenant: &Pod) -> Pod {
         },
         level: Level::Baseline,
     };
-    translate(tenant, &target).expect("translates").pod
+    translate(tenant, &target, &[]).expect("translates").pod
 }
 
 /// The desired pod as the super cluster stores and runs it: identity, defaults,

@@ -10,10 +10,13 @@
 //! - carries the tenant's service-account tokens in a Secret the controller fills from the
 //!   *tenant* apiserver ([`token`]); the super pod itself mounts no super token
 //!   (`automountServiceAccountToken: false`, `serviceAccountName: default`);
-//! - talks to its own apiserver: `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT` on
-//!   every container name the tenant apiserver as the super cluster reaches it, unless the
-//!   container sets them itself (the kubelet's own variables yield to a container's, so a
-//!   tenant's explicit value keeps winning, as in any cluster);
+//! - talks to its own apiserver: `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`
+//!   (and the `kubernetes` Service's other variables) on every container name the tenant
+//!   apiserver as the super cluster reaches it, unless the container sets them itself (the
+//!   kubelet's own variables yield to a container's, so a tenant's explicit value keeps
+//!   winning, as in any cluster);
+//! - finds its namespace's Services through the environment variables the kubelet would
+//!   give it, holding their super ClusterIPs ([`crate::syncer::service`]);
 //! - shows the tenant's identity through the downward API ([`downward`]);
 //! - keeps to the tenant's placement wishes that cannot escape its share of the super
 //!   cluster ([`placement`]);
@@ -37,11 +40,12 @@ pub mod token;
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{EnvVar, Pod, PodSpec, Toleration};
+use k8s_openapi::api::core::v1::{EnvVar, Pod, PodSpec, ServicePort, Toleration};
 
 use crate::syncer::admission::{self, Level, Violation};
 use crate::syncer::names::tenancy::{self, MissingField, TenantObject};
 use crate::syncer::names::{ControlPlaneRef, NameLimit, is_dns_label};
+use crate::syncer::service::{ServiceLink, link_env};
 
 pub use references::{Reference, ReferenceKind};
 pub use token::{TokenRequest, TokenSecret};
@@ -50,6 +54,9 @@ pub use token::{TokenRequest, TokenSecret};
 pub const SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
 /// The variable client-go's in-cluster configuration reads the apiserver's port from.
 pub const SERVICE_PORT: &str = "KUBERNETES_SERVICE_PORT";
+/// The Service the kubelet names the apiserver by in every pod's environment
+/// (`default/kubernetes`).
+const MASTER_SERVICE: &str = "kubernetes";
 
 /// What a translation needs besides the tenant pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,12 +117,14 @@ impl TranslateError {
     }
 }
 
-/// The super-cluster Pod for the tenant pod `tenant` (see the module documentation).
+/// The super-cluster Pod for the tenant pod `tenant` (see the module documentation), whose
+/// Service environment variables name `services` (the links of its namespace's Services,
+/// [`crate::syncer::service::service_links`]).
 ///
 /// Errors: [`TranslateError::Refused`] with every admission violation at `target.level`;
 /// [`TranslateError::MissingField`] for a pod without namespace, name or uid. Both are
 /// terminal: the tenant pod must change.
-pub fn translate(tenant: &Pod, target: &Target) -> Result<Translation, TranslateError> {
+pub fn translate(tenant: &Pod, target: &Target, services: &[ServiceLink]) -> Result<Translation, TranslateError> {
     let violations = admission::check(tenant, target.level);
     if !violations.is_empty() {
         return Err(TranslateError::Refused(violations));
@@ -130,7 +139,7 @@ pub fn translate(tenant: &Pod, target: &Target) -> Result<Translation, Translate
     let dropped_tolerations = placement::rewrite(&mut spec, &identity.namespace);
     leave_to_the_super_cluster(&mut spec);
     set_hostname(&mut spec, &identity.name);
-    set_apiserver(&mut spec, &target.apiserver);
+    set_service_env(&mut spec, &target.apiserver, services);
     Ok(Translation {
         pod: Pod {
             metadata,
@@ -141,6 +150,30 @@ pub fn translate(tenant: &Pod, target: &Target) -> Result<Translation, Translate
         token_secret,
         dropped_tolerations,
     })
+}
+
+/// Gives every container of `desired` the `env` of the same container in `live`: a pod's
+/// environment is immutable (Kubernetes' pod update validation), and the live pod's named
+/// the Services there were when it was made, as a kubelet's pod keeps those of its start.
+pub fn keep_live_env(desired: &mut Pod, live: &Pod) {
+    let (Some(spec), Some(live)) = (desired.spec.as_mut(), live.spec.as_ref()) else {
+        return;
+    };
+    // Container names are unique across a pod's containers and init containers.
+    let live: Vec<_> = live
+        .containers
+        .iter()
+        .chain(live.init_containers.iter().flatten())
+        .collect();
+    let containers = spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten());
+    for container in containers {
+        if let Some(same) = live.iter().find(|c| c.name == container.name) {
+            container.env.clone_from(&same.env);
+        }
+    }
 }
 
 /// The tenant pod's service account: `serviceAccountName`, else the deprecated
@@ -185,28 +218,39 @@ fn set_hostname(spec: &mut PodSpec, tenant_name: &str) {
     spec.hostname = is_dns_label(cut).then(|| cut.to_owned());
 }
 
-/// `KUBERNETES_SERVICE_HOST`/`_PORT` first in every container's and init container's `env`
-/// (first, so that a later `$(KUBERNETES_SERVICE_HOST)` of the tenant expands to them),
-/// unless the container sets the variable itself.
-fn set_apiserver(spec: &mut PodSpec, apiserver: &ApiServerAddress) {
+/// The Service environment variables ([`link_env`]) first in every container's and init
+/// container's `env` (first, so that a later `$(KUBERNETES_SERVICE_HOST)` of the tenant
+/// expands to them), each unless the container sets it itself: the tenant apiserver's as
+/// the `kubernetes` Service's always (the kubelet adds the master Service's even when
+/// service links are off, and lets it win over a namespace's Service of that name), and
+/// those of `services` unless the pod turns `enableServiceLinks` off. The super pod's own
+/// links are off: the super kubelet would name the workload namespace's copies.
+fn set_service_env(spec: &mut PodSpec, apiserver: &ApiServerAddress, services: &[ServiceLink]) {
+    let mut links = vec![ServiceLink {
+        name: MASTER_SERVICE.to_owned(),
+        host: apiserver.host.clone(),
+        ports: vec![ServicePort {
+            name: Some("https".to_owned()),
+            port: i32::from(apiserver.port),
+            protocol: Some("TCP".to_owned()),
+            ..ServicePort::default()
+        }],
+    }];
+    if spec.enable_service_links != Some(false) {
+        links.extend(services.iter().filter(|l| l.name != MASTER_SERVICE).cloned());
+    }
+    spec.enable_service_links = Some(false);
+    let vars = link_env(&links);
     let containers = spec
         .containers
         .iter_mut()
         .chain(spec.init_containers.iter_mut().flatten());
     for container in containers {
         let env = container.env.get_or_insert_with(Vec::new);
-        let own = [
-            (SERVICE_HOST, apiserver.host.clone()),
-            (SERVICE_PORT, apiserver.port.to_string()),
-        ];
-        let missing: Vec<EnvVar> = own
-            .into_iter()
-            .filter(|(name, _)| !env.iter().any(|e| e.name == *name))
-            .map(|(name, value)| EnvVar {
-                name: name.to_owned(),
-                value: Some(value),
-                value_from: None,
-            })
+        let missing: Vec<EnvVar> = vars
+            .iter()
+            .filter(|var| !env.iter().any(|e| e.name == var.name))
+            .cloned()
             .collect();
         env.splice(0..0, missing);
     }

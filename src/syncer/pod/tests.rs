@@ -20,7 +20,7 @@ fn target() -> Target {
 }
 
 fn translated(pod: &Pod) -> Translation {
-    translate(pod, &target()).expect("the pod translates")
+    translate(pod, &target(), &[]).expect("the pod translates")
 }
 
 fn spec(translation: &Translation) -> &PodSpec {
@@ -219,6 +219,24 @@ fn references_are_rewritten_to_the_synced_copies_and_listed() {
     assert_eq!(listed, expected);
 }
 
+/// The variables the kubelet gives every pod for the `kubernetes` Service
+/// (`pkg/kubelet/envvars`), here naming the tenant apiserver at 10.96.0.10:6443.
+fn apiserver_env() -> Vec<(String, Option<String>)> {
+    [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.10"),
+        ("KUBERNETES_SERVICE_PORT", "6443"),
+        ("KUBERNETES_SERVICE_PORT_HTTPS", "6443"),
+        ("KUBERNETES_PORT", "tcp://10.96.0.10:6443"),
+        ("KUBERNETES_PORT_6443_TCP", "tcp://10.96.0.10:6443"),
+        ("KUBERNETES_PORT_6443_TCP_PROTO", "tcp"),
+        ("KUBERNETES_PORT_6443_TCP_PORT", "6443"),
+        ("KUBERNETES_PORT_6443_TCP_ADDR", "10.96.0.10"),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), Some(value.to_owned())))
+    .collect()
+}
+
 #[test]
 fn the_apiserver_variables_come_first_in_every_container_unless_it_sets_them() {
     let pod = with(
@@ -227,23 +245,66 @@ fn the_apiserver_variables_come_first_in_every_container_unless_it_sets_them() {
         json!([{"name": "init", "image": "busybox", "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "api.example"}]}]),
     );
     let translation = translated(&pod);
-    assert_eq!(
-        env(&translation, 0),
-        vec![
-            (SERVICE_HOST.to_owned(), Some("10.96.0.10".to_owned())),
-            (SERVICE_PORT.to_owned(), Some("6443".to_owned())),
-            ("GREETING".to_owned(), Some("hello".to_owned())),
-        ]
-    );
+    let mut expected = apiserver_env();
+    expected.push(("GREETING".to_owned(), Some("hello".to_owned())));
+    assert_eq!(env(&translation, 0), expected);
     let init = spec(&translation).init_containers.as_ref().unwrap()[0]
         .env
         .clone()
         .unwrap();
-    let init: Vec<(&str, Option<&str>)> = init.iter().map(|e| (e.name.as_str(), e.value.as_deref())).collect();
+    let names: Vec<&str> = init.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(
-        init,
-        vec![(SERVICE_PORT, Some("6443")), (SERVICE_HOST, Some("api.example"))]
+        names.last(),
+        Some(&SERVICE_HOST),
+        "the container's own value stays, last"
     );
+    assert_eq!(init.last().unwrap().value.as_deref(), Some("api.example"));
+    assert_eq!(names.iter().filter(|n| **n == SERVICE_HOST).count(), 1);
+    assert_eq!(
+        spec(&translation).enable_service_links,
+        Some(false),
+        "the super kubelet adds none"
+    );
+}
+
+#[test]
+fn the_namespace_services_are_named_with_their_super_addresses_unless_links_are_off() {
+    let web = crate::syncer::service::ServiceLink {
+        name: "web-api".into(),
+        host: "10.0.0.77".into(),
+        ports: vec![serde_json::from_value(json!({"name": "http", "port": 8080, "protocol": "TCP"})).unwrap()],
+    };
+    // A namespace's own `kubernetes` Service does not replace the apiserver's variables,
+    // as in the kubelet.
+    let shadow = crate::syncer::service::ServiceLink {
+        name: "kubernetes".into(),
+        host: "10.0.0.99".into(),
+        ports: vec![serde_json::from_value(json!({"port": 80})).unwrap()],
+    };
+    let translation = translate(&nginx(), &target(), &[web.clone(), shadow.clone()]).unwrap();
+    let mut expected = apiserver_env();
+    expected.extend(
+        [
+            ("WEB_API_SERVICE_HOST", "10.0.0.77"),
+            ("WEB_API_SERVICE_PORT", "8080"),
+            ("WEB_API_SERVICE_PORT_HTTP", "8080"),
+            ("WEB_API_PORT", "tcp://10.0.0.77:8080"),
+            ("WEB_API_PORT_8080_TCP", "tcp://10.0.0.77:8080"),
+            ("WEB_API_PORT_8080_TCP_PROTO", "tcp"),
+            ("WEB_API_PORT_8080_TCP_PORT", "8080"),
+            ("WEB_API_PORT_8080_TCP_ADDR", "10.0.0.77"),
+            ("GREETING", "hello"),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), Some(value.to_owned()))),
+    );
+    assert_eq!(env(&translation, 0), expected);
+
+    let off = with(&nginx(), "/spec/enableServiceLinks", json!(false));
+    let translation = translate(&off, &target(), &[web, shadow]).unwrap();
+    let mut expected = apiserver_env();
+    expected.push(("GREETING".to_owned(), Some("hello".to_owned())));
+    assert_eq!(env(&translation, 0), expected);
 }
 
 #[test]
@@ -442,7 +503,7 @@ fn a_refused_pod_is_not_translated() {
         "/spec/hostNetwork",
         json!(true),
     );
-    let err = translate(&pod, &target()).unwrap_err();
+    let err = translate(&pod, &target(), &[]).unwrap_err();
     let TranslateError::Refused(violations) = &err else {
         panic!("{err}")
     };
@@ -455,10 +516,31 @@ fn a_refused_pod_is_not_translated() {
 #[test]
 fn a_pod_without_uid_is_not_translated() {
     let pod = with(&nginx(), "/metadata/uid", json!(null));
-    let err = translate(&pod, &target()).unwrap_err();
+    let err = translate(&pod, &target(), &[]).unwrap_err();
     assert_eq!(
         err,
         TranslateError::MissingField(MissingField { field: "metadata.uid" })
     );
     assert_eq!(err.reason(), "TenantObjectIncomplete");
+}
+
+#[test]
+fn a_live_pod_keeps_its_environment() {
+    let web = crate::syncer::service::ServiceLink {
+        name: "web".into(),
+        host: "10.0.0.77".into(),
+        ports: vec![serde_json::from_value(json!({"port": 80})).unwrap()],
+    };
+    let live = translate(&nginx(), &target(), &[]).unwrap().pod;
+    // A Service made after the pod: the new translation names it, the live pod does not.
+    let mut desired = translate(&nginx(), &target(), &[web]).unwrap().pod;
+    assert_ne!(
+        desired.spec.as_ref().unwrap().containers[0].env,
+        live.spec.as_ref().unwrap().containers[0].env
+    );
+    keep_live_env(&mut desired, &live);
+    assert_eq!(
+        desired.spec.as_ref().unwrap().containers[0].env,
+        live.spec.as_ref().unwrap().containers[0].env
+    );
 }

@@ -1,0 +1,320 @@
+//! Services (docs/design.md §11 "Services"): a tenant Service's copy in the workload
+//! namespace, the super ClusterIP shown back on the tenant Service, and the Service
+//! environment variables of a tenant pod.
+//!
+//! **The mechanism is VirtualCluster's.** The tenant Service keeps the ClusterIP its own
+//! apiserver gave it (from the tenant's service CIDR); the copy gets one from the super
+//! cluster, which is the address its proxies route. That address is recorded on the tenant
+//! Service ([`SUPER_CLUSTER_IP`]), and what a tenant pod uses to find a Service gives it:
+//! its Service environment variables ([`link_env`]) and, with tenant DNS, the answers for
+//! the Service's name. vcluster's alternative, giving the tenant Service the super ClusterIP
+//! itself, needs the tenant's service CIDR to be the super cluster's and the tenant Service
+//! deleted and made again under the new address (a ClusterIP is immutable): a tenant object
+//! replaced behind its owner's back, a new uid, a moment without the Service.
+//!
+//! **The copy** selects the tenant's selector *and* the tenant namespace
+//! ([`tenancy::NAMESPACE`], a label every synced pod carries), so it reaches only the synced
+//! pods of its own tenant namespace, and has the tenant's ports, session affinity, traffic
+//! policy and `publishNotReadyAddresses`. It asks for nothing that reaches beyond the
+//! tenant's share of the super cluster: no `externalIPs` (which let a Service capture any
+//! address's traffic, CVE-2020-8554), no node ports or load balancers (a `NodePort` or
+//! `LoadBalancer` Service is copied as `ClusterIP`), no IP families (the super cluster's
+//! defaults). A headless Service (`clusterIP: None`) stays headless. An `ExternalName`
+//! Service is not copied: it is a DNS alias, which the tenant's DNS serves. Neither is the
+//! tenant's own `default/kubernetes`: its pods reach their apiserver through
+//! `KUBERNETES_SERVICE_HOST` (`pod::set_apiserver`). A Service without a selector is
+//! copied without one; its endpoints are not synced yet, so it has no backends.
+
+use std::borrow::Borrow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{EnvVar, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::diff::metadata_drift;
+use super::names::tenancy::{self, MissingField, TenantObject, super_metadata};
+use super::names::{ControlPlaneRef, NameLimit};
+
+/// Annotation on a tenant Service: the ClusterIP of its copy, the address tenant pods
+/// reach it at (VirtualCluster's `transparency.tenancy.x-k8s.io/clusterIP`).
+pub const SUPER_CLUSTER_IP: &str = "tenancy.x-k8s.io/super-cluster-ip";
+
+/// The ClusterIP of a headless Service.
+const HEADLESS: &str = "None";
+
+/// The copy of the tenant Service `service` in the workload namespace of `control_plane`,
+/// or `None` for a Service that is not copied (see the module documentation).
+///
+/// Errors: [`MissingField`] when the Service lacks its namespace, name or uid.
+pub fn service_copy(control_plane: &ControlPlaneRef, service: &Service) -> Result<Option<Service>, MissingField> {
+    if !is_copied(service) {
+        return Ok(None);
+    }
+    let identity = TenantObject::of(&service.metadata)?;
+    let spec = service.spec.clone().unwrap_or_default();
+    let headless = is_headless(service);
+    let ports = spec.ports.map(|ports| {
+        ports
+            .into_iter()
+            .map(|port| ServicePort {
+                node_port: None,
+                ..port
+            })
+            .collect()
+    });
+    Ok(Some(Service {
+        metadata: super_metadata(control_plane, NameLimit::Label, &service.metadata)?,
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_owned()),
+            cluster_ip: headless.then(|| HEADLESS.to_owned()),
+            cluster_ips: headless.then(|| vec![HEADLESS.to_owned()]),
+            selector: scoped_selector(&identity.namespace, spec.selector),
+            ports,
+            session_affinity: spec.session_affinity,
+            session_affinity_config: spec.session_affinity_config,
+            publish_not_ready_addresses: spec.publish_not_ready_addresses,
+            internal_traffic_policy: spec.internal_traffic_policy,
+            traffic_distribution: spec.traffic_distribution,
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }))
+}
+
+/// Whether the tenant Service has a copy (not `ExternalName`, not `default/kubernetes`).
+fn is_copied(service: &Service) -> bool {
+    let external_name = service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");
+    let own_apiserver = service.metadata.namespace.as_deref() == Some("default")
+        && service.metadata.name.as_deref() == Some("kubernetes");
+    !external_name && !own_apiserver
+}
+
+fn is_headless(service: &Service) -> bool {
+    service.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some(HEADLESS)
+}
+
+/// The tenant's selector and its namespace's label; none for a Service without a selector
+/// (an empty selector selects nothing in a Service, as none does).
+fn scoped_selector(namespace: &str, selector: Option<BTreeMap<String, String>>) -> Option<BTreeMap<String, String>> {
+    let mut selector = selector.filter(|s| !s.is_empty())?;
+    selector.insert(tenancy::NAMESPACE.to_owned(), namespace.to_owned());
+    Some(selector)
+}
+
+/// What a services pass does with a copy that exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyState {
+    /// As wanted.
+    Current,
+    /// Drifted in a field an update may change: apply the desired copy.
+    Update,
+    /// Headless where it should not be, or the other way round (a ClusterIP is immutable):
+    /// delete it, and make it again.
+    Replace,
+}
+
+/// How the live copy `live` stands against the `desired` one: the syncer's fields only
+/// (the super cluster's ClusterIP, node-port defaults and IP families are its own).
+pub fn copy_state(desired: &Service, live: &Service) -> CopyState {
+    let (Some(want), Some(have)) = (desired.spec.as_ref(), live.spec.as_ref()) else {
+        return CopyState::Update;
+    };
+    if is_headless(desired) != is_headless(live) {
+        return CopyState::Replace;
+    }
+    let ports = |spec: &ServiceSpec| {
+        spec.ports
+            .iter()
+            .flatten()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
+                    p.port,
+                    p.target_port.clone().unwrap_or(IntOrString::Int(p.port)),
+                    p.app_protocol.clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let set_and_differs = |want: Option<&str>, have: Option<&str>| want.is_some() && want != have;
+    let drifted = !metadata_drift(&desired.metadata, &live.metadata).is_empty()
+        || want.type_ != have.type_
+        || want.selector != have.selector
+        || ports(want) != ports(have)
+        || set_and_differs(want.session_affinity.as_deref(), have.session_affinity.as_deref())
+        || (want.session_affinity_config.is_some() && want.session_affinity_config != have.session_affinity_config)
+        || want.publish_not_ready_addresses.unwrap_or(false) != have.publish_not_ready_addresses.unwrap_or(false)
+        || set_and_differs(
+            want.internal_traffic_policy.as_deref(),
+            have.internal_traffic_policy.as_deref(),
+        )
+        || want.traffic_distribution != have.traffic_distribution;
+    if drifted { CopyState::Update } else { CopyState::Current }
+}
+
+/// The ClusterIP of a copy, once the super cluster gave it one (none for a headless one).
+pub fn cluster_ip(copy: &Service) -> Option<&str> {
+    copy.spec
+        .as_ref()?
+        .cluster_ip
+        .as_deref()
+        .filter(|ip| !ip.is_empty() && *ip != HEADLESS)
+}
+
+/// A Service as a pod's environment names it: its name in the tenant, the address pods
+/// reach it at and its ports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceLink {
+    /// The tenant Service's name.
+    pub name: String,
+    /// The super ClusterIP (an IP address, IPv6 without brackets), or for the tenant's
+    /// apiserver whatever `KUBERNETES_SERVICE_HOST` holds.
+    pub host: String,
+    /// The tenant Service's ports.
+    pub ports: Vec<ServicePort>,
+}
+
+/// The links of the Services of the tenant namespace `namespace` whose copies have a
+/// ClusterIP, for a pod there, sorted by name, and the names of those still waiting for
+/// one. `tenant_services` may hold other namespaces' (skipped); `copies` are the workload
+/// namespace's Services.
+pub fn service_links(
+    control_plane: &ControlPlaneRef,
+    namespace: &str,
+    tenant_services: &[impl Borrow<Service>],
+    copies: &[impl Borrow<Service>],
+) -> (Vec<ServiceLink>, Vec<String>) {
+    let addresses = copy_addresses(control_plane, copies);
+    let mut links = Vec::new();
+    let mut waiting = Vec::new();
+    for service in tenant_services.iter().map(Borrow::borrow) {
+        let in_namespace = service.metadata.namespace.as_deref() == Some(namespace);
+        let has_ip = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.as_deref())
+            .is_some_and(|ip| !ip.is_empty() && ip != HEADLESS);
+        if !in_namespace || !has_ip || !is_copied(service) || service.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Ok(identity) = TenantObject::of(&service.metadata) else {
+            continue;
+        };
+        match addresses.get(&identity) {
+            Some(address) => links.push(ServiceLink {
+                name: identity.name,
+                host: (*address).to_owned(),
+                ports: service.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default(),
+            }),
+            None => waiting.push(identity.name),
+        }
+    }
+    links.sort_by(|a, b| a.name.cmp(&b.name));
+    waiting.sort();
+    (links, waiting)
+}
+
+/// The Service environment variables of `links`, as the kubelet writes them
+/// (`pkg/kubelet/envvars`, `FromServices`): `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT`
+/// (the first port), `<NAME>_SERVICE_PORT_<PORT NAME>` for each named port, and Docker's
+/// link variables (`<NAME>_PORT`, `<NAME>_PORT_<port>_<PROTOCOL>` with `_PROTO`, `_PORT`
+/// and `_ADDR`). A link without ports has none.
+pub fn link_env(links: &[ServiceLink]) -> Vec<EnvVar> {
+    let var = |name: String, value: String| EnvVar {
+        name,
+        value: Some(value),
+        value_from: None,
+    };
+    let mut env = Vec::new();
+    for link in links {
+        let Some(first) = link.ports.first() else {
+            continue;
+        };
+        let prefix = env_name(&link.name);
+        env.push(var(format!("{prefix}_SERVICE_HOST"), link.host.clone()));
+        env.push(var(format!("{prefix}_SERVICE_PORT"), first.port.to_string()));
+        for port in link
+            .ports
+            .iter()
+            .filter(|p| p.name.as_deref().is_some_and(|n| !n.is_empty()))
+        {
+            let name = port.name.as_deref().unwrap_or_default();
+            env.push(var(
+                format!("{prefix}_SERVICE_PORT_{}", env_name(name)),
+                port.port.to_string(),
+            ));
+        }
+        for (i, port) in link.ports.iter().enumerate() {
+            let protocol = port.protocol.as_deref().unwrap_or("TCP");
+            let url = format!("{}://{}", protocol.to_lowercase(), host_port(&link.host, port.port));
+            if i == 0 {
+                env.push(var(format!("{prefix}_PORT"), url.clone()));
+            }
+            let port_prefix = format!("{prefix}_PORT_{}_{}", port.port, protocol.to_uppercase());
+            env.push(var(port_prefix.clone(), url));
+            env.push(var(format!("{port_prefix}_PROTO"), protocol.to_lowercase()));
+            env.push(var(format!("{port_prefix}_PORT"), port.port.to_string()));
+            env.push(var(format!("{port_prefix}_ADDR"), link.host.clone()));
+        }
+    }
+    env
+}
+
+/// A Service name as the kubelet writes it into a variable name: upper case, `-` as `_`.
+fn env_name(name: &str) -> String {
+    name.to_uppercase().replace('-', "_")
+}
+
+/// `host:port`, with an IPv6 address in brackets (Go's `net.JoinHostPort`).
+fn host_port(host: &str, port: i32) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The tenant Services whose copies are among `copies` and have another address than
+/// [`SUPER_CLUSTER_IP`] says (or none there), each with the address to write.
+pub fn cluster_ip_changes<'a>(
+    control_plane: &ControlPlaneRef,
+    tenant_services: &'a [impl Borrow<Service>],
+    copies: &[impl Borrow<Service>],
+) -> Vec<(&'a Service, String)> {
+    let addresses = copy_addresses(control_plane, copies);
+    tenant_services
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter_map(|service| {
+            let address = addresses.get(&TenantObject::of(&service.metadata).ok()?)?;
+            let shown = service
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SUPER_CLUSTER_IP));
+            (shown.map(String::as_str) != Some(*address)).then(|| (service, (*address).to_owned()))
+        })
+        .collect()
+}
+
+/// The ClusterIP of each copy among `copies` that has one, by its tenant Service.
+fn copy_addresses<'a>(
+    control_plane: &ControlPlaneRef,
+    copies: &'a [impl Borrow<Service>],
+) -> BTreeMap<TenantObject, &'a str> {
+    copies
+        .iter()
+        .map(Borrow::borrow)
+        .filter_map(|copy| {
+            Some((
+                TenantObject::of_super(control_plane, &copy.metadata)?,
+                cluster_ip(copy)?,
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,198 @@
+//! Tenant Services on a booted tenant (docs/design.md §11 "Services"), with the super
+//! cluster's real kube-scheduler and kube-proxy on the test node: a tenant Service gets a
+//! copy in the workload namespace that selects the tenant's synced pods, its super ClusterIP
+//! is shown on the tenant Service, a tenant pod reaches the Service's pods there and finds
+//! it through the Service environment variables, a change made to the copy on the super
+//! side is reverted, and deleting the tenant Service deletes the copy.
+
+use std::net::SocketAddr;
+
+use capn::syncer::names::ControlPlaneRef;
+use capn::syncer::service::SUPER_CLUSTER_IP;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
+use crate::boot_syncer::{default_service_account, deployment, tenant_client};
+
+/// The tenant pod `name`, once Running.
+async fn running(booted: &Booted, pods: &Api<Pod>, name: &str) -> Pod {
+    booted
+        .runner
+        .wait_for(&format!("the tenant pod {name} runs"), BOOTED_STEP * 2, || async {
+            let pod = pods.get(name).await.ok()?;
+            (pod.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(pod)
+        })
+        .await
+}
+
+/// An agnhost pod `name` in the tenant's `default` namespace running `args`.
+fn agnhost(name: &str, args: serde_json::Value, restart: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"restartPolicy": restart, "containers": [{
+            "name": "agnhost",
+            "image": "registry.k8s.io/e2e-test-images/agnhost:2.53",
+            "args": args}]}
+    }))
+    .unwrap()
+}
+
+/// The names of the tenant `web` Deployment's pods.
+async fn web_pods(tenant: &Client) -> Vec<String> {
+    Api::<Pod>::namespaced(tenant.clone(), "default")
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .map(|list| list.items.iter().map(ResourceExt::name_any).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
+    let booted = boot_with("syncer, services", None, StartCapn::InProcessWithShippedRbac).await;
+    let (client, ns) = (booted.client.clone(), booted.ns.clone());
+    let tenant = tenant_client(&booted).await;
+    let workloads = ControlPlaneRef::new(&ns, "demo").workload_namespace();
+    default_service_account(&booted, &tenant).await;
+    capn_testkit::node();
+
+    say("a Service and its Deployment, in that order (as one `kubectl apply -f` makes them)");
+    let services = Api::<Service>::namespaced(tenant.clone(), "default");
+    let web: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"selector": {"app": "web"},
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &web).await.unwrap();
+    Api::<Deployment>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &deployment("default", 2))
+        .await
+        .unwrap();
+    let address = booted
+        .runner
+        .wait_for("the tenant Service shows its copy's ClusterIP", BOOTED_STEP, || async {
+            services
+                .get("web")
+                .await
+                .ok()?
+                .annotations()
+                .get(SUPER_CLUSTER_IP)
+                .cloned()
+        })
+        .await;
+    let copies = Api::<Service>::namespaced(client.clone(), &workloads);
+    let copy = copies.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(copy.len(), 1, "one copy: {copy:?}");
+    let copy_spec = copy[0].spec.clone().unwrap();
+    assert_eq!(copy_spec.cluster_ip.as_deref(), Some(address.as_str()));
+    assert_eq!(
+        copy_spec
+            .selector
+            .unwrap()
+            .get("tenancy.x-k8s.io/namespace")
+            .map(String::as_str),
+        Some("default"),
+        "the copy selects the synced pods of its tenant namespace only"
+    );
+
+    say("a tenant pod reaches the Service's pods at the super ClusterIP, and names it in its environment");
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    pods.create(
+        &PostParams::default(),
+        &agnhost("client", json!(["netexec", "--http-port=8080"]), "Always"),
+    )
+    .await
+    .unwrap();
+    let client_pod = running(&booted, &pods, "client").await;
+    let client_ip: std::net::IpAddr = client_pod.status.unwrap().pod_ip.unwrap().parse().unwrap();
+    let super_client = Api::<Pod>::namespaced(client.clone(), &workloads)
+        .list(&ListParams::default().labels("tenancy.x-k8s.io/name=client"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let super_spec = super_client.spec.unwrap();
+    assert_eq!(super_spec.enable_service_links, Some(false));
+    let env = super_spec.containers[0].env.clone().unwrap_or_default();
+    let value = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value.clone());
+    assert_eq!(value("WEB_SERVICE_HOST"), Some(address.clone()));
+    assert_eq!(value("WEB_SERVICE_PORT_HTTP").as_deref(), Some("80"));
+    // netexec's /dial makes the client pod send the request, from its own network.
+    let dial = format!("/dial?request=hostname&protocol=http&host={address}&port=80&tries=1");
+    let answered = booted
+        .runner
+        .wait_for(
+            "the client pod reaches a web pod at the Service's ClusterIP",
+            BOOTED_STEP * 2,
+            || async {
+                let (status, body) = capn_testkit::http_get(SocketAddr::new(client_ip, 8080), &dial)
+                    .await
+                    .ok()?;
+                let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
+                let name = answer["responses"][0].as_str()?.to_owned();
+                (status == 200 && web_pods(&tenant).await.contains(&name)).then_some(name)
+            },
+        )
+        .await;
+    say(&format!("answered by the tenant pod {answered}"));
+    // The kubelet expands `$(VAR)` in arguments from the Service variables.
+    pods.create(
+        &PostParams::default(),
+        &agnhost(
+            "probe",
+            json!(["connect", "$(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT)", "--timeout=5s"]),
+            "OnFailure",
+        ),
+    )
+    .await
+    .unwrap();
+    booted
+        .runner
+        .wait_for(
+            "a pod connects to $(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT)",
+            BOOTED_STEP * 2,
+            || async {
+                let pod = pods.get("probe").await.ok()?;
+                (pod.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+            },
+        )
+        .await;
+
+    say("a change made to the copy on the super side is reverted");
+    let copy_name = copy[0].name_any();
+    copies
+        .patch(
+            &copy_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {"app": "other"}}})),
+        )
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for("the copy's selector is put back", BOOTED_STEP, || async {
+            let selector = copies.get(&copy_name).await.ok()?.spec?.selector?;
+            (selector.get("app").map(String::as_str) == Some("web")).then_some(())
+        })
+        .await;
+
+    say("deleting the tenant Service deletes its copy");
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    booted
+        .runner
+        .wait_for("the copy is gone", BOOTED_STEP, || async {
+            copies
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+    booted.stop().await;
+}
