@@ -6,7 +6,7 @@
 #                                                             10 pods, a flood of 1,000 pending pods)
 #   hack/bench-workloads.sh --debug [TENANTS] [PODS] [FLOOD]  debug build
 #
-# Needs what hack/test.sh needs (root, iproute2, the Kubernetes binaries of
+# Needs what hack/test.sh needs (root, iproute2, iptables, the Kubernetes binaries of
 # hack/kube-assets.sh); prints the report and exits non-zero when anything breaks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
   export KUBEBUILDER_ASSETS
 fi
 release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
-for b in kube-scheduler agnhost; do
+for b in kube-scheduler kube-proxy agnhost; do
   [ -x "$release_dir/$b" ] || { echo "ERROR: $release_dir/$b is missing (run hack/kube-assets.sh)" >&2; exit 1; }
 done
 if [ "$profile" = release ]; then

@@ -33,7 +33,7 @@ for b in etcd kube-apiserver kube-controller-manager; do
 done
 # The super cluster's node runs kube-scheduler, kube-proxy and agnhost of the same release.
 release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
-for b in kube-scheduler agnhost; do
+for b in kube-scheduler kube-proxy agnhost; do
   [ -x "$release_dir/$b" ] || die "$release_dir/$b is missing (run hack/kube-assets.sh)"
 done
 # Its exec and port-forward (hack/test-kubelet): built in seconds when missing.

@@ -23,7 +23,12 @@
 //!    time to Running beside step 2's, the delay a tenant with a thousand pending pods adds,
 //!    and the syncer's RSS once the flood is synced (its cost per pod at scale).
 //!
-//! The node's pod network holds 253 pods: TENANTS × PODS must fit.
+//! 5. `kubectl exec` and `kubectl logs` into a tenant pod through capn, against the same
+//!    straight to its super pod (medians);
+//! 6. a tenant Service: time from its create to the first request a tenant pod gets answered
+//!    through it, against a Service made straight in the super cluster (medians).
+//!
+//! The node's pod network holds 252 pods: TENANTS × PODS + 2 must fit.
 //!
 //! Figures are printed, never asserted.
 
@@ -75,7 +80,7 @@ fn main() -> ExitCode {
     let pods: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10).max(1);
     let flood: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000).max(1);
     if tenants * pods > 250 {
-        eprintln!("{tenants} tenants × {pods} pods do not fit the node's pod network (253 addresses)");
+        eprintln!("{tenants} tenants × {pods} pods do not fit the node's pod network (252 addresses, 2 for step 6)");
         return ExitCode::FAILURE;
     }
     let dir = match tempfile::Builder::new().prefix("capn-bench-workloads-").tempdir() {
@@ -402,6 +407,7 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
     );
 
     streams(followed).await?;
+    services(followed).await?;
 
     let per_pod_ms = all.as_secs_f64() * 1000.0 / (pods * others.len()) as f64;
     println!(
@@ -452,6 +458,131 @@ async fn streams(tenant: &Tenant) -> Result<(), String> {
         logs_through - logs_direct
     );
     Ok(())
+}
+
+/// How many Services step 6 times on each side.
+const SERVICE_SAMPLES: usize = 5;
+
+/// Step 6: a tenant Service over an agnhost `netexec` pod, asked for by another tenant pod
+/// (netexec's `/dial`, sent from the benchmark to that pod): time from the Service's create
+/// to the first answer, through capn (copy, ClusterIP shown on the tenant Service) and for a
+/// Service made straight in the super cluster over the same super pod; medians.
+async fn services(tenant: &Tenant) -> Result<(), String> {
+    use k8s_openapi::api::core::v1::Service;
+    let pods = Api::<Pod>::namespaced(tenant.client.clone(), "default");
+    for (name, port) in [("echo", 8080), ("caller", 8080)] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+            "spec": {"containers": [{"name": "agnhost",
+                "image": "registry.k8s.io/e2e-test-images/agnhost:2.53",
+                "args": ["netexec", format!("--http-port={port}")]}]}
+        }))
+        .map_err(|e| e.to_string())?;
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .map_err(|e| format!("creating pod {name}: {e}"))?;
+    }
+    let caller = capn_testkit::poll_until(PHASE, || async {
+        let pod = pods.get("caller").await.ok()?;
+        let running = pods.get("echo").await.ok()?.status?.phase.as_deref() == Some("Running");
+        let status = pod.status?;
+        (running && status.phase.as_deref() == Some("Running")).then_some(status.pod_ip?)
+    })
+    .await
+    .ok_or("the echo and caller pods did not run")?;
+    let caller: std::net::SocketAddr = format!("{caller}:8080").parse().map_err(|e| format!("{e}"))?;
+    let tenant_services = Api::<Service>::namespaced(tenant.client.clone(), "default");
+    let control_plane = capn::syncer::names::ControlPlaneRef::new(&tenant.ns, "demo");
+    let super_services =
+        Api::<Service>::namespaced(capn_testkit::cluster().client(), &control_plane.workload_namespace());
+    let mut through = Vec::new();
+    let mut direct = Vec::new();
+    for i in 0..SERVICE_SAMPLES {
+        let name = format!("echo-{i}");
+        let started = Instant::now();
+        tenant_services
+            .create(&PostParams::default(), &echo_service(&name, json!({"app": "echo"}))?)
+            .await
+            .map_err(|e| format!("creating Service {name}: {e}"))?;
+        let address = soon(|| async {
+            tenant_services
+                .get(&name)
+                .await
+                .ok()?
+                .annotations()
+                .get(capn::syncer::service::SUPER_CLUSTER_IP)
+                .cloned()
+        })
+        .await
+        .ok_or("the tenant Service never showed its super ClusterIP")?;
+        answered(caller, &address).await?;
+        through.push(started.elapsed().as_secs_f64() * 1000.0);
+
+        let name = format!("straight-{i}");
+        let started = Instant::now();
+        let made = super_services
+            .create(
+                &PostParams::default(),
+                &echo_service(&name, json!({"tenancy.x-k8s.io/name": "echo"}))?,
+            )
+            .await
+            .map_err(|e| format!("creating Service {name}: {e}"))?;
+        let address = made.spec.and_then(|s| s.cluster_ip).ok_or("no ClusterIP")?;
+        answered(caller, &address).await?;
+        direct.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    for i in 0..SERVICE_SAMPLES {
+        let _ = tenant_services.delete(&format!("echo-{i}"), &Default::default()).await;
+        let _ = super_services
+            .delete(&format!("straight-{i}"), &Default::default())
+            .await;
+    }
+    let median = |mut times: Vec<f64>| {
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    };
+    let (through, direct) = (median(through), median(direct));
+    println!(
+        "\n6. A Service, from its create to the first request a tenant pod gets answered through it, median of {SERVICE_SAMPLES} (tenant Service through capn | made straight in the super cluster)"
+    );
+    println!("   {through:.0} ms | {direct:.0} ms (+{:.0} ms)", through - direct);
+    Ok(())
+}
+
+/// A Service `name` on port 80 over the pods `selector` selects, at their port 8080.
+fn echo_service(name: &str, selector: serde_json::Value) -> Result<k8s_openapi::api::core::v1::Service, String> {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"selector": selector, "ports": [{"port": 80, "targetPort": 8080}]}
+    }))
+    .map_err(|e| e.to_string())
+}
+
+/// Waits until the netexec pod at `caller` gets an answer from `address`:80 (its `/dial`).
+async fn answered(caller: std::net::SocketAddr, address: &str) -> Result<(), String> {
+    let dial = format!("/dial?request=hostname&protocol=http&host={address}&port=80&tries=1");
+    soon(|| async {
+        let (status, body) = capn_testkit::http_get(caller, &dial).await.ok()?;
+        (status == 200 && body.contains("\"responses\"")).then_some(())
+    })
+    .await
+    .ok_or_else(|| format!("no answer through {address}:80"))
+}
+
+/// `f`'s first `Some`, asked every 20 ms (a timing's resolution) for at most [`PHASE`].
+async fn soon<T, F, Fut>(f: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    while started.elapsed() < PHASE {
+        if let Some(value) = f().await {
+            return Some(value);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
 }
 
 /// The median wall time of `samples` runs of `once`, in milliseconds.
