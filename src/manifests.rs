@@ -161,6 +161,12 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
                 &["networkpolicies"],
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
+            // The syncer copies the EndpointSlices of tenant Services without a selector.
+            rule(
+                &["discovery.k8s.io"],
+                &["endpointslices"],
+                &["get", "list", "watch", "create", "update", "patch", "delete"],
+            ),
             // capn's own Events; the syncer watches the super cluster's Events about the
             // pods it made, to tell them in the tenants.
             rule(&["events.k8s.io"], &["events"], &["list", "watch", "create", "patch"]),

@@ -6,7 +6,7 @@
 //! apiserver gave it (from the tenant's service CIDR); the copy gets one from the super
 //! cluster, which is the address its proxies route. That address is recorded on the tenant
 //! Service ([`SUPER_CLUSTER_IP`]), and what a tenant pod uses to find a Service gives it:
-//! its Service environment variables ([`link_env`]) and, with tenant DNS, the answers for
+//! its Service environment variables ([`crate::syncer::pod::env`]) and, with tenant DNS, the answers for
 //! the Service's name. vcluster's alternative, giving the tenant Service the super ClusterIP
 //! itself, needs the tenant's service CIDR to be the super cluster's and the tenant Service
 //! deleted and made again under the new address (a ClusterIP is immutable): a tenant object
@@ -22,18 +22,21 @@
 //! defaults). A headless Service (`clusterIP: None`) stays headless. An `ExternalName`
 //! Service is not copied: it is a DNS alias, which the tenant's DNS serves. Neither is the
 //! tenant's own `default/kubernetes`: its pods reach their apiserver through
-//! `KUBERNETES_SERVICE_HOST` (`pod::set_apiserver`). A Service without a selector is
-//! copied without one; its endpoints are not synced yet, so it has no backends.
+//! `KUBERNETES_SERVICE_HOST` (`pod::set_service_env`). A Service without a selector is
+//! copied without one, and its EndpointSlices with it ([`endpoints`]).
+
+pub mod endpoints;
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::diff::metadata_drift;
 use super::names::tenancy::{self, MissingField, TenantObject, super_metadata};
 use super::names::{ControlPlaneRef, NameLimit};
+use super::pod::env::ServiceLink;
 
 /// Annotation on a tenant Service: the ClusterIP of its copy, the address tenant pods
 /// reach it at (VirtualCluster's `transparency.tenancy.x-k8s.io/clusterIP`).
@@ -82,7 +85,7 @@ pub fn service_copy(control_plane: &ControlPlaneRef, service: &Service) -> Resul
 }
 
 /// Whether the tenant Service has a copy (not `ExternalName`, not `default/kubernetes`).
-fn is_copied(service: &Service) -> bool {
+pub(crate) fn is_copied(service: &Service) -> bool {
     let external_name = service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");
     let own_apiserver = service.metadata.namespace.as_deref() == Some("default")
         && service.metadata.name.as_deref() == Some("kubernetes");
@@ -162,19 +165,6 @@ pub fn cluster_ip(copy: &Service) -> Option<&str> {
         .filter(|ip| !ip.is_empty() && *ip != HEADLESS)
 }
 
-/// A Service as a pod's environment names it: its name in the tenant, the address pods
-/// reach it at and its ports.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ServiceLink {
-    /// The tenant Service's name.
-    pub name: String,
-    /// The super ClusterIP (an IP address, IPv6 without brackets), or for the tenant's
-    /// apiserver whatever `KUBERNETES_SERVICE_HOST` holds.
-    pub host: String,
-    /// The tenant Service's ports.
-    pub ports: Vec<ServicePort>,
-}
-
 /// The links of the Services of the tenant namespace `namespace` whose copies have a
 /// ClusterIP, for a pod there, sorted by name, and the names of those still waiting for
 /// one. `tenant_services` may hold other namespaces' (skipped); `copies` are the workload
@@ -213,66 +203,6 @@ pub fn service_links(
     links.sort_by(|a, b| a.name.cmp(&b.name));
     waiting.sort();
     (links, waiting)
-}
-
-/// The Service environment variables of `links`, as the kubelet writes them
-/// (`pkg/kubelet/envvars`, `FromServices`): `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT`
-/// (the first port), `<NAME>_SERVICE_PORT_<PORT NAME>` for each named port, and Docker's
-/// link variables (`<NAME>_PORT`, `<NAME>_PORT_<port>_<PROTOCOL>` with `_PROTO`, `_PORT`
-/// and `_ADDR`). A link without ports has none.
-pub fn link_env(links: &[ServiceLink]) -> Vec<EnvVar> {
-    let var = |name: String, value: String| EnvVar {
-        name,
-        value: Some(value),
-        value_from: None,
-    };
-    let mut env = Vec::new();
-    for link in links {
-        let Some(first) = link.ports.first() else {
-            continue;
-        };
-        let prefix = env_name(&link.name);
-        env.push(var(format!("{prefix}_SERVICE_HOST"), link.host.clone()));
-        env.push(var(format!("{prefix}_SERVICE_PORT"), first.port.to_string()));
-        for port in link
-            .ports
-            .iter()
-            .filter(|p| p.name.as_deref().is_some_and(|n| !n.is_empty()))
-        {
-            let name = port.name.as_deref().unwrap_or_default();
-            env.push(var(
-                format!("{prefix}_SERVICE_PORT_{}", env_name(name)),
-                port.port.to_string(),
-            ));
-        }
-        for (i, port) in link.ports.iter().enumerate() {
-            let protocol = port.protocol.as_deref().unwrap_or("TCP");
-            let url = format!("{}://{}", protocol.to_lowercase(), host_port(&link.host, port.port));
-            if i == 0 {
-                env.push(var(format!("{prefix}_PORT"), url.clone()));
-            }
-            let port_prefix = format!("{prefix}_PORT_{}_{}", port.port, protocol.to_uppercase());
-            env.push(var(port_prefix.clone(), url));
-            env.push(var(format!("{port_prefix}_PROTO"), protocol.to_lowercase()));
-            env.push(var(format!("{port_prefix}_PORT"), port.port.to_string()));
-            env.push(var(format!("{port_prefix}_ADDR"), link.host.clone()));
-        }
-    }
-    env
-}
-
-/// A Service name as the kubelet writes it into a variable name: upper case, `-` as `_`.
-fn env_name(name: &str) -> String {
-    name.to_uppercase().replace('-', "_")
-}
-
-/// `host:port`, with an IPv6 address in brackets (Go's `net.JoinHostPort`).
-fn host_port(host: &str, port: i32) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
 }
 
 /// The tenant Services whose copies are among `copies` and have another address than

@@ -2,8 +2,9 @@
 //! cluster's real kube-scheduler and kube-proxy on the test node: a tenant Service gets a
 //! copy in the workload namespace that selects the tenant's synced pods, its super ClusterIP
 //! is shown on the tenant Service, a tenant pod reaches the Service's pods there and finds
-//! it through the Service environment variables, a change made to the copy on the super
-//! side is reverted, and deleting the tenant Service deletes the copy.
+//! it through the Service environment variables, a Service without a selector reaches the
+//! addresses of the tenant's EndpointSlice, a change made to the copy on the super side is
+//! reverted, and deleting the tenant Services deletes the copies.
 
 use std::net::SocketAddr;
 
@@ -11,6 +12,7 @@ use capn::syncer::names::ControlPlaneRef;
 use capn::syncer::service::SUPER_CLUSTER_IP;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -87,7 +89,8 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
     let copies = Api::<Service>::namespaced(client.clone(), &workloads);
     let copy = copies.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(copy.len(), 1, "one copy: {copy:?}");
-    let copy_spec = copy[0].spec.clone().unwrap();
+    let copy = copy.into_iter().next().unwrap();
+    let copy_spec = copy.spec.clone().unwrap();
     assert_eq!(copy_spec.cluster_ip.as_deref(), Some(address.as_str()));
     assert_eq!(
         copy_spec
@@ -162,8 +165,60 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         )
         .await;
 
+    say("a Service without a selector reaches the addresses of the tenant's EndpointSlice");
+    let backend = pods.get(&answered).await.unwrap().status.unwrap().pod_ip.unwrap();
+    let outside: Service = serde_json::from_value(json!({
+        "metadata": {"name": "outside", "namespace": "default"},
+        "spec": {"ports": [{"port": 80, "targetPort": 8080}]}
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &outside).await.unwrap();
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "outside-1", "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "outside"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [backend]}],
+        "ports": [{"name": "", "port": 8080, "protocol": "TCP"}]
+    }))
+    .unwrap();
+    Api::<EndpointSlice>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &slice)
+        .await
+        .unwrap();
+    let outside_address = booted
+        .runner
+        .wait_for(
+            "the selector-less Service shows its copy's ClusterIP",
+            BOOTED_STEP,
+            || async {
+                services
+                    .get("outside")
+                    .await
+                    .ok()?
+                    .annotations()
+                    .get(SUPER_CLUSTER_IP)
+                    .cloned()
+            },
+        )
+        .await;
+    let dial = format!("/dial?request=hostname&protocol=http&host={outside_address}&port=80&tries=1");
+    booted
+        .runner
+        .wait_for(
+            "the client pod reaches the EndpointSlice's address through the selector-less Service",
+            BOOTED_STEP * 2,
+            || async {
+                let (_, body) = capn_testkit::http_get(SocketAddr::new(client_ip, 8080), &dial)
+                    .await
+                    .ok()?;
+                let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
+                (answer["responses"][0].as_str()? == answered).then_some(())
+            },
+        )
+        .await;
+
     say("a change made to the copy on the super side is reverted");
-    let copy_name = copy[0].name_any();
+    let copy_name = copy.name_any();
     copies
         .patch(
             &copy_name,
@@ -180,18 +235,18 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         })
         .await;
 
-    say("deleting the tenant Service deletes its copy");
+    say("deleting the tenant Services deletes their copies and the EndpointSlice's");
     services.delete("web", &DeleteParams::default()).await.unwrap();
+    services.delete("outside", &DeleteParams::default()).await.unwrap();
     booted
         .runner
-        .wait_for("the copy is gone", BOOTED_STEP, || async {
-            copies
-                .list(&ListParams::default())
+        .wait_for("the copies are gone", BOOTED_STEP, || async {
+            let slices = Api::<EndpointSlice>::namespaced(client.clone(), &workloads)
+                .list(&ListParams::default().labels("endpointslice.kubernetes.io/managed-by=syncer.capn.x-k8s.io"))
                 .await
-                .ok()?
-                .items
-                .is_empty()
-                .then_some(())
+                .ok()?;
+            let services = copies.list(&ListParams::default()).await.ok()?;
+            (services.items.is_empty() && slices.items.is_empty()).then_some(())
         })
         .await;
     booted.stop().await;

@@ -52,6 +52,11 @@ pub(super) struct Tenant {
     pub super_services: Store<Service>,
     /// The tenant's Services.
     pub tenant_services: Store<Service>,
+    /// The EndpointSlice copies of every workload namespace (the shared cache).
+    pub super_slices: Store<k8s_openapi::api::discovery::v1::EndpointSlice>,
+    /// The tenant's EndpointSlices that its EndpointSlice controller did not make (those of
+    /// Services without a selector, made by the tenant or mirrored from its Endpoints).
+    pub tenant_slices: Store<k8s_openapi::api::discovery::v1::EndpointSlice>,
     /// The tenant's PersistentVolumeClaims.
     pub tenant_claims: Store<PersistentVolumeClaim>,
     /// The tenant PersistentVolumes the syncer made.

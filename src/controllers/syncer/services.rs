@@ -1,15 +1,18 @@
 //! The services pass (docs/design.md §11 "Services"; the rules are
 //! [`crate::syncer::service`]'s): every tenant Service that is copied gets its copy in the
 //! workload namespace, kept as the syncer made it (a change made on the super side is
-//! reverted); a copy whose tenant Service is gone, or no longer copied, is deleted (after a
-//! read of the tenant confirms it, as the patrol does for pods); and each tenant Service
-//! shows its copy's ClusterIP ([`SUPER_CLUSTER_IP`]). A pass reads only the caches and
+//! reverted); the EndpointSlices of a Service without a selector are copied likewise; a copy
+//! whose tenant object is gone, or no longer copied, is deleted (after a read of the tenant
+//! confirms it, as the patrol does for pods); and each tenant Service shows its copy's
+//! ClusterIP ([`SUPER_CLUSTER_IP`]). A pass reads only the caches and
 //! writes only what differs; it runs when a Service changes on either side, and every
 //! patrol period.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 
@@ -19,6 +22,7 @@ use super::scope::{FIELD_MANAGER, TENANT_FIELD_MANAGER, Tenant, ignore_missing, 
 use crate::syncer::diff::{Ownership, orphans, ownership};
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::TenantObject;
+use crate::syncer::service::endpoints::{is_current, slice_copy};
 use crate::syncer::service::{CopyState, SUPER_CLUSTER_IP, cluster_ip_changes, copy_state, service_copy};
 
 /// Why a Service has no copy: the super cluster refused it (its quota on Services, a
@@ -34,12 +38,35 @@ pub(super) async fn run(tenant: &Tenant, wakes: futures::stream::BoxStream<'stat
     passes::run("services", tenant, ready, wakes, || pass(tenant)).await;
 }
 
-/// One pass: copies down, orphaned copies out, super addresses up.
+/// One pass: copies down (Services, then the EndpointSlices of those without a selector),
+/// orphaned copies out, super addresses up.
 async fn pass(tenant: &Tenant) -> Result<(), kube::Error> {
+    let services = tenant.tenant_services.state();
+    let copies = in_namespace(&tenant.super_services, &tenant.namespace);
+    copy_services(tenant, &services, &copies).await?;
+    copy_slices(tenant, &services).await?;
+    for (service, address) in cluster_ip_changes(tenant.control_plane(), &services, &copies) {
+        let shown = serde_json::json!({"metadata": {"annotations": {SUPER_CLUSTER_IP: address}}});
+        let params = PatchParams {
+            field_manager: Some(TENANT_FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let tenant_api =
+            Api::<Service>::namespaced(tenant.tenant_client.clone(), &service.namespace().unwrap_or_default());
+        ignore_missing(
+            tenant_api
+                .patch(&service.name_any(), &params, &Patch::Merge(shown))
+                .await
+                .map(drop),
+        )?;
+    }
+    Ok(())
+}
+
+/// Every copied tenant Service's copy made or put right; orphans deleted.
+async fn copy_services(tenant: &Tenant, services: &[Arc<Service>], copies: &[Arc<Service>]) -> Result<(), kube::Error> {
     let control_plane = tenant.control_plane();
     let api = Api::<Service>::namespaced(tenant.super_client.clone(), &tenant.namespace);
-    let copies = in_namespace(&tenant.super_services, &tenant.namespace);
-    let services = tenant.tenant_services.state();
     let mut copied = BTreeSet::new();
     for service in services.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
         let (Ok(Some(mut copy)), Ok(identity)) = (
@@ -64,22 +91,12 @@ async fn pass(tenant: &Tenant) -> Result<(), kube::Error> {
         match state {
             Some(CopyState::Current) => {}
             Some(CopyState::Replace) => delete(&api, &name).await?,
-            // Server-side apply makes the copy and puts it right alike, and owns every field
-            // it sets, so a port or label the tenant drops later is dropped from the copy.
             None | Some(CopyState::Update) => {
-                let applied = api
-                    .patch(
-                        &name,
-                        &PatchParams::apply(FIELD_MANAGER).force(),
-                        &Patch::Apply(typed(&copy)),
-                    )
-                    .await;
-                match applied {
-                    Err(kube::Error::Api(e)) if live.is_none() && (e.code == 403 || e.code == 422) => {
-                        let note = format!("the super cluster refused the Service's copy: {}", e.message);
-                        tenant.event(&**service, true, SUPER_CLUSTER_REFUSED, note).await;
-                    }
-                    other => drop(other?),
+                if let Err(kube::Error::Api(e)) = apply(&api, &name, &copy).await?
+                    && live.is_none()
+                {
+                    let note = format!("the super cluster refused the Service's copy: {}", e.message);
+                    tenant.event(&**service, true, SUPER_CLUSTER_REFUSED, note).await;
                 }
             }
         }
@@ -89,42 +106,102 @@ async fn pass(tenant: &Tenant) -> Result<(), kube::Error> {
         let Some(owner) = TenantObject::of_super(control_plane, orphan) else {
             continue;
         };
-        if orphan.deletion_timestamp.is_none() && !still_copied(tenant, &owner).await? {
+        let still = |s: &Service| matches!(service_copy(control_plane, s), Ok(Some(_)));
+        if orphan.deletion_timestamp.is_none() && !still_there(tenant, &owner, still).await? {
             tracing::info!(service = %orphan.name.as_deref().unwrap_or_default(), "deleting a Service copy whose tenant Service is gone");
             delete(&api, orphan.name.as_deref().unwrap_or_default()).await?;
         }
     }
-    for (service, address) in cluster_ip_changes(control_plane, &services, &copies) {
-        let shown = serde_json::json!({"metadata": {"annotations": {SUPER_CLUSTER_IP: address}}});
-        let params = PatchParams {
-            field_manager: Some(TENANT_FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
+    Ok(())
+}
+
+/// Every copied tenant EndpointSlice's copy made or put right; orphans deleted.
+async fn copy_slices(tenant: &Tenant, services: &[Arc<Service>]) -> Result<(), kube::Error> {
+    let control_plane = tenant.control_plane();
+    let api = Api::<EndpointSlice>::namespaced(tenant.super_client.clone(), &tenant.namespace);
+    let copies = in_namespace(&tenant.super_slices, &tenant.namespace);
+    let mut copied = BTreeSet::new();
+    for slice in tenant
+        .tenant_slices
+        .state()
+        .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+    {
+        let (Ok(Some(mut copy)), Ok(identity)) = (
+            slice_copy(control_plane, slice, services),
+            TenantObject::of(&slice.metadata),
+        ) else {
+            continue;
         };
-        let tenant_api =
-            Api::<Service>::namespaced(tenant.tenant_client.clone(), &service.namespace().unwrap_or_default());
-        ignore_missing(
-            tenant_api
-                .patch(&service.name_any(), &params, &Patch::Merge(shown))
-                .await
-                .map(drop),
-        )?;
+        tenant.mark(&mut copy.metadata);
+        let name = copy.name_any();
+        let live = copies
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
+        let owner = live.map(|live| ownership(control_plane, NameLimit::Subdomain, &identity, &live.metadata));
+        copied.insert(identity);
+        let current = live.is_some_and(|live| owner == Some(Ownership::Ours) && is_current(&copy, live));
+        if !current && owner != Some(Ownership::Foreign) {
+            // A refusal (the super cluster's validation of an address) is logged; the
+            // tenant's own apiserver validated the same slice.
+            if let Err(error) = apply(&api, &name, &copy).await? {
+                tracing::info!(%error, slice = %name, "the super cluster refused an EndpointSlice copy");
+            }
+        }
+    }
+    let metadata: Vec<_> = copies.iter().map(|c| c.metadata.clone()).collect();
+    for orphan in orphans(control_plane, NameLimit::Subdomain, &metadata, &copied) {
+        let Some(owner) = TenantObject::of_super(control_plane, orphan) else {
+            continue;
+        };
+        let still = |s: &EndpointSlice| matches!(slice_copy(control_plane, s, services), Ok(Some(_)));
+        if orphan.deletion_timestamp.is_none() && !still_there(tenant, &owner, still).await? {
+            delete(&api, orphan.name.as_deref().unwrap_or_default()).await?;
+        }
     }
     Ok(())
 }
 
-/// Whether a read of the tenant shows the Service `owner` (same uid) still there and
-/// copied: the caches may lag behind a Service made meanwhile.
-async fn still_copied(tenant: &Tenant, owner: &TenantObject) -> Result<bool, kube::Error> {
-    let confirmed = Api::<Service>::namespaced(tenant.tenant_client.clone(), &owner.namespace)
+/// Server-side applies `copy` (which makes it or puts it right alike, and owns every field
+/// it sets, so a port or label the tenant drops later is dropped from the copy). A refusal
+/// of the super cluster's admission or validation (403, 422) is returned inside `Ok`.
+async fn apply<K>(api: &Api<K>, name: &str, copy: &K) -> Result<Result<(), kube::Error>, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(typed(copy)),
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => Ok(Err(kube::Error::Api(e))),
+        other => other.map(|_| Ok(())),
+    }
+}
+
+/// Whether a read of the tenant shows `owner` (same uid) still there, not being deleted,
+/// and `copied`: the caches may lag behind an object made meanwhile.
+async fn still_there<K>(tenant: &Tenant, owner: &TenantObject, copied: impl Fn(&K) -> bool) -> Result<bool, kube::Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let confirmed = Api::<K>::namespaced(tenant.tenant_client.clone(), &owner.namespace)
         .get_opt(&owner.name)
         .await?;
-    Ok(confirmed.is_some_and(|s| {
-        s.metadata.uid.as_deref() == Some(owner.uid.as_str())
-            && s.metadata.deletion_timestamp.is_none()
-            && matches!(service_copy(tenant.control_plane(), &s), Ok(Some(_)))
+    Ok(confirmed.is_some_and(|o| {
+        o.meta().uid.as_deref() == Some(owner.uid.as_str()) && o.meta().deletion_timestamp.is_none() && copied(&o)
     }))
 }
 
-async fn delete(api: &Api<Service>, name: &str) -> Result<(), kube::Error> {
+async fn delete<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     ignore_missing(api.delete(name, &DeleteParams::default()).await.map(drop))
 }

@@ -12,14 +12,15 @@
 //! kube-apiserver allows 100 concurrent streams (its default since the HTTP/2 rapid-reset fix,
 //! CVE-2023-44487; `--http2-max-streams-per-connection`). A watch per tenant and kind would
 //! use them up at about 25 tenants, after which every request of capn's waits for a stream
-//! that never frees. Shared, capn holds seven watches there however many tenants it serves,
-//! and the super cluster keeps seven watchers for capn instead of seven per tenant.
+//! that never frees. Shared, capn holds eight watches there however many tenants it serves,
+//! and the super cluster keeps eight watchers for capn instead of eight per tenant.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::Api;
 use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
@@ -45,6 +46,8 @@ pub(super) struct SuperCaches {
     pub volumes: Store<PersistentVolume>,
     /// Every Service copy.
     pub services: Store<Service>,
+    /// Every EndpointSlice copy.
+    pub slices: Store<EndpointSlice>,
     routes: Mutex<HashMap<String, Route>>,
 }
 
@@ -56,7 +59,7 @@ struct Route {
     events: UnboundedSender<Event>,
     /// A claim copy or a volume bound to one changed (the volumes pass looks at them all).
     volumes: UnboundedSender<()>,
-    /// A Service copy changed (the services pass looks at them all).
+    /// A Service or EndpointSlice copy changed (the services pass looks at them all).
     services: UnboundedSender<()>,
 }
 
@@ -74,7 +77,7 @@ pub(super) struct Subscription {
 }
 
 impl SuperCaches {
-    /// Starts the seven watches on the super cluster through `client`. The caches fill while
+    /// Starts the eight watches on the super cluster through `client`. The caches fill while
     /// the returned future is polled (for as long as the syncer runs).
     pub fn start(
         client: &Client,
@@ -85,7 +88,8 @@ impl SuperCaches {
         let (config_maps, config_map_changes) = reflect::<ConfigMap>(Api::all(client.clone()), synced.clone());
         let (secrets, secret_changes) = reflect::<Secret>(Api::all(client.clone()), synced.clone());
         let (claims, claim_changes) = reflect::<PersistentVolumeClaim>(Api::all(client.clone()), synced.clone());
-        let (services, service_changes) = reflect::<Service>(Api::all(client.clone()), synced);
+        let (services, service_changes) = reflect::<Service>(Api::all(client.clone()), synced.clone());
+        let (slices, slice_changes) = reflect::<EndpointSlice>(Api::all(client.clone()), synced);
         let (volumes, volume_changes) =
             reflect::<PersistentVolume>(Api::all(client.clone()), watcher::Config::default());
         let caches = std::sync::Arc::new(SuperCaches {
@@ -95,6 +99,7 @@ impl SuperCaches {
             claims,
             volumes,
             services,
+            slices,
             routes: Mutex::default(),
         });
         // Only Events about pods: the API server filters them (`regarding.kind` is one of
@@ -131,6 +136,7 @@ impl SuperCaches {
                     caches.route(claim_changes, namespace, |r| &r.volumes, |_| ()),
                     caches.route(volume_changes, claim_namespace, |r| &r.volumes, |_| ()),
                     caches.route(service_changes, namespace, |r| &r.services, |_| ()),
+                    caches.route(slice_changes, namespace, |r| &r.services, |_| ()),
                 );
             }
         };

@@ -72,6 +72,15 @@ pub(super) async fn run(start: Start) {
     // The tenant's Services: the services pass's, and the pods' environment.
     let (tenant_services, tenant_service_changes) =
         reflect::<Service>(Api::all(start.tenant_client.clone()), watcher::Config::default());
+    // Their EndpointSlices that the tenant's EndpointSlice controller did not make: those of
+    // Services without a selector, which the services pass copies.
+    let (tenant_slices, tenant_slice_changes) = reflect::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+        Api::all(start.tenant_client.clone()),
+        watcher::Config::default().labels(&format!(
+            "{}!=endpointslice-controller.k8s.io",
+            crate::syncer::service::endpoints::MANAGED_BY_LABEL
+        )),
+    );
     // The queue's own cache of tenant pods is trimmed like the others (Controller::new would
     // keep every pod's managedFields).
     let (tenant_pods, tenant_pod_changes) =
@@ -97,6 +106,8 @@ pub(super) async fn run(start: Start) {
         super_volumes: start.caches.volumes.clone(),
         super_services: start.caches.services.clone(),
         tenant_services,
+        super_slices: start.caches.slices.clone(),
+        tenant_slices,
         tenant_claims,
         tenant_volumes,
         tenant_pods,
@@ -155,6 +166,7 @@ pub(super) async fn run(start: Start) {
             futures::stream::select_all([
                 received(subscription.services).map(drop).boxed(),
                 tenant_service_changes.map(drop).boxed(),
+                tenant_slice_changes.map(drop).boxed(),
             ])
             .boxed()
         ),

@@ -34,6 +34,7 @@
 //!   knows no tenant Service; the next step of the syncer serves tenant DNS.
 
 pub mod downward;
+pub mod env;
 pub mod placement;
 pub mod references;
 pub mod token;
@@ -42,10 +43,10 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{EnvVar, Pod, PodSpec, ServicePort, Toleration};
 
+use self::env::{ServiceLink, link_env};
 use crate::syncer::admission::{self, Level, Violation};
 use crate::syncer::names::tenancy::{self, MissingField, TenantObject};
 use crate::syncer::names::{ControlPlaneRef, NameLimit, is_dns_label};
-use crate::syncer::service::{ServiceLink, link_env};
 
 pub use references::{Reference, ReferenceKind};
 pub use token::{TokenRequest, TokenSecret};

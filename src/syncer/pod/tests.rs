@@ -269,14 +269,14 @@ fn the_apiserver_variables_come_first_in_every_container_unless_it_sets_them() {
 
 #[test]
 fn the_namespace_services_are_named_with_their_super_addresses_unless_links_are_off() {
-    let web = crate::syncer::service::ServiceLink {
+    let web = env::ServiceLink {
         name: "web-api".into(),
         host: "10.0.0.77".into(),
         ports: vec![serde_json::from_value(json!({"name": "http", "port": 8080, "protocol": "TCP"})).unwrap()],
     };
     // A namespace's own `kubernetes` Service does not replace the apiserver's variables,
     // as in the kubelet.
-    let shadow = crate::syncer::service::ServiceLink {
+    let shadow = env::ServiceLink {
         name: "kubernetes".into(),
         host: "10.0.0.99".into(),
         ports: vec![serde_json::from_value(json!({"port": 80})).unwrap()],
@@ -526,7 +526,7 @@ fn a_pod_without_uid_is_not_translated() {
 
 #[test]
 fn a_live_pod_keeps_its_environment() {
-    let web = crate::syncer::service::ServiceLink {
+    let web = env::ServiceLink {
         name: "web".into(),
         host: "10.0.0.77".into(),
         ports: vec![serde_json::from_value(json!({"port": 80})).unwrap()],

@@ -166,32 +166,6 @@ fn links_name_the_services_of_the_pod_namespace_with_their_copies_addresses() {
 }
 
 #[test]
-fn the_environment_follows_the_kubelet_for_udp_and_ipv6() {
-    let link = ServiceLink {
-        name: "dns".into(),
-        host: "fd00::a".into(),
-        ports: vec![serde_json::from_value(json!({"port": 53, "protocol": "UDP"})).unwrap()],
-    };
-    let env: Vec<(String, String)> = link_env(&[link])
-        .into_iter()
-        .map(|e| (e.name, e.value.unwrap()))
-        .collect();
-    let expected: Vec<(String, String)> = [
-        ("DNS_SERVICE_HOST", "fd00::a"),
-        ("DNS_SERVICE_PORT", "53"),
-        ("DNS_PORT", "udp://[fd00::a]:53"),
-        ("DNS_PORT_53_UDP", "udp://[fd00::a]:53"),
-        ("DNS_PORT_53_UDP_PROTO", "udp"),
-        ("DNS_PORT_53_UDP_PORT", "53"),
-        ("DNS_PORT_53_UDP_ADDR", "fd00::a"),
-    ]
-    .into_iter()
-    .map(|(n, v)| (n.to_owned(), v.to_owned()))
-    .collect();
-    assert_eq!(env, expected);
-}
-
-#[test]
 fn the_super_address_is_written_where_the_tenant_service_does_not_show_it() {
     let copies = [stored(&copy(), "10.0.0.17")];
     let unshown = tenant_service();
