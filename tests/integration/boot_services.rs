@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
-use crate::boot_syncer::{default_service_account, deployment, tenant_client};
+use crate::boot_syncer::{base64_encode, default_service_account, deployment, tenant_client};
 
 /// The tenant pod `name`, once Running.
 async fn running(booted: &Booted, pods: &Api<Pod>, name: &str) -> Pod {
@@ -249,5 +249,123 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
             (services.items.is_empty() && slices.items.is_empty()).then_some(())
         })
         .await;
+    booted.stop().await;
+}
+
+/// The upstream e2e test's webhook (`test/e2e/apimachinery/webhook.go`, "should be able to
+/// deny pod and configmap creation"): agnhost's `webhook` served by a tenant pod behind a
+/// tenant Service, registered in the tenant, denies a ConfigMap. The tenant apiserver dials
+/// the webhook at its endpoint, the synced pod's address (`--enable-aggregator-routing`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_served_by_a_tenant_pod_denies_a_configmap() {
+    use capn::pki::{CertificateAuthority, KeyAlgorithm, LeafSpec};
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+
+    let booted = boot_with("syncer, webhook", None, StartCapn::InProcess).await;
+    let tenant = tenant_client(&booted).await;
+    default_service_account(&booted, &tenant).await;
+    capn_testkit::node();
+
+    say("agnhost's webhook in a tenant pod, with a serving certificate of a CA of its own");
+    let now = time::OffsetDateTime::now_utc();
+    let ca = CertificateAuthority::generate("webhook-ca", now, KeyAlgorithm::EcdsaP256).unwrap();
+    let leaf = LeafSpec {
+        common_name: "webhook.default.svc".to_owned(),
+        server: true,
+        dns_names: vec!["webhook.default.svc".to_owned()],
+        ..LeafSpec::default()
+    };
+    let serving = ca.issue(&leaf, now, KeyAlgorithm::EcdsaP256).unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "webhook-tls", "namespace": "default"},
+        "stringData": {"tls.crt": serving.cert_pem, "tls.key": serving.key_pem}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "webhook", "namespace": "default", "labels": {"app": "webhook"}},
+        "spec": {
+            "volumes": [{"name": "tls", "secret": {"secretName": "webhook-tls"}}],
+            "containers": [{
+                "name": "agnhost",
+                "image": "registry.k8s.io/e2e-test-images/agnhost:2.53",
+                "args": ["webhook", "--tls-cert-file=/certs/tls.crt",
+                    "--tls-private-key-file=/certs/tls.key", "--port=8443"],
+                "volumeMounts": [{"name": "tls", "mountPath": "/certs", "readOnly": true}]}]}
+    }))
+    .unwrap();
+    let pods = Api::<Pod>::namespaced(tenant.clone(), "default");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "webhook", "namespace": "default"},
+        "spec": {"selector": {"app": "webhook"}, "ports": [{"port": 443, "targetPort": 8443}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(tenant.clone(), "default")
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    running(&booted, &pods, "webhook").await;
+
+    say("registered for the ConfigMaps of one namespace; a ConfigMap it disallows is denied");
+    let guarded: Namespace = serde_json::from_value(json!({
+        "metadata": {"name": "guarded", "labels": {"webhook": "on"}}
+    }))
+    .unwrap();
+    Api::<Namespace>::all(tenant.clone())
+        .create(&PostParams::default(), &guarded)
+        .await
+        .unwrap();
+    let configuration: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": "deny-configmaps"},
+        "webhooks": [{
+            "name": "deny-configmaps.capn.test",
+            "clientConfig": {
+                "service": {"namespace": "default", "name": "webhook", "path": "/configmaps", "port": 443},
+                "caBundle": base64_encode(ca.cert_pem().as_bytes())},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                "resources": ["configmaps"]}],
+            "namespaceSelector": {"matchLabels": {"webhook": "on"}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"]}]
+    }))
+    .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(tenant.clone())
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+    let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "guarded");
+    let disallowed: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "disallowed"},
+        "data": {"webhook-e2e-test": "webhook-disallow"}
+    }))
+    .unwrap();
+    // Until the webhook answers, the apiserver fails the request another way
+    // (`failed calling webhook`), which is not the webhook's denial.
+    let denial = booted
+        .runner
+        .wait_for("the webhook denies the ConfigMap", BOOTED_STEP * 2, || async {
+            match config_maps.create(&PostParams::default(), &disallowed).await {
+                Err(kube::Error::Api(e)) if e.message.contains("unwanted key and value") => Some(e.message),
+                Ok(_) => panic!("the ConfigMap the webhook disallows was created"),
+                Err(_) => None,
+            }
+        })
+        .await;
+    say(&format!("denied: {denial}"));
+    let allowed: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "allowed"},
+        "data": {"color": "blue"}
+    }))
+    .unwrap();
+    config_maps
+        .create(&PostParams::default(), &allowed)
+        .await
+        .expect("the webhook admits another ConfigMap");
     booted.stop().await;
 }

@@ -1291,7 +1291,7 @@ async fn kubelet_api_refuses_strangers(tenant: &Client, node: &str) {
     assert!(answer.is_err(), "a stranger's certificate is refused: {answer:?}");
 }
 
-fn base64_encode(bytes: &[u8]) -> String {
+pub(crate) fn base64_encode(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -273,7 +273,8 @@ async fn start(
     workers: &Workers,
     caches: Arc<SuperCaches>,
 ) -> Result<(), ReconcileError> {
-    let desired = workload_namespace::desired(control_plane, started.level, started.workloads.as_ref());
+    let cluster = crate::controllers::shared::read::cluster_name(ncp);
+    let desired = workload_namespace::desired(control_plane, &cluster, started.level, started.workloads.as_ref());
     workload_namespace::apply(&ctx.client, &desired).await?;
     // The workers' watches idle for minutes: the read timeout of a tenant client (15 s, for
     // requests) would cut each one and make it list again.

@@ -13,6 +13,7 @@ use kube::{Client, Resource};
 
 use super::scope::typed;
 use crate::api::Workloads;
+use crate::component::ComponentKind;
 use crate::syncer::admission::Level;
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy;
@@ -47,11 +48,14 @@ pub struct Desired {
 /// `latest`) back the syncer's own admission check with the super cluster's
 /// (<https://kubernetes.io/docs/concepts/security/pod-security-admission/>). The
 /// NetworkPolicy selects every pod of the namespace and admits ingress only from pods of the
-/// same namespace: one tenant's pods never reach another's (every workload namespace has
-/// the same policy), and egress is left open (tenant pods reach their own apiserver and the
-/// internet; the control planes' etcd admits only its apiservers, capn and its members,
-/// through the channel's own NetworkPolicies).
-pub fn desired(control_plane: &ControlPlaneRef, level: Level, workloads: Option<&Workloads>) -> Desired {
+/// same namespace and from the tenant's own apiserver pods (those of cluster `cluster` in the
+/// control plane's namespace, which call the admission webhooks, conversion webhooks and
+/// aggregated APIs its pods serve): one tenant's pods never reach another's, nor another
+/// tenant's apiserver them (every workload namespace has the same policy), and egress is
+/// left open (tenant pods reach their own apiserver and the internet; the control planes'
+/// etcd admits only its apiservers, capn and its members, through the channel's own
+/// NetworkPolicies).
+pub fn desired(control_plane: &ControlPlaneRef, cluster: &str, level: Level, workloads: Option<&Workloads>) -> Desired {
     let name = control_plane.workload_namespace();
     let meta = |object: &str| ObjectMeta {
         name: Some(object.to_owned()),
@@ -92,10 +96,29 @@ pub fn desired(control_plane: &ControlPlaneRef, level: Level, workloads: Option<
             pod_selector: Some(LabelSelector::default()),
             policy_types: Some(vec!["Ingress".to_owned()]),
             ingress: Some(vec![NetworkPolicyIngressRule {
-                from: Some(vec![NetworkPolicyPeer {
-                    pod_selector: Some(LabelSelector::default()),
-                    ..NetworkPolicyPeer::default()
-                }]),
+                from: Some(vec![
+                    NetworkPolicyPeer {
+                        pod_selector: Some(LabelSelector::default()),
+                        ..NetworkPolicyPeer::default()
+                    },
+                    NetworkPolicyPeer {
+                        namespace_selector: Some(LabelSelector {
+                            match_labels: Some(
+                                [(
+                                    "kubernetes.io/metadata.name".to_owned(),
+                                    control_plane.namespace.clone(),
+                                )]
+                                .into(),
+                            ),
+                            ..LabelSelector::default()
+                        }),
+                        pod_selector: Some(LabelSelector {
+                            match_labels: Some(crate::plan::selector_labels(ComponentKind::ApiServer, cluster)),
+                            ..LabelSelector::default()
+                        }),
+                        ..NetworkPolicyPeer::default()
+                    },
+                ]),
                 ports: None,
             }]),
             egress: None,
@@ -189,16 +212,28 @@ mod tests {
     #[test]
     fn the_namespace_carries_the_tenants_level_and_bounds_only_what_the_spec_sets() {
         let cp = ControlPlaneRef::new("tenants", "demo");
-        let plain = desired(&cp, Level::Baseline, None);
+        let plain = desired(&cp, "demo", Level::Baseline, None);
         let labels = plain.namespace.metadata.labels.clone().unwrap();
         assert_eq!(labels["pod-security.kubernetes.io/enforce"], "baseline");
         assert_eq!(labels[WORKLOADS_LABEL], "true");
         assert_eq!(plain.namespace.metadata.name.as_deref(), Some("tenants-demo-workloads"));
         assert!(plain.resource_quota.is_none() && plain.limit_range.is_none());
-        // Ingress only from the namespace's own pods.
+        // Ingress only from the namespace's own pods and the tenant's own apiserver pods.
         let spec = plain.network_policy.spec.unwrap();
-        let from = &spec.ingress.unwrap()[0].from.clone().unwrap()[0];
-        assert!(from.namespace_selector.is_none() && from.ip_block.is_none());
+        let from = spec.ingress.unwrap()[0].from.clone().unwrap();
+        assert!(from[0].namespace_selector.is_none() && from[0].ip_block.is_none());
+        let namespace = from[1].namespace_selector.clone().unwrap().match_labels.unwrap();
+        assert_eq!(namespace["kubernetes.io/metadata.name"], "tenants");
+        let pods = from[1].pod_selector.clone().unwrap().match_labels.unwrap();
+        assert_eq!(
+            (
+                pods["app.kubernetes.io/name"].as_str(),
+                pods["app.kubernetes.io/instance"].as_str()
+            ),
+            ("apiserver", "demo"),
+            "that cluster's apiservers only, not every apiserver of the namespace"
+        );
+        assert_eq!(from.len(), 2);
         assert_eq!(spec.policy_types.unwrap(), ["Ingress"]);
 
         let workloads = Workloads {
@@ -211,7 +246,7 @@ mod tests {
             ),
             ..Workloads::default()
         };
-        let bounded = desired(&cp, Level::Restricted, Some(&workloads));
+        let bounded = desired(&cp, "demo", Level::Restricted, Some(&workloads));
         assert_eq!(
             bounded.namespace.metadata.labels.unwrap()["pod-security.kubernetes.io/enforce"],
             "restricted"
