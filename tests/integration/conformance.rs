@@ -55,6 +55,9 @@ async fn upstream_conformance() {
         StartCapn::InProcess,
     )
     .await;
+    // The super cluster's node, scheduler and kube-proxy: the syncer runs the suite's pods
+    // (webhook servers, their Deployments) on it, as in a cluster with nodes.
+    capn_testkit::node();
     let ncps: Api<NestedControlPlane> = Api::namespaced(booted.client.clone(), &booted.ns);
     if let Some(target) = &upgrade_to {
         let started = Instant::now();
