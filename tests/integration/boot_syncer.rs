@@ -185,13 +185,17 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
             Some(node.name())
         );
     }
-    // Each pod answers on its address, under its tenant name (its hostname).
+    // Each pod answers on its address, under its tenant name (its hostname), once netexec
+    // listens (Running says its process started; the pods have no readiness probe).
     for pod in &running {
         let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
         let address = std::net::SocketAddr::new(ip.parse().unwrap(), 8080);
-        let (code, hostname) = capn_testkit::http_get(address, "/hostname")
-            .await
-            .unwrap_or_else(|e| panic!("GET /hostname of {}: {e}", pod.name_any()));
+        let (code, hostname) = booted
+            .runner
+            .wait_for(&format!("GET /hostname of {}", pod.name_any()), BOOTED_STEP, || async {
+                capn_testkit::http_get(address, "/hostname").await.ok()
+            })
+            .await;
         assert_eq!((code, hostname.trim()), (200, pod.name_any().as_str()));
     }
     say("syncer: 3 tenant pods Running through their super pods, each answering as itself");

@@ -30,7 +30,10 @@ pub(super) async fn run<F, Fut>(
     futures::pin_mut!(ready);
     loop {
         tokio::select! {
-            filled = &mut ready => if filled { break } else { return },
+            filled = &mut ready => if filled { break } else {
+                tracing::warn!(tenant = %tenant.control_plane().key(), pass = what, "a cache of the pass stopped before it filled; the pass stops");
+                return;
+            },
             woken = wakes.next() => if woken.is_none() { return },
         }
     }

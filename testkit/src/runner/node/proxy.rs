@@ -13,7 +13,10 @@
 //! a kubelet's node would use the bridge's hairpin and `br_netfilter`, which this machine
 //! lacks), so a backend sees the node namespace's address as the client; no conntrack
 //! tuning (`conntrack` all zero: the namespace's defaults stay); NodePorts are not reachable
-//! from outside the node namespace.
+//! from outside the node namespace. Rules are rewritten at most once a second (kube-proxy's
+//! default `minSyncPeriod`): the super cluster of a test run sees Services and endpoints
+//! change all the time (every booted tenant has its own), and a sync per change kept a core
+//! busy with `iptables-restore`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
@@ -140,7 +143,7 @@ healthzBindAddress: {address}:{HEALTHZ_PORT}
 metricsBindAddress: 127.0.0.1:10249
 iptables:
   masqueradeAll: true
-  minSyncPeriod: 0s
+  minSyncPeriod: 1s
 conntrack:
   maxPerCore: 0
   min: 0
