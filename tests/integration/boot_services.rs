@@ -43,6 +43,17 @@ fn agnhost(name: &str, args: serde_json::Value, restart: &str) -> Pod {
     .unwrap()
 }
 
+/// The hostname answered at `address`:80 to the agnhost `netexec` pod at `client`: its
+/// `/dial` makes that pod send the request, from its own network.
+async fn dial_hostname(client: std::net::IpAddr, address: &str) -> Option<String> {
+    let dial = format!("/dial?request=hostname&protocol=http&host={address}&port=80&tries=1");
+    let (status, body) = capn_testkit::http_get(SocketAddr::new(client, 8080), &dial)
+        .await
+        .ok()?;
+    let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
+    (status == 200).then(|| answer["responses"][0].as_str().map(str::to_owned))?
+}
+
 /// The names of the tenant `web` Deployment's pods.
 async fn web_pods(tenant: &Client) -> Vec<String> {
     Api::<Pod>::namespaced(tenant.clone(), "default")
@@ -124,20 +135,14 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
     let value = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value.clone());
     assert_eq!(value("WEB_SERVICE_HOST"), Some(address.clone()));
     assert_eq!(value("WEB_SERVICE_PORT_HTTP").as_deref(), Some("80"));
-    // netexec's /dial makes the client pod send the request, from its own network.
-    let dial = format!("/dial?request=hostname&protocol=http&host={address}&port=80&tries=1");
     let answered = booted
         .runner
         .wait_for(
             "the client pod reaches a web pod at the Service's ClusterIP",
             BOOTED_STEP * 2,
             || async {
-                let (status, body) = capn_testkit::http_get(SocketAddr::new(client_ip, 8080), &dial)
-                    .await
-                    .ok()?;
-                let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
-                let name = answer["responses"][0].as_str()?.to_owned();
-                (status == 200 && web_pods(&tenant).await.contains(&name)).then_some(name)
+                let name = dial_hostname(client_ip, &address).await?;
+                web_pods(&tenant).await.contains(&name).then_some(name)
             },
         )
         .await;
@@ -201,19 +206,12 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
             },
         )
         .await;
-    let dial = format!("/dial?request=hostname&protocol=http&host={outside_address}&port=80&tries=1");
     booted
         .runner
         .wait_for(
             "the client pod reaches the EndpointSlice's address through the selector-less Service",
             BOOTED_STEP * 2,
-            || async {
-                let (_, body) = capn_testkit::http_get(SocketAddr::new(client_ip, 8080), &dial)
-                    .await
-                    .ok()?;
-                let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
-                (answer["responses"][0].as_str()? == answered).then_some(())
-            },
+            || async { (dial_hostname(client_ip, &outside_address).await? == answered).then_some(()) },
         )
         .await;
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 
@@ -21,7 +22,7 @@ use super::passes;
 use super::scope::{FIELD_MANAGER, TENANT_FIELD_MANAGER, Tenant, ignore_missing, typed};
 use crate::syncer::diff::{Ownership, orphans, ownership};
 use crate::syncer::names::NameLimit;
-use crate::syncer::names::tenancy::TenantObject;
+use crate::syncer::names::tenancy::{MissingField, TenantObject};
 use crate::syncer::service::endpoints::{is_current, slice_copy};
 use crate::syncer::service::{CopyState, SUPER_CLUSTER_IP, cluster_ip_changes, copy_state, service_copy};
 
@@ -69,24 +70,18 @@ async fn copy_services(tenant: &Tenant, services: &[Arc<Service>], copies: &[Arc
     let api = Api::<Service>::namespaced(tenant.super_client.clone(), &tenant.namespace);
     let mut copied = BTreeSet::new();
     for service in services.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
-        let (Ok(Some(mut copy)), Ok(identity)) = (
-            service_copy(control_plane, service),
-            TenantObject::of(&service.metadata),
-        ) else {
+        let made = service_copy(control_plane, service);
+        let Some(Prepared { copy, identity, live }) =
+            prepare(tenant, made, &service.metadata, copies, NameLimit::Label)
+        else {
             continue;
         };
-        tenant.mark(&mut copy.metadata);
         let name = copy.name_any();
-        let live = copies
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
-        let state = live.map(
-            |live| match ownership(control_plane, NameLimit::Label, &identity, &live.metadata) {
-                Ownership::Ours => copy_state(&copy, live),
-                Ownership::Stale => CopyState::Replace,
-                Ownership::Foreign => CopyState::Current,
-            },
-        );
+        let state = live.map(|(live, owner)| match owner {
+            Ownership::Ours => copy_state(&copy, live),
+            Ownership::Stale => CopyState::Replace,
+            Ownership::Foreign => CopyState::Current,
+        });
         copied.insert(identity);
         match state {
             Some(CopyState::Current) => {}
@@ -101,18 +96,8 @@ async fn copy_services(tenant: &Tenant, services: &[Arc<Service>], copies: &[Arc
             }
         }
     }
-    let metadata: Vec<_> = copies.iter().map(|c| c.metadata.clone()).collect();
-    for orphan in orphans(control_plane, NameLimit::Label, &metadata, &copied) {
-        let Some(owner) = TenantObject::of_super(control_plane, orphan) else {
-            continue;
-        };
-        let still = |s: &Service| matches!(service_copy(control_plane, s), Ok(Some(_)));
-        if orphan.deletion_timestamp.is_none() && !still_there(tenant, &owner, still).await? {
-            tracing::info!(service = %orphan.name.as_deref().unwrap_or_default(), "deleting a Service copy whose tenant Service is gone");
-            delete(&api, orphan.name.as_deref().unwrap_or_default()).await?;
-        }
-    }
-    Ok(())
+    let still = |s: &Service| matches!(service_copy(control_plane, s), Ok(Some(_)));
+    delete_orphans(tenant, &api, copies, NameLimit::Label, &copied, still).await
 }
 
 /// Every copied tenant EndpointSlice's copy made or put right; orphans deleted.
@@ -121,42 +106,92 @@ async fn copy_slices(tenant: &Tenant, services: &[Arc<Service>]) -> Result<(), k
     let api = Api::<EndpointSlice>::namespaced(tenant.super_client.clone(), &tenant.namespace);
     let copies = in_namespace(&tenant.super_slices, &tenant.namespace);
     let mut copied = BTreeSet::new();
-    for slice in tenant
-        .tenant_slices
-        .state()
-        .iter()
-        .filter(|s| s.metadata.deletion_timestamp.is_none())
-    {
-        let (Ok(Some(mut copy)), Ok(identity)) = (
-            slice_copy(control_plane, slice, services),
-            TenantObject::of(&slice.metadata),
-        ) else {
+    let slices = tenant.tenant_slices.state();
+    for slice in slices.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
+        let made = slice_copy(control_plane, slice, services);
+        let Some(Prepared { copy, identity, live }) =
+            prepare(tenant, made, &slice.metadata, &copies, NameLimit::Subdomain)
+        else {
             continue;
         };
-        tenant.mark(&mut copy.metadata);
-        let name = copy.name_any();
-        let live = copies
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(name.as_str()));
-        let owner = live.map(|live| ownership(control_plane, NameLimit::Subdomain, &identity, &live.metadata));
         copied.insert(identity);
-        let current = live.is_some_and(|live| owner == Some(Ownership::Ours) && is_current(&copy, live));
-        if !current && owner != Some(Ownership::Foreign) {
-            // A refusal (the super cluster's validation of an address) is logged; the
-            // tenant's own apiserver validated the same slice.
-            if let Err(error) = apply(&api, &name, &copy).await? {
-                tracing::info!(%error, slice = %name, "the super cluster refused an EndpointSlice copy");
-            }
+        let current = match live {
+            Some((live, Ownership::Ours)) => is_current(&copy, live),
+            Some((_, Ownership::Foreign)) => true,
+            Some((_, Ownership::Stale)) | None => false,
+        };
+        // A refusal (the super cluster's validation of an address) is logged; the tenant's
+        // own apiserver validated the same slice.
+        if !current && let Err(error) = apply(&api, &copy.name_any(), &copy).await? {
+            tracing::info!(%error, slice = %copy.name_any(), "the super cluster refused an EndpointSlice copy");
         }
     }
-    let metadata: Vec<_> = copies.iter().map(|c| c.metadata.clone()).collect();
-    for orphan in orphans(control_plane, NameLimit::Subdomain, &metadata, &copied) {
+    let still = |s: &EndpointSlice| matches!(slice_copy(control_plane, s, services), Ok(Some(_)));
+    delete_orphans(tenant, &api, &copies, NameLimit::Subdomain, &copied, still).await
+}
+
+/// What a pass needs of one tenant object that is copied: the copy (with this instance's
+/// `--watch-filter` label), the tenant object's identity, and the live object of the copy's
+/// name with what it is to the tenant object (`diff::ownership`).
+struct Prepared<'a, K> {
+    copy: K,
+    identity: TenantObject,
+    live: Option<(&'a K, Ownership)>,
+}
+
+/// [`Prepared`] for the tenant object of `meta` whose copy is `made`, among the live
+/// `copies` (names following `limit`); `None` for an object that is not copied.
+fn prepare<'a, K>(
+    tenant: &Tenant,
+    made: Result<Option<K>, MissingField>,
+    meta: &ObjectMeta,
+    copies: &'a [Arc<K>],
+    limit: NameLimit,
+) -> Option<Prepared<'a, K>>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let (Ok(Some(mut copy)), Ok(identity)) = (made, TenantObject::of(meta)) else {
+        return None;
+    };
+    tenant.mark(copy.meta_mut());
+    let name = copy.meta().name.clone();
+    let live = copies.iter().find(|c| c.meta().name == name).map(|live| {
+        (
+            &**live,
+            ownership(tenant.control_plane(), limit, &identity, live.meta()),
+        )
+    });
+    Some(Prepared { copy, identity, live })
+}
+
+/// Deletes the copies among `copies` (names following `limit`) whose tenant object is not
+/// among `copied`, once a read of the tenant confirms it is gone or no longer `still`
+/// copied.
+async fn delete_orphans<K>(
+    tenant: &Tenant,
+    api: &Api<K>,
+    copies: &[Arc<K>],
+    limit: NameLimit,
+    copied: &BTreeSet<TenantObject>,
+    still: impl Fn(&K) -> bool,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let control_plane = tenant.control_plane();
+    let metadata: Vec<_> = copies.iter().map(|c| c.meta().clone()).collect();
+    for orphan in orphans(control_plane, limit, &metadata, copied) {
         let Some(owner) = TenantObject::of_super(control_plane, orphan) else {
             continue;
         };
-        let still = |s: &EndpointSlice| matches!(slice_copy(control_plane, s, services), Ok(Some(_)));
-        if orphan.deletion_timestamp.is_none() && !still_there(tenant, &owner, still).await? {
-            delete(&api, orphan.name.as_deref().unwrap_or_default()).await?;
+        if orphan.deletion_timestamp.is_none() && !still_there(tenant, &owner, &still).await? {
+            let name = orphan.name.as_deref().unwrap_or_default();
+            tracing::info!(kind = %K::kind(&()), copy = %name, "deleting a copy whose tenant object is gone");
+            delete(api, name).await?;
         }
     }
     Ok(())
@@ -184,7 +219,11 @@ where
 
 /// Whether a read of the tenant shows `owner` (same uid) still there, not being deleted,
 /// and `copied`: the caches may lag behind an object made meanwhile.
-async fn still_there<K>(tenant: &Tenant, owner: &TenantObject, copied: impl Fn(&K) -> bool) -> Result<bool, kube::Error>
+async fn still_there<K>(
+    tenant: &Tenant,
+    owner: &TenantObject,
+    copied: &impl Fn(&K) -> bool,
+) -> Result<bool, kube::Error>
 where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
