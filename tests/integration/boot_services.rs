@@ -54,6 +54,26 @@ async fn dial_hostname(client: std::net::IpAddr, address: &str) -> Option<String
     (status == 200).then(|| answer["responses"][0].as_str().map(str::to_owned))?
 }
 
+/// The address the tenant Service `name` shows for its copy, once it shows one.
+async fn super_address(booted: &Booted, services: &Api<Service>, name: &str) -> String {
+    booted
+        .runner
+        .wait_for(
+            &format!("the tenant Service {name} shows its copy's ClusterIP"),
+            BOOTED_STEP,
+            || async {
+                services
+                    .get(name)
+                    .await
+                    .ok()?
+                    .annotations()
+                    .get(SUPER_CLUSTER_IP)
+                    .cloned()
+            },
+        )
+        .await
+}
+
 /// The names of the tenant `web` Deployment's pods.
 async fn web_pods(tenant: &Client) -> Vec<String> {
     Api::<Pod>::namespaced(tenant.clone(), "default")
@@ -85,18 +105,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .create(&PostParams::default(), &deployment("default", 2))
         .await
         .unwrap();
-    let address = booted
-        .runner
-        .wait_for("the tenant Service shows its copy's ClusterIP", BOOTED_STEP, || async {
-            services
-                .get("web")
-                .await
-                .ok()?
-                .annotations()
-                .get(SUPER_CLUSTER_IP)
-                .cloned()
-        })
-        .await;
+    let address = super_address(&booted, &services, "web").await;
     let copies = Api::<Service>::namespaced(client.clone(), &workloads);
     let copy = copies.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(copy.len(), 1, "one copy: {copy:?}");
@@ -190,22 +199,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .create(&PostParams::default(), &slice)
         .await
         .unwrap();
-    let outside_address = booted
-        .runner
-        .wait_for(
-            "the selector-less Service shows its copy's ClusterIP",
-            BOOTED_STEP,
-            || async {
-                services
-                    .get("outside")
-                    .await
-                    .ok()?
-                    .annotations()
-                    .get(SUPER_CLUSTER_IP)
-                    .cloned()
-            },
-        )
-        .await;
+    let outside_address = super_address(&booted, &services, "outside").await;
     booted
         .runner
         .wait_for(
