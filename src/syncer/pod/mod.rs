@@ -153,13 +153,16 @@ pub fn translate(tenant: &Pod, target: &Target, services: &[ServiceLink]) -> Res
     })
 }
 
-/// Gives every container of `desired` the `env` of the same container in `live`: a pod's
-/// environment is immutable (Kubernetes' pod update validation), and the live pod's named
-/// the Services there were when it was made, as a kubelet's pod keeps those of its start.
+/// Gives every container of `desired` the `env` of the same container in `live`, and
+/// `desired` the live `enableServiceLinks`: a pod's environment is immutable (Kubernetes'
+/// pod update validation), and the live pod's named the Services there were when it was
+/// made, as a kubelet's pod keeps those of its start (a super pod made by an earlier capn,
+/// with service links on, stays so).
 pub fn keep_live_env(desired: &mut Pod, live: &Pod) {
     let (Some(spec), Some(live)) = (desired.spec.as_mut(), live.spec.as_ref()) else {
         return;
     };
+    spec.enable_service_links = live.enable_service_links;
     // Container names are unique across a pod's containers and init containers.
     let live: Vec<_> = live
         .containers
