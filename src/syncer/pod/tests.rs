@@ -543,4 +543,10 @@ fn a_live_pod_keeps_its_environment() {
         desired.spec.as_ref().unwrap().containers[0].env,
         live.spec.as_ref().unwrap().containers[0].env
     );
+    // A super pod an earlier capn made, with the super kubelet's service links on (the
+    // field is immutable too).
+    let mut earlier = live.clone();
+    earlier.spec.as_mut().unwrap().enable_service_links = Some(true);
+    keep_live_env(&mut desired, &earlier);
+    assert_eq!(desired.spec.as_ref().unwrap().enable_service_links, Some(true));
 }
