@@ -36,6 +36,8 @@ const NODE_LOST: &str = "NodeLost";
 /// How long a new pod waits at most for a Service copy's ClusterIP (the services pass
 /// makes a copy within a request or two of the Service; see `waits_for_services`).
 const LINK_WAIT: Duration = Duration::from_secs(30);
+/// How long a pod waits at most for the Service caches to fill (see `reconcile`).
+const SERVICES_READY: Duration = Duration::from_secs(10);
 /// How soon a pod waiting for a Service copy's ClusterIP is looked at again.
 const LINK_RETRY: Duration = Duration::from_millis(500);
 /// How soon a pod the super cluster refused is tried again.
@@ -67,15 +69,17 @@ impl SyncError {
 pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, SyncError> {
     // Until the shared super caches have listed, a missing super pod means nothing (and
     // every pod would be applied again at each start of capn).
-    // The same for the Services a new pod's environment names.
-    let ready = async {
-        tenant.super_pods.wait_until_ready().await.is_ok()
-            && tenant.super_services.wait_until_ready().await.is_ok()
-            && tenant.tenant_services.wait_until_ready().await.is_ok()
-    };
-    if !ready.await {
+    if tenant.super_pods.wait_until_ready().await.is_err() {
         return Ok(Action::requeue(WAIT));
     }
+    // The Services a new pod's environment names come from two more caches, which never
+    // hold a pod for long: past SERVICES_READY it goes without them (and says so).
+    let services_known = tokio::time::timeout(SERVICES_READY, async {
+        tenant.super_services.wait_until_ready().await.is_ok()
+            && tenant.tenant_services.wait_until_ready().await.is_ok()
+    })
+    .await
+    .unwrap_or(false);
     let identity = TenantObject::of(&pod.metadata)?;
     let super_name = tenant
         .control_plane()
@@ -125,12 +129,19 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     } else {
         std::borrow::Cow::Borrowed(&*pod)
     };
-    let (links, waiting) = service_links(
-        tenant.control_plane(),
-        &identity.namespace,
-        &tenant.tenant_services.state(),
-        &in_namespace(&tenant.super_services, &tenant.namespace),
-    );
+    let (links, waiting) = if services_known {
+        service_links(
+            tenant.control_plane(),
+            &identity.namespace,
+            &tenant.tenant_services.state(),
+            &in_namespace(&tenant.super_services, &tenant.namespace),
+        )
+    } else {
+        if live.is_none() {
+            tracing::info!(pod = %identity.name, namespace = %identity.namespace, "the Services are not cached yet: the pod's environment names none of them");
+        }
+        (Vec::new(), Vec::new())
+    };
     if live.is_none() && waits_for_services(tenant, &pod, &waiting) {
         return Ok(Action::requeue(LINK_RETRY));
     }
