@@ -30,6 +30,7 @@ pub mod client;
 pub mod component;
 pub mod controllers;
 pub mod crds;
+pub mod dns;
 pub mod etcd;
 pub mod kubelet;
 pub mod manifests;
