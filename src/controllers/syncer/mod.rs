@@ -289,6 +289,7 @@ async fn start(
             control_plane: control_plane.clone(),
             apiserver: started.apiserver.clone(),
             level: started.level,
+            dns: None,
         },
         patrol_every: ctx.settings.syncer_patrol,
         metrics: ctx.metrics.clone(),

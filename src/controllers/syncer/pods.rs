@@ -20,7 +20,7 @@ use super::{nodes, references, tokens};
 use crate::syncer::diff::{Ownership, ownership, pod_drift};
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::{MissingField, TenantObject};
-use crate::syncer::pod::{TranslateError, keep_live_env, translate};
+use crate::syncer::pod::{TranslateError, keep_live_immutables, translate};
 use crate::syncer::service::service_links;
 use crate::syncer::upward::tenant_status;
 
@@ -155,7 +155,7 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     };
     tenant.mark(&mut translation.pod.metadata);
     if let Some(live) = &live {
-        keep_live_env(&mut translation.pod, live);
+        keep_live_immutables(&mut translation.pod, live);
     }
     // A pod stays on the node it was bound to, as pods do: a super pod deleted under a bound
     // tenant pod (evicted, deleted by hand) is made again on that node, not scheduled anew,

@@ -23,6 +23,7 @@ fn desired(tenant: &Pod) -> Pod {
             port: 443,
         },
         level: Level::Baseline,
+        dns: None,
     };
     translate(tenant, &target, &[]).expect("translates").pod
 }

@@ -29,10 +29,10 @@
 //!   gates (the conditions they wait for are set on the tenant pod; the way up folds them
 //!   into the tenant's Ready condition, see `upward`);
 //! - keeps `hostname` (set from the tenant pod's name when unset, so the pod sees its
-//!   tenant name), `subdomain`, `dnsPolicy` and `dnsConfig` as the tenant wrote them. DNS is
-//!   not translated yet: `ClusterFirst` resolves through the super cluster's DNS, which
-//!   knows no tenant Service; the next step of the syncer serves tenant DNS.
+//!   tenant name) and `subdomain`; a pod that asks for cluster DNS resolves through the
+//!   tenant's ([`dns`]: `dnsPolicy: None` with the `resolv.conf` the kubelet would write).
 
+pub mod dns;
 pub mod downward;
 pub mod env;
 pub mod placement;
@@ -48,6 +48,7 @@ use crate::syncer::admission::{self, Level, Violation};
 use crate::syncer::names::tenancy::{self, MissingField, TenantObject};
 use crate::syncer::names::{ControlPlaneRef, NameLimit, is_dns_label};
 
+pub use dns::ClusterDns;
 pub use references::{Reference, ReferenceKind};
 pub use token::{TokenRequest, TokenSecret};
 
@@ -68,6 +69,8 @@ pub struct Target {
     pub apiserver: ApiServerAddress,
     /// The Pod Security Standards level the tenant's pods must meet.
     pub level: Level,
+    /// The tenant's cluster DNS, when capn serves it.
+    pub dns: Option<ClusterDns>,
 }
 
 /// An address of the tenant apiserver reachable from super-cluster pods, such as its
@@ -140,6 +143,7 @@ pub fn translate(tenant: &Pod, target: &Target, services: &[ServiceLink]) -> Res
     let dropped_tolerations = placement::rewrite(&mut spec, &identity.namespace);
     leave_to_the_super_cluster(&mut spec);
     set_hostname(&mut spec, &identity.name);
+    dns::rewrite(&mut spec, target.dns.as_ref(), &identity.namespace);
     set_service_env(&mut spec, &target.apiserver, services);
     Ok(Translation {
         pod: Pod {
@@ -154,15 +158,17 @@ pub fn translate(tenant: &Pod, target: &Target, services: &[ServiceLink]) -> Res
 }
 
 /// Gives every container of `desired` the `env` of the same container in `live`, and
-/// `desired` the live `enableServiceLinks`: a pod's environment is immutable (Kubernetes'
-/// pod update validation), and the live pod's named the Services there were when it was
-/// made, as a kubelet's pod keeps those of its start (a super pod made by an earlier capn,
-/// with service links on, stays so).
-pub fn keep_live_env(desired: &mut Pod, live: &Pod) {
+/// `desired` the live `enableServiceLinks`, `dnsPolicy` and `dnsConfig`: they are immutable
+/// (Kubernetes' pod update validation), and the live pod's named the Services there were
+/// when it was made, as a kubelet's pod keeps those of its start (a super pod made by an
+/// earlier capn, with service links on or without tenant DNS, stays so).
+pub fn keep_live_immutables(desired: &mut Pod, live: &Pod) {
     let (Some(spec), Some(live)) = (desired.spec.as_mut(), live.spec.as_ref()) else {
         return;
     };
     spec.enable_service_links = live.enable_service_links;
+    spec.dns_policy.clone_from(&live.dns_policy);
+    spec.dns_config.clone_from(&live.dns_config);
     // Container names are unique across a pod's containers and init containers.
     let live: Vec<_> = live
         .containers

@@ -16,6 +16,7 @@ fn target() -> Target {
             port: 6443,
         },
         level: Level::Baseline,
+        dns: None,
     }
 }
 
@@ -538,7 +539,7 @@ fn a_live_pod_keeps_its_environment() {
         desired.spec.as_ref().unwrap().containers[0].env,
         live.spec.as_ref().unwrap().containers[0].env
     );
-    keep_live_env(&mut desired, &live);
+    keep_live_immutables(&mut desired, &live);
     assert_eq!(
         desired.spec.as_ref().unwrap().containers[0].env,
         live.spec.as_ref().unwrap().containers[0].env
@@ -547,6 +548,19 @@ fn a_live_pod_keeps_its_environment() {
     // field is immutable too).
     let mut earlier = live.clone();
     earlier.spec.as_mut().unwrap().enable_service_links = Some(true);
-    keep_live_env(&mut desired, &earlier);
+    keep_live_immutables(&mut desired, &earlier);
     assert_eq!(desired.spec.as_ref().unwrap().enable_service_links, Some(true));
+    // Made before capn served the tenant's DNS: the pod keeps the DNS it started with.
+    let with_dns = Target {
+        dns: Some(ClusterDns {
+            nameserver: "10.0.0.10".into(),
+            domain: "cluster.local".into(),
+        }),
+        ..target()
+    };
+    let mut desired = translate(&nginx(), &with_dns, &[]).unwrap().pod;
+    assert_eq!(desired.spec.as_ref().unwrap().dns_policy.as_deref(), Some("None"));
+    keep_live_immutables(&mut desired, &live);
+    let (kept, live) = (desired.spec.unwrap(), live.spec.unwrap());
+    assert_eq!((kept.dns_policy, kept.dns_config), (live.dns_policy, live.dns_config));
 }
