@@ -281,7 +281,8 @@ fn deployment(p: Provider, ns: &str) -> Value {
                             "--health-probe-bind-address=0.0.0.0:8081",
                         ],
                         // The etcd restore init containers run capn's own image: the same one.
-                        // The pod IP is where tenant apiservers reach the syncer's kubelet API.
+                        // The pod IP is where tenant apiservers reach the syncer's kubelet API,
+                        // and tenant pods their DNS (one `--dns-ports` port per tenant).
                         "env": [env_from_field("POD_NAME", "metadata.name"), env_from_field("POD_NAMESPACE", "metadata.namespace"),
                                 env_from_field("POD_IP", "status.podIP"),
                                 json!({"name": "CAPN_IMAGE", "value": "${CAPN_IMAGE:=ghcr.io/capn/capn:v0.1.0}"})],

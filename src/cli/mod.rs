@@ -155,6 +155,23 @@ pub struct RunArgs {
     /// announce only their hostname.
     #[arg(long, env = "POD_IP", value_name = "ADDRESS")]
     pub kubelet_advertise_address: Option<std::net::IpAddr>,
+    /// Whether capn serves each tenant's cluster DNS (docs/design.md §11 "DNS"), at
+    /// `--kubelet-advertise-address` (without it, none is served and tenant pods resolve
+    /// through the super cluster's DNS).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub tenant_dns: bool,
+    /// The address the tenants' DNS servers listen on.
+    #[arg(long, value_name = "ADDRESS", default_value = "0.0.0.0")]
+    pub dns_bind_address: std::net::IpAddr,
+    /// The ports the tenants' DNS servers listen on, one per tenant, `FIRST-LAST` (each
+    /// tenant's pods reach theirs through a Service of their own, port 53).
+    #[arg(long, value_name = "FIRST-LAST", default_value = "20000-21999", value_parser = parse_port_range)]
+    pub dns_ports: std::ops::RangeInclusive<u16>,
+    /// Where the tenants' DNS forwards names outside their zones, `ADDRESS[:PORT]`,
+    /// comma-separated; by default the nameservers of capn's own `/etc/resolv.conf` (in a
+    /// super cluster, its cluster DNS).
+    #[arg(long, value_delimiter = ',', value_name = "ADDRESS[:PORT]", value_parser = parse_upstream)]
+    pub dns_upstream: Vec<std::net::SocketAddr>,
 }
 
 impl RunArgs {
@@ -187,6 +204,33 @@ impl RunArgs {
             labels,
         }))
     }
+}
+
+/// Parses a port range `FIRST-LAST` (`FIRST` ≤ `LAST`, both above 0).
+fn parse_port_range(text: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (first, last) = text.split_once('-').ok_or("must be FIRST-LAST, such as 20000-21999")?;
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or(format!("{p:?} is not a port (1-65535)"))
+    };
+    let (first, last) = (port(first)?, port(last)?);
+    if first > last {
+        return Err(format!("{first} is above {last}"));
+    }
+    Ok(first..=last)
+}
+
+/// Parses `ADDRESS[:PORT]` (`[ADDRESS]:PORT` for IPv6), port 53 when none is given.
+fn parse_upstream(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse::<std::net::SocketAddr>()
+        .or_else(|_| {
+            text.parse::<std::net::IpAddr>()
+                .map(|ip| std::net::SocketAddr::new(ip, 53))
+        })
+        .map_err(|_| format!("{text:?} is not ADDRESS[:PORT]"))
 }
 
 /// Parses a positive Go duration (`90s`, `5m`, `8760h`) with kube's `Duration`.
@@ -287,6 +331,32 @@ pub fn parse_controllers(list: &[String]) -> anyhow::Result<EnabledControllers> 
     Ok(enabled)
 }
 
+/// The tenants' DNS as `capn run`'s arguments ask for it: none without
+/// `--kubelet-advertise-address` or with `--tenant-dns=false`; upstream servers from
+/// `--dns-upstream`, else from `/etc/resolv.conf`.
+fn dns_endpoint(args: &RunArgs) -> Option<crate::dns::DnsEndpoint> {
+    let advertise = args.kubelet_advertise_address.filter(|_| args.tenant_dns)?;
+    let upstream = if args.dns_upstream.is_empty() {
+        let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        crate::dns::Upstream::from_resolv_conf(&text)
+    } else {
+        crate::dns::Upstream {
+            servers: args.dns_upstream.clone(),
+        }
+    };
+    if upstream.servers.is_empty() {
+        tracing::warn!(
+            "no upstream DNS server (--dns-upstream, /etc/resolv.conf): tenant pods resolve only their cluster's names"
+        );
+    }
+    Some(crate::dns::DnsEndpoint {
+        bind: args.dns_bind_address,
+        advertise,
+        ports: args.dns_ports.clone(),
+        upstream,
+    })
+}
+
 /// Entry point of the binary.
 ///
 /// # Errors
@@ -308,6 +378,7 @@ pub async fn main() -> anyhow::Result<()> {
                 ),
                 None => None,
             };
+            let dns = dns_endpoint(&args);
             let settings = Settings {
                 super_dns_domain: args.super_cluster_dns_domain,
                 namespace: args.namespace,
@@ -320,6 +391,7 @@ pub async fn main() -> anyhow::Result<()> {
                 capn_image: args.capn_image,
                 etcd_hosts_file: args.etcd_hosts_file,
                 syncer_patrol: args.syncer_patrol_interval,
+                dns,
                 kubelet: args
                     .kubelet_advertise_address
                     .map(|advertise| crate::kubelet::KubeletEndpoint {
@@ -473,6 +545,43 @@ mod tests {
             Command::Run(args) => args,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn tenant_dns_is_served_at_the_advertised_address_unless_turned_off() {
+        let args = run_args(&[
+            "--kubelet-advertise-address=10.0.0.5",
+            "--dns-ports=30000-30009",
+            "--dns-upstream=10.96.0.10,[fd00::a]:5353",
+        ]);
+        let dns = dns_endpoint(&args).unwrap();
+        assert_eq!(dns.advertise, "10.0.0.5".parse::<std::net::IpAddr>().unwrap());
+        assert_eq!(dns.ports, 30000..=30009);
+        assert_eq!(
+            dns.upstream.servers,
+            ["10.96.0.10:53".parse().unwrap(), "[fd00::a]:5353".parse().unwrap()]
+        );
+        assert!(
+            dns_endpoint(&run_args(&[
+                "--kubelet-advertise-address=10.0.0.5",
+                "--tenant-dns=false"
+            ]))
+            .is_none()
+        );
+        // Without an address pods can reach, there is nothing to serve.
+        if std::env::var_os("POD_IP").is_none() {
+            assert!(dns_endpoint(&run_args(&[])).is_none());
+        }
+        for (bad, says) in [("20000", "FIRST-LAST"), ("20-10", "above"), ("0-10", "not a port")] {
+            let err = Cli::try_parse_from(["capn", "run", "--dns-ports", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+        let err = Cli::try_parse_from(["capn", "run", "--dns-upstream", "dns.example"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ADDRESS[:PORT]"), "{err}");
     }
 
     #[test]

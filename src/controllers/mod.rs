@@ -104,6 +104,10 @@ pub struct Settings {
     /// --kubelet-bind-address`, `--kubelet-advertise-address`; [`crate::kubelet`]); `None`
     /// serves none, and tenant Nodes announce only their hostname.
     pub kubelet: Option<crate::kubelet::KubeletEndpoint>,
+    /// The tenants' cluster DNS, served by the syncer ([`crate::dns`]); `None` serves none,
+    /// and tenant pods keep the DNS settings they were written with (a `ClusterFirst` pod
+    /// then resolves through the super cluster's DNS, which knows no tenant Service).
+    pub dns: Option<crate::dns::DnsEndpoint>,
 }
 
 /// Default of [`Settings::upgrade_step_timeout`]: a step rolls three StatefulSets, each
@@ -139,6 +143,7 @@ impl Default for Settings {
             upgrade_step_timeout: DEFAULT_UPGRADE_STEP_TIMEOUT,
             capn_image: DEFAULT_CAPN_IMAGE.to_string(),
             etcd_hosts_file: None,
+            dns: None,
             syncer_patrol: syncer::DEFAULT_PATROL,
             kubelet: None,
         }

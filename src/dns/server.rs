@@ -217,7 +217,7 @@ pub async fn respond<S: Source>(
                 ResponseCode::NoError
             }
             Resolution::Alias { cname, target } => {
-                response.answers.push(cname);
+                response.answers.push(*cname);
                 match resolve_upstream(upstream, target, query.query_type(), tcp).await {
                     Some((code, answers)) => {
                         response.answers.extend(answers);

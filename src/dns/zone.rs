@@ -71,7 +71,7 @@ pub enum Resolution {
     },
     /// The name is an ExternalName Service whose target lies outside the zone: the CNAME,
     /// and the target for the server to resolve.
-    Alias { cname: Record, target: Name },
+    Alias { cname: Box<Record>, target: Name },
     /// No such name in the zone.
     NxDomain,
     /// The name is not in the zone.
@@ -232,7 +232,10 @@ impl Asked<'_> {
             return Resolution::records(vec![cname]);
         }
         match resolve_at(self.view, &target, self.kind, depth + 1) {
-            Resolution::Outside => Resolution::Alias { cname, target },
+            Resolution::Outside => Resolution::Alias {
+                cname: Box::new(cname),
+                target,
+            },
             Resolution::Answer { answers, additionals } => {
                 let mut all = vec![cname];
                 all.extend(answers);

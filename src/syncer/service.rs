@@ -175,7 +175,7 @@ pub fn service_links(
     tenant_services: &[impl Borrow<Service>],
     copies: &[impl Borrow<Service>],
 ) -> (Vec<ServiceLink>, Vec<String>) {
-    let addresses = copy_addresses(control_plane, copies);
+    let addresses = super_addresses(control_plane, copies);
     let mut links = Vec::new();
     let mut waiting = Vec::new();
     for service in tenant_services.iter().map(Borrow::borrow) {
@@ -212,7 +212,7 @@ pub fn cluster_ip_changes<'a>(
     tenant_services: &'a [impl Borrow<Service>],
     copies: &[impl Borrow<Service>],
 ) -> Vec<(&'a Service, String)> {
-    let addresses = copy_addresses(control_plane, copies);
+    let addresses = super_addresses(control_plane, copies);
     tenant_services
         .iter()
         .map(Borrow::borrow)
@@ -229,8 +229,9 @@ pub fn cluster_ip_changes<'a>(
         .collect()
 }
 
-/// The ClusterIP of each copy among `copies` that has one, by its tenant Service.
-fn copy_addresses<'a>(
+/// The ClusterIP of each copy among `copies` that has one, by its tenant Service: where
+/// pods reach the Service (its environment variables, tenant DNS).
+pub fn super_addresses<'a>(
     control_plane: &ControlPlaneRef,
     copies: &'a [impl Borrow<Service>],
 ) -> BTreeMap<TenantObject, &'a str> {

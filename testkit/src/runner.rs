@@ -302,6 +302,8 @@ struct PodShared {
     hostname: String,
     /// Its namespace (the runner's own; any for the node).
     namespace: String,
+    /// Its `/etc/resolv.conf`.
+    resolv_conf: String,
     /// `Always`, `OnFailure` or `Never` (a runner pod: `Always`, its StatefulSet's).
     restart_policy: String,
     /// An init container failed under `restartPolicy: Never`: the pod has failed.
@@ -1380,10 +1382,11 @@ fn named_ports(spec: &PodSpec) -> BTreeMap<String, u16> {
 
 impl PodShared {
     /// A pod not started yet: `(name, hostname, namespace)` (the name is `<namespace>/<name>`
-    /// for the node's pods), its restart policy, its StatefulSet (or name) for milestones, and
-    /// its directory.
+    /// for the node's pods), its `/etc/resolv.conf`, its restart policy, its StatefulSet (or
+    /// name) for milestones, and its directory.
     fn new(
         (name, hostname, namespace): (&str, &str, &str),
+        resolv_conf: String,
         restart_policy: &str,
         set: &str,
         dir: PathBuf,
@@ -1392,6 +1395,7 @@ impl PodShared {
             name: name.to_owned(),
             hostname: hostname.to_owned(),
             namespace: namespace.to_owned(),
+            resolv_conf,
             restart_policy: restart_policy.to_owned(),
             init_failed: AtomicBool::new(false),
             set: set.to_owned(),
@@ -1452,6 +1456,7 @@ fn start_pod(
     shared.milestone(&set_name, name, timeline::Stage::PodCreated);
     let pod_shared = PodShared::new(
         (name, name, &shared.namespace),
+        dns::resolv_conf(&shared.namespace, DNS_DOMAIN),
         "Always",
         &set_name,
         shared.dir.join("pods").join(name),
@@ -1766,7 +1771,7 @@ async fn run_pod(
         shared.problem(format!("{name}: cannot create {}: {e}", dns_dir.display()));
     }
     let files = [
-        ("resolv.conf", dns::resolv_conf(&pod.namespace, DNS_DOMAIN)),
+        ("resolv.conf", pod.resolv_conf.clone()),
         ("hostname", format!("{}\n", pod.hostname)),
     ];
     for (file, text) in files {

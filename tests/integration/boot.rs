@@ -75,6 +75,15 @@ fn in_process_settings(ns: &str, runner: &Runner, watch_filter: Option<&str>) ->
             advertise: runner.host_address().into(),
             streams: Some(capn_testkit::cluster().config()),
         }),
+        // The tenants' DNS, at the same address (the node's pods reach it through each
+        // tenant's DNS Service, as they would capn's pod IP); no upstream: the tests resolve
+        // only tenant names.
+        dns: Some(capn::dns::DnsEndpoint {
+            bind: runner.host_address().into(),
+            advertise: runner.host_address().into(),
+            ports: 20_000..=21_999,
+            upstream: capn::dns::Upstream::default(),
+        }),
         ..capn::controllers::Settings::default()
     };
     settings.enabled.public_crds = false;

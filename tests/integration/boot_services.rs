@@ -1,10 +1,11 @@
-//! Tenant Services on a booted tenant (docs/design.md §11 "Services"), with the super
+//! Tenant Services on a booted tenant (docs/design.md §11 "Services", "DNS"), with the super
 //! cluster's real kube-scheduler and kube-proxy on the test node: a tenant Service gets a
 //! copy in the workload namespace that selects the tenant's synced pods, its super ClusterIP
 //! is shown on the tenant Service, a tenant pod reaches the Service's pods there and finds
-//! it through the Service environment variables, a Service without a selector reaches the
-//! addresses of the tenant's EndpointSlice, a change made to the copy on the super side is
-//! reverted, and deleting the tenant Services deletes the copies.
+//! it through the Service environment variables and by name through the tenant's DNS
+//! (ClusterIP, headless and pod DNS, ExternalName, `kubernetes.default`), a Service without
+//! a selector reaches the addresses of the tenant's EndpointSlice, a change made to the copy
+//! on the super side is reverted, and deleting the tenant Services deletes the copies.
 
 use std::net::SocketAddr;
 
@@ -43,10 +44,18 @@ fn agnhost(name: &str, args: serde_json::Value, restart: &str) -> Pod {
     .unwrap()
 }
 
+/// The Service copies (and not the tenant's DNS Service) in a workload namespace.
+const COPIES: &str = "tenancy.x-k8s.io/namespace";
+
 /// The hostname answered at `address`:80 to the agnhost `netexec` pod at `client`: its
-/// `/dial` makes that pod send the request, from its own network.
+/// `/dial` makes that pod send the request, from its own network (resolving a name through
+/// its own `/etc/resolv.conf`).
 async fn dial_hostname(client: std::net::IpAddr, address: &str) -> Option<String> {
-    let dial = format!("/dial?request=hostname&protocol=http&host={address}&port=80&tries=1");
+    dial_hostname_at(client, address, 80).await
+}
+
+async fn dial_hostname_at(client: std::net::IpAddr, address: &str, port: u16) -> Option<String> {
+    let dial = format!("/dial?request=hostname&protocol=http&host={address}&port={port}&tries=1");
     let (status, body) = capn_testkit::http_get(SocketAddr::new(client, 8080), &dial)
         .await
         .ok()?;
@@ -107,7 +116,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .unwrap();
     let address = super_address(&booted, &services, "web").await;
     let copies = Api::<Service>::namespaced(client.clone(), &workloads);
-    let copy = copies.list(&ListParams::default()).await.unwrap().items;
+    let copy = copies.list(&ListParams::default().labels(COPIES)).await.unwrap().items;
     assert_eq!(copy.len(), 1, "one copy: {copy:?}");
     let copy = copy.into_iter().next().unwrap();
     let copy_spec = copy.spec.clone().unwrap();
@@ -179,6 +188,100 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         )
         .await;
 
+    say("the tenant's DNS: the Service by its name, short and whole, and kubernetes.default");
+    let dns_service = copies.get("capn-dns").await.unwrap().spec.unwrap().cluster_ip.unwrap();
+    let dns_config = super_spec.dns_config.clone().unwrap();
+    assert_eq!(super_spec.dns_policy.as_deref(), Some("None"));
+    assert_eq!(dns_config.nameservers, Some(vec![dns_service]));
+    for name in ["web.default.svc.cluster.local", "web"] {
+        booted
+            .runner
+            .wait_for(
+                &format!("the client pod reaches a web pod at {name}"),
+                BOOTED_STEP * 2,
+                || async {
+                    web_pods(&tenant)
+                        .await
+                        .contains(&dial_hostname(client_ip, name).await?)
+                        .then_some(())
+                },
+            )
+            .await;
+    }
+    pods.create(
+        &PostParams::default(),
+        &agnhost(
+            "apiserver-probe",
+            json!([
+                "connect",
+                "kubernetes.default.svc.cluster.local:$(KUBERNETES_SERVICE_PORT)",
+                "--timeout=5s"
+            ]),
+            "OnFailure",
+        ),
+    )
+    .await
+    .unwrap();
+    booted
+        .runner
+        .wait_for(
+            "a pod connects to kubernetes.default.svc.cluster.local",
+            BOOTED_STEP * 2,
+            || async {
+                let pod = pods.get("apiserver-probe").await.ok()?;
+                (pod.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+            },
+        )
+        .await;
+
+    say("a headless Service's pod by hostname and subdomain, and an ExternalName alias");
+    let headless: Service = serde_json::from_value(json!({
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {"clusterIP": "None", "selector": {"app": "db"}, "ports": [{"port": 8080}]}
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &headless).await.unwrap();
+    let alias: Service = serde_json::from_value(json!({
+        "metadata": {"name": "docs", "namespace": "default"},
+        "spec": {"type": "ExternalName", "externalName": "web.default.svc.cluster.local"}
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &alias).await.unwrap();
+    let mut db = agnhost("db", json!(["netexec", "--http-port=8080"]), "Always");
+    db.metadata.labels = Some([("app".to_owned(), "db".to_owned())].into());
+    let db_spec = db.spec.as_mut().unwrap();
+    (db_spec.hostname, db_spec.subdomain) = (Some("db-0".to_owned()), Some("db".to_owned()));
+    pods.create(&PostParams::default(), &db).await.unwrap();
+    running(&booted, &pods, "db").await;
+    for name in ["db-0.db.default.svc.cluster.local", "db.default.svc.cluster.local"] {
+        booted
+            .runner
+            .wait_for(
+                &format!("the client pod reaches the db pod at {name}"),
+                BOOTED_STEP * 2,
+                || async { (dial_hostname_at(client_ip, name, 8080).await? == "db-0").then_some(()) },
+            )
+            .await;
+    }
+    booted
+        .runner
+        .wait_for(
+            "the client pod reaches a web pod through the alias docs",
+            BOOTED_STEP * 2,
+            || async {
+                web_pods(&tenant)
+                    .await
+                    .contains(&dial_hostname(client_ip, "docs").await?)
+                    .then_some(())
+            },
+        )
+        .await;
+    assert_eq!(
+        dial_hostname_at(client_ip, "nope.default.svc.cluster.local", 8080).await,
+        None,
+        "a name the tenant does not have"
+    );
+
     say("a Service without a selector reaches the addresses of the tenant's EndpointSlice");
     let backend = pods.get(&answered).await.unwrap().status.unwrap().pod_ip.unwrap();
     let outside: Service = serde_json::from_value(json!({
@@ -228,16 +331,19 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .await;
 
     say("deleting the tenant Services deletes their copies and the EndpointSlice's");
-    services.delete("web", &DeleteParams::default()).await.unwrap();
-    services.delete("outside", &DeleteParams::default()).await.unwrap();
+    for name in ["web", "outside", "db", "docs"] {
+        services.delete(name, &DeleteParams::default()).await.unwrap();
+    }
     booted
         .runner
         .wait_for("the copies are gone", BOOTED_STEP, || async {
             let slices = Api::<EndpointSlice>::namespaced(client.clone(), &workloads)
-                .list(&ListParams::default().labels("endpointslice.kubernetes.io/managed-by=syncer.capn.x-k8s.io"))
+                .list(&ListParams::default().labels(&format!(
+                    "endpointslice.kubernetes.io/managed-by=syncer.capn.x-k8s.io,{COPIES}"
+                )))
                 .await
                 .ok()?;
-            let services = copies.list(&ListParams::default()).await.ok()?;
+            let services = copies.list(&ListParams::default().labels(COPIES)).await.ok()?;
             (services.items.is_empty() && slices.items.is_empty()).then_some(())
         })
         .await;

@@ -9,9 +9,11 @@
 //! - [`pods`]: one tenant pod, down and up; [`references`] and [`tokens`]: what it mounts;
 //! - [`nodes`]: the tenant Nodes and their Leases; [`pod_events`]: the super cluster's Events
 //!   about super pods, told in the tenant about the tenant pods;
+//! - [`services`]: Services and their EndpointSlices; [`dns`]: the tenant's cluster DNS;
 //! - [`patrol`]: orphans, confirmed against the tenant before removal.
 
 mod caches;
+mod dns;
 mod nodes;
 mod passes;
 mod patrol;
@@ -81,6 +83,16 @@ struct Started {
     apiserver: ApiServerAddress,
     /// capn's kubelet API as the tenant Nodes announce it.
     kubelet: Option<std::net::SocketAddr>,
+    /// The tenant's cluster domain, which its DNS serves.
+    dns_domain: String,
+}
+
+/// What the syncer serves every worker with.
+struct Served<'a> {
+    caches: Arc<SuperCaches>,
+    kubelet: Option<&'a KubeletApi>,
+    /// The tenants' DNS ports, when capn serves their DNS.
+    dns_ports: Option<Arc<crate::dns::Ports>>,
 }
 
 /// capn's kubelet API for the tenant Nodes: who may call, and where the Nodes say it is.
@@ -94,6 +106,11 @@ pub async fn run(ctx: Arc<Context>) {
     let workers = Arc::new(Workers::default());
     let (caches, routing) = SuperCaches::start(&ctx.client, ctx.settings.watch_filter.as_deref());
     let kubelet = start_kubelet_api(&ctx).await.map(Arc::new);
+    let dns_ports = ctx
+        .settings
+        .dns
+        .as_ref()
+        .map(|endpoint| crate::dns::Ports::new(endpoint.ports.clone()));
     let controller = Controller::new(ctx.api::<NestedControlPlane>(), ctx.primary_watch_config());
     let store = controller.store();
     let sweep = sweep_forever(ctx.clone(), workers.clone(), store);
@@ -102,8 +119,14 @@ pub async fn run(ctx: Arc<Context>) {
         .run(
             move |ncp, ctx| {
                 let (workers, caches, kubelet) = (workers.clone(), caches.clone(), kubelet.clone());
+                let dns_ports = dns_ports.clone();
                 async move {
-                    let reconciled = reconcile(ncp, ctx.clone(), &workers, caches, kubelet.as_deref());
+                    let served = Served {
+                        caches,
+                        kubelet: kubelet.as_deref(),
+                        dns_ports,
+                    };
+                    let reconciled = reconcile(ncp, ctx.clone(), &workers, served);
                     crate::controllers::instrumented(&ctx, "syncer", reconciled).await
                 }
             },
@@ -123,9 +146,9 @@ async fn reconcile(
     ncp: Arc<NestedControlPlane>,
     ctx: Arc<Context>,
     workers: &Workers,
-    caches: Arc<SuperCaches>,
-    kubelet: Option<&KubeletApi>,
+    served: Served<'_>,
 ) -> Result<Action, ReconcileError> {
+    let kubelet = served.kubelet;
     let ns = ncp.namespace().ok_or(ReconcileError::NoNamespace)?;
     let control_plane = ControlPlaneRef::new(&ns, ncp.name_any());
     let workloads = ncp.spec.workloads.clone();
@@ -174,6 +197,14 @@ async fn reconcile(
             port: u16::try_from(endpoint.port).unwrap_or(443),
         },
         kubelet: kubelet.map(|k| k.announced),
+        dns_domain: crate::controllers::shared::read::cluster_settings(
+            &ncp,
+            crate::controllers::shared::read::owning_cluster(&ctx, &ncp)
+                .await?
+                .as_deref(),
+            &ctx.settings.super_dns_domain,
+        )
+        .dns_domain,
     };
     if let Some(kubelet) = kubelet {
         admit(&ctx, kubelet, &ncp, &ns, &control_plane).await?;
@@ -181,7 +212,7 @@ async fn reconcile(
     if workers.running(&control_plane, &started) {
         return Ok(Action::requeue(Duration::from_secs(300)));
     }
-    let result = start(&ctx, &ncp, &ns, &control_plane, &started, workers, caches).await;
+    let result = start(&ctx, &ncp, &ns, &control_plane, &started, workers, served).await;
     let update = match &result {
         Ok(()) => ConditionUpdate::new(
             WORKLOADS_SYNCED,
@@ -271,30 +302,55 @@ async fn start(
     control_plane: &ControlPlaneRef,
     started: &Started,
     workers: &Workers,
-    caches: Arc<SuperCaches>,
+    served: Served<'_>,
 ) -> Result<(), ReconcileError> {
     let cluster = crate::controllers::shared::read::cluster_name(ncp);
     let desired = workload_namespace::desired(control_plane, &cluster, started.level, started.workloads.as_ref());
     workload_namespace::apply(&ctx.client, &desired).await?;
+    // The worker this one replaces gives its DNS port back first, so that the new one
+    // takes the same port (and the DNS Service's endpoint stays as it is).
+    workers.stop(control_plane);
+    let exposed = match (&ctx.settings.dns, &served.dns_ports) {
+        (Some(endpoint), Some(ports)) => {
+            dns::expose(&ctx.client, &control_plane.workload_namespace(), endpoint, ports).await?
+        }
+        _ => None,
+    };
     // The workers' watches idle for minutes: the read timeout of a tenant client (15 s, for
     // requests) would cut each one and make it list again.
     let mut config = tenant_config(ctx, ncp, ns).await?;
     config.read_timeout = Some(WATCH_READ_TIMEOUT);
     let tenant_client = kube::Client::try_from(config)?;
+    let super_domain = Some(ctx.settings.super_dns_domain.clone()).filter(|d| *d != started.dns_domain);
+    let cluster_dns = exposed.as_ref().map(|e| crate::syncer::pod::ClusterDns {
+        nameserver: e.nameserver.to_string(),
+        domain: started.dns_domain.clone(),
+    });
+    let dns = match (exposed, &ctx.settings.dns) {
+        (Some(exposed), Some(endpoint)) => Some(worker::TenantDns {
+            listener: exposed.listener,
+            domain: started.dns_domain.clone(),
+            super_domain,
+            hosts: ctx.settings.etcd_hosts_file.clone(),
+            upstream: endpoint.upstream.clone(),
+        }),
+        _ => None,
+    };
     let start = worker::Start {
         super_client: ctx.client.clone(),
-        caches,
+        caches: served.caches,
         tenant_client,
         target: Target {
             control_plane: control_plane.clone(),
             apiserver: started.apiserver.clone(),
             level: started.level,
-            dns: None,
+            dns: cluster_dns,
         },
         patrol_every: ctx.settings.syncer_patrol,
         metrics: ctx.metrics.clone(),
         kubelet: started.kubelet,
         watch_filter: ctx.settings.watch_filter.clone(),
+        dns,
     };
     tracing::info!(tenant = %control_plane.key(), namespace = %control_plane.workload_namespace(), "syncing the tenant's workloads");
     let task = tokio::spawn(worker::run(start));

@@ -54,8 +54,8 @@ pub(super) struct Tenant {
     pub tenant_services: Store<Service>,
     /// The EndpointSlice copies of every workload namespace (the shared cache).
     pub super_slices: Store<k8s_openapi::api::discovery::v1::EndpointSlice>,
-    /// The tenant's EndpointSlices that its EndpointSlice controller did not make (those of
-    /// Services without a selector, made by the tenant or mirrored from its Endpoints).
+    /// The tenant's EndpointSlices (tenant DNS answers headless Services from them; the
+    /// services pass copies those of Services without a selector).
     pub tenant_slices: Store<k8s_openapi::api::discovery::v1::EndpointSlice>,
     /// The tenant's PersistentVolumeClaims.
     pub tenant_claims: Store<PersistentVolumeClaim>,

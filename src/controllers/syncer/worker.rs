@@ -44,6 +44,19 @@ pub(super) struct Start {
     pub kubelet: Option<std::net::SocketAddr>,
     /// This instance's `--watch-filter` value (see `Tenant::mark`).
     pub watch_filter: Option<String>,
+    /// The tenant's DNS, when capn serves it: its sockets, and its zone's settings.
+    pub dns: Option<TenantDns>,
+}
+
+/// What a worker serves the tenant's DNS with.
+pub(super) struct TenantDns {
+    pub listener: crate::dns::Listener,
+    /// The tenant's cluster domain.
+    pub domain: String,
+    /// The super cluster's cluster domain, when it differs from the tenant's.
+    pub super_domain: Option<String>,
+    pub hosts: Option<std::path::PathBuf>,
+    pub upstream: crate::dns::Upstream,
 }
 
 /// Runs one tenant's syncer until dropped: the watches of both sides, the pod queue, the
@@ -72,15 +85,24 @@ pub(super) async fn run(start: Start) {
     // The tenant's Services: the services pass's, and the pods' environment.
     let (tenant_services, tenant_service_changes) =
         reflect::<Service>(Api::all(start.tenant_client.clone()), watcher::Config::default());
-    // Their EndpointSlices that the tenant's EndpointSlice controller did not make: those of
-    // Services without a selector, which the services pass copies.
+    // Their EndpointSlices: tenant DNS answers headless Services from them, and the services
+    // pass copies those of Services without a selector (only their changes wake it: the
+    // tenant's EndpointSlice controller's follow every pod's readiness).
     let (tenant_slices, tenant_slice_changes) = reflect::<k8s_openapi::api::discovery::v1::EndpointSlice>(
         Api::all(start.tenant_client.clone()),
-        watcher::Config::default().labels(&format!(
-            "{}!=endpointslice-controller.k8s.io",
-            crate::syncer::service::endpoints::MANAGED_BY_LABEL
-        )),
+        watcher::Config::default(),
     );
+    let tenant_slice_changes = tenant_slice_changes.filter(|change| {
+        let by_controller = change.as_ref().is_ok_and(|slice| {
+            slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::syncer::service::endpoints::MANAGED_BY_LABEL))
+                .is_some_and(|by| by == "endpointslice-controller.k8s.io")
+        });
+        std::future::ready(!by_controller)
+    });
     // The queue's own cache of tenant pods is trimmed like the others (Controller::new would
     // keep every pod's managedFields).
     let (tenant_pods, tenant_pod_changes) =
@@ -146,7 +168,20 @@ pub(super) async fn run(start: Start) {
         },
         tenant.clone(),
     );
+    let dns = async {
+        if let Some(dns) = start.dns {
+            let zone = super::dns::Zone {
+                tenant: tenant.clone(),
+                domain: dns.domain,
+                super_domain: dns.super_domain,
+                hosts: dns.hosts.map(crate::etcd::HostsFile::new),
+                apiserver: Default::default(),
+            };
+            crate::dns::serve(dns.listener, Arc::new(zone), Arc::new(dns.upstream)).await;
+        }
+    };
     tokio::join!(
+        dns,
         queue.for_each(|_| async {}),
         drain(node_events),
         nodes::heartbeats(&tenant),

@@ -143,6 +143,45 @@ pub(super) fn resolv_conf(namespace: &str, domain: &str) -> String {
     format!("search {namespace}.svc.{domain} svc.{domain} {domain}\noptions ndots:5\n")
 }
 
+/// A node pod's `/etc/resolv.conf`: as the kubelet writes it from `dnsConfig` for a pod with
+/// `dnsPolicy: None` (its nameservers, searches and options, `name` or `name:value`);
+/// [`resolv_conf`] for every other policy (the node has no cluster DNS of its own, and the
+/// host's resolvers are not the pods' business).
+pub(super) fn pod_resolv_conf(spec: &k8s_openapi::api::core::v1::PodSpec, namespace: &str, domain: &str) -> String {
+    let Some(config) = spec
+        .dns_config
+        .as_ref()
+        .filter(|_| spec.dns_policy.as_deref() == Some("None"))
+    else {
+        return resolv_conf(namespace, domain);
+    };
+    let mut text = String::new();
+    let searches = config.searches.as_deref().unwrap_or_default();
+    if !searches.is_empty() {
+        text.push_str(&format!("search {}\n", searches.join(" ")));
+    }
+    for nameserver in config.nameservers.iter().flatten() {
+        text.push_str(&format!("nameserver {nameserver}\n"));
+    }
+    let options: Vec<String> = config
+        .options
+        .iter()
+        .flatten()
+        .filter_map(|o| {
+            let name = o.name.as_deref()?;
+            Some(
+                o.value
+                    .as_deref()
+                    .map_or_else(|| name.to_owned(), |v| format!("{name}:{v}")),
+            )
+        })
+        .collect();
+    if !options.is_empty() {
+        text.push_str(&format!("options {}\n", options.join(" ")));
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -162,6 +201,32 @@ mod tests {
 
     fn service(value: serde_json::Value) -> Service {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_none_pods_resolv_conf_is_its_dns_config_and_others_get_the_search_path() {
+        let spec: k8s_openapi::api::core::v1::PodSpec = serde_json::from_value(json!({
+            "containers": [],
+            "dnsPolicy": "None",
+            "dnsConfig": {
+                "nameservers": ["10.96.0.10"],
+                "searches": ["a.svc.cluster.local", "svc.cluster.local"],
+                "options": [{"name": "ndots", "value": "5"}, {"name": "edns0"}]
+            }
+        }))
+        .unwrap();
+        assert_eq!(
+            pod_resolv_conf(&spec, "a", "cluster.local"),
+            "search a.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\noptions ndots:5 edns0\n"
+        );
+        let first = k8s_openapi::api::core::v1::PodSpec {
+            dns_policy: Some("ClusterFirst".into()),
+            ..spec
+        };
+        assert_eq!(
+            pod_resolv_conf(&first, "a", "cluster.local"),
+            resolv_conf("a", "cluster.local")
+        );
     }
 
     #[test]

@@ -43,8 +43,11 @@
 //!    pods and the runners' pods reach one another, but nothing else: still no default route.
 //! 4. **DNS.** A node pod's `/etc/hosts` holds the names of every Service whose pods a live
 //!    [`super::Runner`] of this process runs (every form, `<svc>.<ns>.svc.cluster.local`
-//!    included), kept current like a runner pod's; Services of the node's own pods are not
-//!    resolved by name (no cluster DNS); their ClusterIPs route (adaptation 9).
+//!    included), kept current like a runner pod's. Its `/etc/resolv.conf` is the kubelet's
+//!    for `dnsPolicy: None` (the pod's `dnsConfig`: how the syncer points tenant pods at their
+//!    tenant's DNS); for any other policy it holds only the ClusterFirst search path, without
+//!    a nameserver: the super cluster runs no cluster DNS, so Services of the node's own pods
+//!    are not resolved by name there; their ClusterIPs route (adaptation 9).
 //! 5. **Status.** `initContainerStatuses`, `ephemeralContainerStatuses`, resources and
 //!    `allocatedResources`, `nominatedNodeName` and readiness gates are not written; init
 //!    containers are reported only through `Initialized` and the phase. The stop of a deleted
@@ -598,6 +601,7 @@ fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
         .unwrap_or_else(|| name.clone());
     let pod_shared = PodShared::new(
         (&key, &hostname, &namespace),
+        super::dns::pod_resolv_conf(&spec, &namespace, super::DNS_DOMAIN),
         &restart_policy,
         &key,
         // By uid, as the kubelet keeps `/var/lib/kubelet/pods/<uid>`: a pod deleted and made

@@ -202,7 +202,13 @@ mod tests {
     }
 
     fn shared(policy: &str) -> std::sync::Arc<PodShared> {
-        PodShared::new(("ns/web", "web", "ns"), policy, "ns/web", PathBuf::from("/nonexistent"))
+        PodShared::new(
+            ("ns/web", "web", "ns"),
+            String::new(),
+            policy,
+            "ns/web",
+            PathBuf::from("/nonexistent"),
+        )
     }
 
     #[test]
