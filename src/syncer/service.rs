@@ -84,6 +84,37 @@ pub fn service_copy(control_plane: &ControlPlaneRef, service: &Service) -> Resul
     }))
 }
 
+/// `copy` asking the super cluster for the tenant Service's own ClusterIP (`clusterIP`
+/// and `clusterIPs`), for a new copy: where the tenant's service CIDR lies in the super
+/// cluster's and the address is free there, tenant and super addresses are one, and
+/// `kubectl get svc` in the tenant shows the address pods dial. `None` when the tenant
+/// Service has no address of its own (headless, or not allocated yet): the super cluster
+/// then picks one, as it does when it refuses this one (422: out of its range, taken).
+pub fn asking_tenant_address(copy: &Service, tenant: &Service) -> Option<Service> {
+    let spec = tenant.spec.as_ref()?;
+    let address = spec
+        .cluster_ip
+        .as_deref()
+        .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())?;
+    let mut copy = copy.clone();
+    let copy_spec = copy.spec.get_or_insert_with(Default::default);
+    copy_spec.cluster_ip = Some(address.to_owned());
+    copy_spec.cluster_ips = Some(vec![address.to_owned()]);
+    Some(copy)
+}
+
+/// `copy` keeping the live copy's ClusterIP (immutable: an apply that names another one
+/// is refused, and one that names none would give up the field).
+pub fn keeping_live_address(mut copy: Service, live: &Service) -> Service {
+    if let (Some(spec), Some(live)) = (copy.spec.as_mut(), live.spec.as_ref())
+        && spec.cluster_ip.is_none()
+    {
+        spec.cluster_ip.clone_from(&live.cluster_ip);
+        spec.cluster_ips.clone_from(&live.cluster_ips);
+    }
+    copy
+}
+
 /// Whether the tenant Service has a copy (not `ExternalName`, not `default/kubernetes`).
 pub(crate) fn is_copied(service: &Service) -> bool {
     let external_name = service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");

@@ -44,6 +44,13 @@ fn agnhost(name: &str, args: serde_json::Value, restart: &str) -> Pod {
     .unwrap()
 }
 
+/// The test super cluster's service CIDR (`capn_testkit`'s apiserver flags).
+const SUPER_SERVICE_CIDR: &str = "10.0.0.0/24";
+/// The tenant `web` Service's address, asked for: in the lower sixteenth of the range, which
+/// the super cluster's allocator leaves to addresses asked for (KEP-3070), so no other
+/// test's Service takes it.
+const WEB_ADDRESS: &str = "10.0.0.12";
+
 /// The Service copies (and not the tenant's DNS Service) in a workload namespace.
 const COPIES: &str = "tenancy.x-k8s.io/namespace";
 
@@ -94,7 +101,15 @@ async fn web_pods(tenant: &Client) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
-    let booted = boot_with("syncer, services", None, StartCapn::InProcessWithShippedRbac).await;
+    // The tenant's service CIDR is the test super cluster's: a copy takes its tenant
+    // Service's address when it is free there.
+    let docs = vec![json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+        "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"},
+        "spec": {"version": "1.36", "clusterNetwork": {"services": {"cidrBlocks": [SUPER_SERVICE_CIDR]}}},
+    })];
+    let booted = boot_with("syncer, services", Some(docs), StartCapn::InProcessWithShippedRbac).await;
     let (client, ns) = (booted.client.clone(), booted.ns.clone());
     let tenant = tenant_client(&booted).await;
     let workloads = ControlPlaneRef::new(&ns, "demo").workload_namespace();
@@ -105,7 +120,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
     let services = Api::<Service>::namespaced(tenant.clone(), "default");
     let web: Service = serde_json::from_value(json!({
         "metadata": {"name": "web", "namespace": "default"},
-        "spec": {"selector": {"app": "web"},
+        "spec": {"selector": {"app": "web"}, "clusterIP": WEB_ADDRESS,
             "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
     }))
     .unwrap();
@@ -115,6 +130,10 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .await
         .unwrap();
     let address = super_address(&booted, &services, "web").await;
+    assert_eq!(
+        address, WEB_ADDRESS,
+        "the copy took the tenant Service's own address: `kubectl get svc` shows where pods dial"
+    );
     let copies = Api::<Service>::namespaced(client.clone(), &workloads);
     let copy = copies.list(&ListParams::default().labels(COPIES)).await.unwrap().items;
     assert_eq!(copy.len(), 1, "one copy: {copy:?}");
@@ -312,6 +331,55 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         )
         .await;
 
+    say("a Service whose address the super cluster has given away is reached at another, and says so");
+    let taken = Api::<Service>::namespaced(client.clone(), &ns)
+        .get("demo-apiserver")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    let clash: Service = serde_json::from_value(json!({
+        "metadata": {"name": "clash", "namespace": "default"},
+        "spec": {"selector": {"app": "web"}, "clusterIP": taken, "ports": [{"port": 80, "targetPort": 8080}]}
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &clash).await.unwrap();
+    let clash_address = super_address(&booted, &services, "clash").await;
+    assert_ne!(clash_address, taken);
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(tenant.clone(), "default");
+    booted
+        .runner
+        .wait_for(
+            "an Event on clash says where its pods are reached",
+            BOOTED_STEP,
+            || async {
+                let list = events
+                    .list(&ListParams::default().fields("involvedObject.name=clash"))
+                    .await
+                    .ok()?;
+                list.items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some("SuperClusterIPDiffers"))
+                    .filter(|e| e.message.as_deref().is_some_and(|m| m.contains(&clash_address)))
+            },
+        )
+        .await;
+    booted
+        .runner
+        .wait_for(
+            "the client pod reaches a web pod through clash",
+            BOOTED_STEP * 2,
+            || async {
+                web_pods(&tenant)
+                    .await
+                    .contains(&dial_hostname(client_ip, "clash").await?)
+                    .then_some(())
+            },
+        )
+        .await;
+
     say("a change made to the copy on the super side is reverted");
     let copy_name = copy.name_any();
     copies
@@ -331,7 +399,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .await;
 
     say("deleting the tenant Services deletes their copies and the EndpointSlice's");
-    for name in ["web", "outside", "db", "docs"] {
+    for name in ["web", "outside", "db", "docs", "clash"] {
         services.delete(name, &DeleteParams::default()).await.unwrap();
     }
     booted

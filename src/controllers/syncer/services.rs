@@ -24,11 +24,18 @@ use crate::syncer::diff::{Ownership, orphans, ownership};
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::{MissingField, TenantObject};
 use crate::syncer::service::endpoints::{is_current, slice_copy};
-use crate::syncer::service::{CopyState, SUPER_CLUSTER_IP, cluster_ip_changes, copy_state, service_copy};
+use crate::syncer::service::{
+    CopyState, SUPER_CLUSTER_IP, asking_tenant_address, cluster_ip_changes, copy_state, keeping_live_address,
+    service_copy,
+};
 
 /// Why a Service has no copy: the super cluster refused it (its quota on Services, a
 /// policy).
 const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
+
+/// Why a tenant Service's pods are reached at another address than its ClusterIP (a
+/// Normal Event, once per change of the address).
+const ADDRESS_DIFFERS: &str = "SuperClusterIPDiffers";
 
 /// Runs the services pass until `wakes` ends (see [`passes::run`]).
 pub(super) async fn run(tenant: &Tenant, wakes: futures::stream::BoxStream<'static, ()>) {
@@ -47,6 +54,17 @@ async fn pass(tenant: &Tenant) -> Result<(), kube::Error> {
     copy_services(tenant, &services, &copies).await?;
     copy_slices(tenant, &services).await?;
     for (service, address) in cluster_ip_changes(tenant.control_plane(), &services, &copies) {
+        let own = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.as_deref())
+            .unwrap_or_default();
+        if own != address {
+            let note = format!(
+                "pods reach this Service at {address}, its copy's ClusterIP in the super cluster: its own ClusterIP {own} is taken there or outside the super cluster's service CIDR"
+            );
+            tenant.event(service, false, ADDRESS_DIFFERS, note).await;
+        }
         let shown = serde_json::json!({"metadata": {"annotations": {SUPER_CLUSTER_IP: address}}});
         let params = PatchParams {
             field_manager: Some(TENANT_FIELD_MANAGER.to_owned()),
@@ -83,17 +101,26 @@ async fn copy_services(tenant: &Tenant, services: &[Arc<Service>], copies: &[Arc
             Ownership::Foreign => CopyState::Current,
         });
         copied.insert(identity);
-        match state {
-            Some(CopyState::Current) => {}
-            Some(CopyState::Replace) => delete(&api, &name).await?,
-            None | Some(CopyState::Update) => {
-                if let Err(kube::Error::Api(e)) = apply(&api, &name, &copy).await?
-                    && live.is_none()
-                {
-                    let note = format!("the super cluster refused the Service's copy: {}", e.message);
-                    tenant.event(&**service, true, SUPER_CLUSTER_REFUSED, note).await;
-                }
+        let refused = match (state, live) {
+            (Some(CopyState::Current), _) => None,
+            (Some(CopyState::Replace), _) => {
+                delete(&api, &name).await?;
+                None
             }
+            (_, Some((live, _))) => apply(&api, &name, &keeping_live_address(copy, live)).await?.err(),
+            // A new copy asks for the tenant's own address first (it is free in the super
+            // cluster's range: one address for both), then takes the one it is given.
+            (_, None) => match asking_tenant_address(&copy, service) {
+                Some(same) => match apply(&api, &name, &same).await? {
+                    Err(kube::Error::Api(e)) if e.code == 422 => apply(&api, &name, &copy).await?.err(),
+                    other => other.err(),
+                },
+                None => apply(&api, &name, &copy).await?.err(),
+            },
+        };
+        if let (Some(kube::Error::Api(e)), None) = (refused, live) {
+            let note = format!("the super cluster refused the Service's copy: {}", e.message);
+            tenant.event(&**service, true, SUPER_CLUSTER_REFUSED, note).await;
         }
     }
     let still = |s: &Service| matches!(service_copy(control_plane, s), Ok(Some(_)));

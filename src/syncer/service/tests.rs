@@ -195,3 +195,32 @@ fn the_super_address_is_written_where_the_tenant_service_does_not_show_it() {
     let none: [Service; 0] = [];
     assert!(cluster_ip_changes(&control_plane(), &[tenant_service()], &none).is_empty());
 }
+
+#[test]
+fn a_new_copy_asks_for_the_tenant_address_and_an_existing_one_keeps_its_own() {
+    let asking = asking_tenant_address(&copy(), &tenant_service()).expect("the tenant Service has an address");
+    let spec = asking.spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.4.4"));
+    assert_eq!(spec.cluster_ips, Some(vec!["10.96.4.4".to_owned()]));
+    // Headless, or not allocated yet: nothing to ask for.
+    let headless = with_spec(&tenant_service(), json!({"clusterIP": "None"}));
+    assert_eq!(asking_tenant_address(&copy(), &headless), None);
+    let unallocated = with_spec(&tenant_service(), json!({"clusterIP": null}));
+    assert_eq!(asking_tenant_address(&copy(), &unallocated), None);
+
+    let live = stored(&copy(), "10.0.0.77");
+    let kept = keeping_live_address(copy(), &live).spec.unwrap();
+    assert_eq!(kept.cluster_ip.as_deref(), Some("10.0.0.77"));
+    assert_eq!(kept.cluster_ips, Some(vec!["10.0.0.77".to_owned()]));
+    assert_eq!(
+        copy_state(&keeping_live_address(copy(), &live), &live),
+        CopyState::Current
+    );
+}
+
+/// `service` with `fields` merged into its spec.
+fn with_spec(service: &Service, fields: serde_json::Value) -> Service {
+    let mut value = serde_json::to_value(service).unwrap();
+    json_patch::merge(&mut value["spec"], &fields);
+    serde_json::from_value(value).unwrap()
+}
