@@ -208,16 +208,22 @@ impl crate::dns::Source for Zone {
     /// address could otherwise ask another tenant's port. (A source the super cluster
     /// masquerades, or a pod capn did not sync, cannot be told apart and is answered.)
     fn admits(&self, address: IpAddr) -> bool {
-        let text = address.to_string();
-        !self.tenant.super_pods.state().iter().any(|pod| {
-            pod.metadata.namespace.as_deref() != Some(&self.tenant.namespace)
-                && pod
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.pod_ips.as_ref())
-                    .is_some_and(|ips| ips.iter().any(|ip| ip.ip == text))
-        })
+        !another_tenants_pod(&self.tenant.super_pods.state(), &self.tenant.namespace, address)
     }
+}
+
+/// Whether `address` is a pod's among the synced `pods` of every workload namespace, and
+/// not of `own` workload namespace.
+fn another_tenants_pod(pods: &[Arc<k8s_openapi::api::core::v1::Pod>], own: &str, address: IpAddr) -> bool {
+    let text = address.to_string();
+    pods.iter().any(|pod| {
+        pod.metadata.namespace.as_deref() != Some(own)
+            && pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ips.as_ref())
+                .is_some_and(|ips| ips.iter().any(|ip| ip.ip == text))
+    })
 }
 
 #[cfg(test)]
@@ -251,5 +257,26 @@ mod tests {
         );
         let (_, six) = desired("ns-workloads", "fd00::5".parse().unwrap(), 20_007);
         assert_eq!(six.address_type, "IPv6");
+    }
+
+    #[test]
+    fn only_the_pods_of_other_workload_namespaces_are_refused() {
+        let pod = |namespace: &str, ip: &str| {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "p", "namespace": namespace},
+                    "status": {"podIP": ip, "podIPs": [{"ip": ip}]}
+                }))
+                .unwrap(),
+            )
+        };
+        let pods = [pod("a-workloads", "198.18.1.2"), pod("b-workloads", "198.18.1.3")];
+        let refused = |ip: &str| another_tenants_pod(&pods, "a-workloads", ip.parse().unwrap());
+        assert!(!refused("198.18.1.2"), "its own pod");
+        assert!(refused("198.18.1.3"), "another tenant's pod");
+        assert!(
+            !refused("198.18.1.254"),
+            "an address capn cannot tell (a node, masqueraded)"
+        );
     }
 }
