@@ -129,6 +129,13 @@ pub struct Workloads {
     /// them). Absent: no LimitRange.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_range: Option<Vec<k8s_openapi::api::core::v1::LimitRangeItem>>,
+    /// Let the tenant's `NodePort` Services open their node ports on the super cluster's
+    /// nodes (default `false`: they are copied as `ClusterIP` Services, reached from the
+    /// tenant's pods only). Each copy asks for the tenant Service's node ports and takes
+    /// others when they are taken; the tenant Service's annotation
+    /// `tenancy.x-k8s.io/super-node-ports` says which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port_services: Option<bool>,
 }
 
 /// A Pod Security Standards level, spelt as the `pod-security.kubernetes.io/enforce` label

@@ -4,22 +4,25 @@
 //!
 //! **The mechanism is VirtualCluster's.** The tenant Service keeps the ClusterIP its own
 //! apiserver gave it (from the tenant's service CIDR); the copy gets one from the super
-//! cluster, which is the address its proxies route. That address is recorded on the tenant
-//! Service ([`SUPER_CLUSTER_IP`]), and what a tenant pod uses to find a Service gives it:
-//! its Service environment variables ([`crate::syncer::pod::env`]) and, with tenant DNS, the answers for
-//! the Service's name. vcluster's alternative, giving the tenant Service the super ClusterIP
-//! itself, needs the tenant's service CIDR to be the super cluster's and the tenant Service
-//! deleted and made again under the new address (a ClusterIP is immutable): a tenant object
-//! replaced behind its owner's back, a new uid, a moment without the Service.
+//! cluster, which is the address its proxies route: the tenant's own when it is free there
+//! ([`asking_tenant_address`]), so that the two are one where the CIDRs agree. That address
+//! is recorded on the tenant Service ([`SUPER_CLUSTER_IP`]), and what a tenant pod uses to
+//! find a Service gives it: its Service environment variables ([`crate::syncer::pod::env`])
+//! and the tenant's DNS (`crate::dns`). vcluster's alternative, giving the tenant Service
+//! the super ClusterIP itself, needs the tenant's service CIDR to be the super cluster's and
+//! the tenant Service deleted and made again under the new address (a ClusterIP is
+//! immutable): a tenant object replaced behind its owner's back, a new uid, a moment without
+//! the Service.
 //!
 //! **The copy** selects the tenant's selector *and* the tenant namespace
 //! ([`tenancy::NAMESPACE`], a label every synced pod carries), so it reaches only the synced
 //! pods of its own tenant namespace, and has the tenant's ports, session affinity, traffic
 //! policy and `publishNotReadyAddresses`. It asks for nothing that reaches beyond the
 //! tenant's share of the super cluster: no `externalIPs` (which let a Service capture any
-//! address's traffic, CVE-2020-8554), no node ports or load balancers (a `NodePort` or
-//! `LoadBalancer` Service is copied as `ClusterIP`), no IP families (the super cluster's
-//! defaults). A headless Service (`clusterIP: None`) stays headless. An `ExternalName`
+//! address's traffic, CVE-2020-8554), no node ports unless the control plane allows them
+//! (`spec.workloads.nodePortServices`; otherwise a `NodePort` Service is copied as
+//! `ClusterIP`), no load balancers (`LoadBalancer` is copied as `ClusterIP`), no IP families
+//! (the super cluster's defaults). A headless Service (`clusterIP: None`) stays headless. An `ExternalName`
 //! Service is not copied: it is a DNS alias, which the tenant's DNS serves. Neither is the
 //! tenant's own `default/kubernetes`: its pods reach their apiserver through
 //! `KUBERNETES_SERVICE_HOST` (`pod::set_service_env`). A Service without a selector is
@@ -44,18 +47,33 @@ pub const SUPER_CLUSTER_IP: &str = "tenancy.x-k8s.io/super-cluster-ip";
 
 /// The ClusterIP of a headless Service.
 const HEADLESS: &str = "None";
+/// The type of a Service that every node serves on a port of its own.
+const NODE_PORT: &str = "NodePort";
+/// Annotation on a tenant Service whose copy is a `NodePort` Service: the node port of each
+/// of its ports in the super cluster, `<port>/<protocol>=<node port>` comma-separated, in
+/// the order of the ports (where clients outside reach it, on any super node).
+pub const SUPER_NODE_PORTS: &str = "tenancy.x-k8s.io/super-node-ports";
 
 /// The copy of the tenant Service `service` in the workload namespace of `control_plane`,
-/// or `None` for a Service that is not copied (see the module documentation).
+/// or `None` for a Service that is not copied (see the module documentation). With
+/// `node_ports` (the control plane's `spec.workloads.nodePortServices`), a `NodePort`
+/// Service's copy is a `NodePort` Service too, with the tenant's `externalTrafficPolicy`;
+/// its node ports are the super cluster's to allocate ([`asking_tenant_address`] asks for
+/// the tenant's).
 ///
 /// Errors: [`MissingField`] when the Service lacks its namespace, name or uid.
-pub fn service_copy(control_plane: &ControlPlaneRef, service: &Service) -> Result<Option<Service>, MissingField> {
+pub fn service_copy(
+    control_plane: &ControlPlaneRef,
+    service: &Service,
+    node_ports: bool,
+) -> Result<Option<Service>, MissingField> {
     if !is_copied(service) {
         return Ok(None);
     }
     let identity = TenantObject::of(&service.metadata)?;
     let spec = service.spec.clone().unwrap_or_default();
     let headless = is_headless(service);
+    let node_port = node_ports && !headless && spec.type_.as_deref() == Some(NODE_PORT);
     let ports = spec.ports.map(|ports| {
         ports
             .into_iter()
@@ -68,7 +86,8 @@ pub fn service_copy(control_plane: &ControlPlaneRef, service: &Service) -> Resul
     Ok(Some(Service {
         metadata: super_metadata(control_plane, NameLimit::Label, &service.metadata)?,
         spec: Some(ServiceSpec {
-            type_: Some("ClusterIP".to_owned()),
+            type_: Some(if node_port { NODE_PORT } else { "ClusterIP" }.to_owned()),
+            external_traffic_policy: spec.external_traffic_policy.filter(|_| node_port),
             cluster_ip: headless.then(|| HEADLESS.to_owned()),
             cluster_ips: headless.then(|| vec![HEADLESS.to_owned()]),
             selector: scoped_selector(&identity.namespace, spec.selector),
@@ -90,6 +109,8 @@ pub fn service_copy(control_plane: &ControlPlaneRef, service: &Service) -> Resul
 /// `kubectl get svc` in the tenant shows the address pods dial. `None` when the tenant
 /// Service has no address of its own (headless, or not allocated yet): the super cluster
 /// then picks one, as it does when it refuses this one (422: out of its range, taken).
+///
+/// A `NodePort` copy asks for the tenant Service's node ports too, the same way.
 pub fn asking_tenant_address(copy: &Service, tenant: &Service) -> Option<Service> {
     let spec = tenant.spec.as_ref()?;
     let address = spec
@@ -100,19 +121,55 @@ pub fn asking_tenant_address(copy: &Service, tenant: &Service) -> Option<Service
     let copy_spec = copy.spec.get_or_insert_with(Default::default);
     copy_spec.cluster_ip = Some(address.to_owned());
     copy_spec.cluster_ips = Some(vec![address.to_owned()]);
+    if copy_spec.type_.as_deref() == Some(NODE_PORT) {
+        take_node_ports(copy_spec, spec);
+    }
     Some(copy)
 }
 
-/// `copy` keeping the live copy's ClusterIP (immutable: an apply that names another one
-/// is refused, and one that names none would give up the field).
+/// `copy` keeping the live copy's ClusterIP and, while both are `NodePort` Services, its
+/// node ports (immutable or allocated: an apply that names others is refused, and one that
+/// names none would give the fields up).
 pub fn keeping_live_address(mut copy: Service, live: &Service) -> Service {
-    if let (Some(spec), Some(live)) = (copy.spec.as_mut(), live.spec.as_ref())
-        && spec.cluster_ip.is_none()
-    {
-        spec.cluster_ip.clone_from(&live.cluster_ip);
-        spec.cluster_ips.clone_from(&live.cluster_ips);
+    if let (Some(spec), Some(live)) = (copy.spec.as_mut(), live.spec.as_ref()) {
+        if spec.cluster_ip.is_none() {
+            spec.cluster_ip.clone_from(&live.cluster_ip);
+            spec.cluster_ips.clone_from(&live.cluster_ips);
+        }
+        if spec.type_.as_deref() == Some(NODE_PORT) && live.type_.as_deref() == Some(NODE_PORT) {
+            take_node_ports(spec, live);
+        }
     }
     copy
+}
+
+/// Gives each port of `spec` the node port of the same port (number and protocol) in
+/// `from`.
+fn take_node_ports(spec: &mut ServiceSpec, from: &ServiceSpec) {
+    for port in spec.ports.iter_mut().flatten() {
+        port.node_port = from
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.port == port.port && p.protocol == port.protocol)
+            .and_then(|p| p.node_port);
+    }
+}
+
+/// What [`SUPER_NODE_PORTS`] says of the copy `copy`: `None` unless it is a `NodePort`
+/// Service whose node ports are allocated.
+pub fn super_node_ports(copy: &Service) -> Option<String> {
+    let spec = copy.spec.as_ref().filter(|s| s.type_.as_deref() == Some(NODE_PORT))?;
+    let ports: Option<Vec<String>> = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            let protocol = p.protocol.as_deref().unwrap_or("TCP");
+            Some(format!("{}/{protocol}={}", p.port, p.node_port?))
+        })
+        .collect();
+    ports.filter(|p| !p.is_empty()).map(|p| p.join(","))
 }
 
 /// Whether the tenant Service has a copy (not `ExternalName`, not `default/kubernetes`).
@@ -174,6 +231,7 @@ pub fn copy_state(desired: &Service, live: &Service) -> CopyState {
     let set_and_differs = |want: Option<&str>, have: Option<&str>| want.is_some() && want != have;
     let drifted = !metadata_drift(&desired.metadata, &live.metadata).is_empty()
         || want.type_ != have.type_
+        || want.external_traffic_policy.is_some() && want.external_traffic_policy != have.external_traffic_policy
         || want.selector != have.selector
         || ports(want) != ports(have)
         || set_and_differs(want.session_affinity.as_deref(), have.session_affinity.as_deref())
@@ -256,6 +314,39 @@ pub fn cluster_ip_changes<'a>(
                 .as_ref()
                 .and_then(|a| a.get(SUPER_CLUSTER_IP));
             (shown.map(String::as_str) != Some(*address)).then(|| (service, (*address).to_owned()))
+        })
+        .collect()
+}
+
+/// The tenant Services whose copies among `copies` are `NodePort` Services with other
+/// node ports than [`SUPER_NODE_PORTS`] says (or none there), each with the value to write.
+pub fn node_port_changes<'a>(
+    control_plane: &ControlPlaneRef,
+    tenant_services: &'a [impl Borrow<Service>],
+    copies: &[impl Borrow<Service>],
+) -> Vec<(&'a Service, String)> {
+    let ports: BTreeMap<TenantObject, String> = copies
+        .iter()
+        .map(Borrow::borrow)
+        .filter_map(|copy| {
+            Some((
+                TenantObject::of_super(control_plane, &copy.metadata)?,
+                super_node_ports(copy)?,
+            ))
+        })
+        .collect();
+    tenant_services
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter_map(|service| {
+            let wanted = ports.get(&TenantObject::of(&service.metadata).ok()?)?;
+            let shown = service
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SUPER_NODE_PORTS));
+            (shown != Some(wanted)).then(|| (service, wanted.clone()))
         })
         .collect()
 }

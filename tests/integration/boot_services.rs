@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 
 use capn::syncer::names::ControlPlaneRef;
-use capn::syncer::service::SUPER_CLUSTER_IP;
+use capn::syncer::service::{SUPER_CLUSTER_IP, SUPER_NODE_PORTS};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -50,6 +50,10 @@ const SUPER_SERVICE_CIDR: &str = "10.0.0.0/24";
 /// the super cluster's allocator leaves to addresses asked for (KEP-3070), so no other
 /// test's Service takes it.
 const WEB_ADDRESS: &str = "10.0.0.12";
+
+/// The tenant `exposed` Service's node port, asked for: in the lower band the super cluster's
+/// allocator leaves to node ports asked for (KEP-3668), and no other test asks for it.
+const WEB_NODE_PORT: u16 = 30_042;
 
 /// The Service copies (and not the tenant's DNS Service) in a workload namespace.
 const COPIES: &str = "tenancy.x-k8s.io/namespace";
@@ -107,7 +111,8 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
         "kind": "NestedControlPlane",
         "metadata": {"name": "demo"},
-        "spec": {"version": "1.36", "clusterNetwork": {"services": {"cidrBlocks": [SUPER_SERVICE_CIDR]}}},
+        "spec": {"version": "1.36", "clusterNetwork": {"services": {"cidrBlocks": [SUPER_SERVICE_CIDR]}},
+            "workloads": {"nodePortServices": true}},
     })];
     let booted = boot_with("syncer, services", Some(docs), StartCapn::InProcessWithShippedRbac).await;
     let (client, ns) = (booted.client.clone(), booted.ns.clone());
@@ -380,6 +385,40 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         )
         .await;
 
+    say("a NodePort Service (the control plane allows them) is served on the super node at its node port");
+    let exposed: Service = serde_json::from_value(json!({
+        "metadata": {"name": "exposed", "namespace": "default"},
+        "spec": {"type": "NodePort", "selector": {"app": "web"},
+            "ports": [{"port": 80, "targetPort": 8080, "nodePort": WEB_NODE_PORT}]}
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &exposed).await.unwrap();
+    let shown = booted
+        .runner
+        .wait_for("the tenant Service shows its super node ports", BOOTED_STEP, || async {
+            services
+                .get("exposed")
+                .await
+                .ok()?
+                .annotations()
+                .get(SUPER_NODE_PORTS)
+                .cloned()
+        })
+        .await;
+    assert_eq!(
+        shown,
+        format!("80/TCP={WEB_NODE_PORT}"),
+        "the tenant's own node port was free"
+    );
+    let node = SocketAddr::new(capn_testkit::node().node_port_address().into(), WEB_NODE_PORT);
+    booted
+        .runner
+        .wait_for("a web pod answers at the node port", BOOTED_STEP * 2, || async {
+            let (status, body) = capn_testkit::http_get(node, "/hostname").await.ok()?;
+            (status == 200 && web_pods(&tenant).await.contains(&body)).then_some(())
+        })
+        .await;
+
     say("a change made to the copy on the super side is reverted");
     let copy_name = copy.name_any();
     copies
@@ -399,7 +438,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .await;
 
     say("deleting the tenant Services deletes their copies and the EndpointSlice's");
-    for name in ["web", "outside", "db", "docs", "clash"] {
+    for name in ["web", "outside", "db", "docs", "clash", "exposed"] {
         services.delete(name, &DeleteParams::default()).await.unwrap();
     }
     booted

@@ -351,6 +351,11 @@ async fn start(
         kubelet: started.kubelet,
         watch_filter: ctx.settings.watch_filter.clone(),
         dns,
+        node_port_services: started
+            .workloads
+            .as_ref()
+            .and_then(|w| w.node_port_services)
+            .unwrap_or(false),
     };
     tracing::info!(tenant = %control_plane.key(), namespace = %control_plane.workload_namespace(), "syncing the tenant's workloads");
     let task = tokio::spawn(worker::run(start));

@@ -32,6 +32,8 @@ pub(super) struct Tenant {
     pub target: Target,
     /// The workload namespace.
     pub namespace: String,
+    /// Whether `NodePort` Services are copied as such (`spec.workloads.nodePortServices`).
+    pub node_port_services: bool,
     /// capn's kubelet API as the tenant Nodes announce it (`crate::kubelet`); `None` when
     /// capn does not serve it.
     pub kubelet: Option<std::net::SocketAddr>,

@@ -25,8 +25,8 @@ use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::{MissingField, TenantObject};
 use crate::syncer::service::endpoints::{is_current, slice_copy};
 use crate::syncer::service::{
-    CopyState, SUPER_CLUSTER_IP, asking_tenant_address, cluster_ip_changes, copy_state, keeping_live_address,
-    service_copy,
+    CopyState, SUPER_CLUSTER_IP, SUPER_NODE_PORTS, asking_tenant_address, cluster_ip_changes, copy_state,
+    keeping_live_address, node_port_changes, service_copy,
 };
 
 /// Why a Service has no copy: the super cluster refused it (its quota on Services, a
@@ -36,6 +36,9 @@ const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
 /// Why a tenant Service's pods are reached at another address than its ClusterIP (a
 /// Normal Event, once per change of the address).
 const ADDRESS_DIFFERS: &str = "SuperClusterIPDiffers";
+/// Where a `NodePort` Service's copy is served on the super nodes (a Normal Event, once per
+/// change).
+const NODE_PORTS: &str = "SuperNodePorts";
 
 /// Runs the services pass until `wakes` ends (see [`passes::run`]).
 pub(super) async fn run(tenant: &Tenant, wakes: futures::stream::BoxStream<'static, ()>) {
@@ -65,21 +68,30 @@ async fn pass(tenant: &Tenant) -> Result<(), kube::Error> {
             );
             tenant.event(service, false, ADDRESS_DIFFERS, note).await;
         }
-        let shown = serde_json::json!({"metadata": {"annotations": {SUPER_CLUSTER_IP: address}}});
-        let params = PatchParams {
-            field_manager: Some(TENANT_FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        let tenant_api =
-            Api::<Service>::namespaced(tenant.tenant_client.clone(), &service.namespace().unwrap_or_default());
-        ignore_missing(
-            tenant_api
-                .patch(&service.name_any(), &params, &Patch::Merge(shown))
-                .await
-                .map(drop),
-        )?;
+        show(tenant, service, SUPER_CLUSTER_IP, &address).await?;
+    }
+    for (service, ports) in node_port_changes(tenant.control_plane(), &services, &copies) {
+        let note = format!("clients outside reach this Service on every super node at: {ports}");
+        tenant.event(service, false, NODE_PORTS, note).await;
+        show(tenant, service, SUPER_NODE_PORTS, &ports).await?;
     }
     Ok(())
+}
+
+/// Writes the annotation `key: value` on the tenant Service `service`.
+async fn show(tenant: &Tenant, service: &Service, key: &str, value: &str) -> Result<(), kube::Error> {
+    let shown = serde_json::json!({"metadata": {"annotations": {key: value}}});
+    let params = PatchParams {
+        field_manager: Some(TENANT_FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let tenant_api = Api::<Service>::namespaced(tenant.tenant_client.clone(), &service.namespace().unwrap_or_default());
+    ignore_missing(
+        tenant_api
+            .patch(&service.name_any(), &params, &Patch::Merge(shown))
+            .await
+            .map(drop),
+    )
 }
 
 /// Every copied tenant Service's copy made or put right; orphans deleted.
@@ -88,7 +100,7 @@ async fn copy_services(tenant: &Tenant, services: &[Arc<Service>], copies: &[Arc
     let api = Api::<Service>::namespaced(tenant.super_client.clone(), &tenant.namespace);
     let mut copied = BTreeSet::new();
     for service in services.iter().filter(|s| s.metadata.deletion_timestamp.is_none()) {
-        let made = service_copy(control_plane, service);
+        let made = service_copy(control_plane, service, tenant.node_port_services);
         let Some(Prepared { copy, identity, live }) =
             prepare(tenant, made, &service.metadata, copies, NameLimit::Label)
         else {
@@ -123,7 +135,7 @@ async fn copy_services(tenant: &Tenant, services: &[Arc<Service>], copies: &[Arc
             tenant.event(&**service, true, SUPER_CLUSTER_REFUSED, note).await;
         }
     }
-    let still = |s: &Service| matches!(service_copy(control_plane, s), Ok(Some(_)));
+    let still = |s: &Service| matches!(service_copy(control_plane, s, tenant.node_port_services), Ok(Some(_)));
     delete_orphans(tenant, &api, copies, NameLimit::Label, &copied, still).await
 }
 

@@ -46,6 +46,8 @@ pub(super) struct Start {
     pub watch_filter: Option<String>,
     /// The tenant's DNS, when capn serves it: its sockets, and its zone's settings.
     pub dns: Option<TenantDns>,
+    /// `spec.workloads.nodePortServices`.
+    pub node_port_services: bool,
 }
 
 /// What a worker serves the tenant's DNS with.
@@ -119,6 +121,7 @@ pub(super) async fn run(start: Start) {
         tenant_client: start.tenant_client,
         target: start.target,
         namespace,
+        node_port_services: start.node_port_services,
         kubelet: start.kubelet,
         watch_filter: start.watch_filter,
         super_pods: start.caches.pods.clone(),

@@ -22,7 +22,7 @@ fn tenant_service() -> Service {
 }
 
 fn copy() -> Service {
-    service_copy(&control_plane(), &tenant_service())
+    service_copy(&control_plane(), &tenant_service(), false)
         .unwrap()
         .expect("copied")
 }
@@ -75,7 +75,7 @@ fn headless_stays_headless_and_a_selector_less_service_selects_nothing() {
     spec.cluster_ip = Some("None".into());
     spec.cluster_ips = Some(vec!["None".into()]);
     spec.selector = Some(BTreeMap::new());
-    let copy = service_copy(&control_plane(), &headless).unwrap().unwrap();
+    let copy = service_copy(&control_plane(), &headless, false).unwrap().unwrap();
     let spec = copy.spec.unwrap();
     assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
     assert_eq!(
@@ -88,14 +88,14 @@ fn headless_stays_headless_and_a_selector_less_service_selects_nothing() {
 fn external_names_and_the_tenant_apiserver_service_are_not_copied() {
     let mut alias = tenant_service();
     alias.spec = Some(serde_json::from_value(json!({"type": "ExternalName", "externalName": "example.com"})).unwrap());
-    assert_eq!(service_copy(&control_plane(), &alias), Ok(None));
+    assert_eq!(service_copy(&control_plane(), &alias, false), Ok(None));
     let mut apiserver = tenant_service();
     apiserver.metadata.namespace = Some("default".into());
     apiserver.metadata.name = Some("kubernetes".into());
-    assert_eq!(service_copy(&control_plane(), &apiserver), Ok(None));
+    assert_eq!(service_copy(&control_plane(), &apiserver, false), Ok(None));
     let mut incomplete = tenant_service();
     incomplete.metadata.uid = None;
-    assert!(service_copy(&control_plane(), &incomplete).is_err());
+    assert!(service_copy(&control_plane(), &incomplete, false).is_err());
 }
 
 #[test]
@@ -141,7 +141,7 @@ fn links_name_the_services_of_the_pod_namespace_with_their_copies_addresses() {
     headless.spec.as_mut().unwrap().cluster_ip = Some("None".into());
     // A copy of another control plane's Service of the same identity gives no address.
     let foreign = stored(
-        &service_copy(&ControlPlaneRef::new("teams", "other"), &db)
+        &service_copy(&ControlPlaneRef::new("teams", "other"), &db, false)
             .unwrap()
             .unwrap(),
         "10.0.0.66",
@@ -149,7 +149,7 @@ fn links_name_the_services_of_the_pod_namespace_with_their_copies_addresses() {
     let copies = [
         stored(&copy(), "10.0.0.17"),
         stored(
-            &service_copy(&control_plane(), &elsewhere).unwrap().unwrap(),
+            &service_copy(&control_plane(), &elsewhere, false).unwrap().unwrap(),
             "10.0.0.18",
         ),
         foreign,
@@ -223,4 +223,48 @@ fn with_spec(service: &Service, fields: serde_json::Value) -> Service {
     let mut value = serde_json::to_value(service).unwrap();
     json_patch::merge(&mut value["spec"], &fields);
     serde_json::from_value(value).unwrap()
+}
+
+#[test]
+fn node_ports_open_only_where_the_control_plane_allows_them() {
+    let copy = service_copy(&control_plane(), &tenant_service(), true)
+        .unwrap()
+        .unwrap();
+    let spec = copy.spec.clone().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("NodePort"));
+    assert_eq!(spec.external_traffic_policy.as_deref(), Some("Cluster"));
+    assert_eq!(
+        spec.ports.as_ref().unwrap()[0].node_port,
+        None,
+        "the super cluster's to allocate"
+    );
+    assert_eq!(spec.external_ips, None, "never, node ports or not");
+    // A new copy asks for the tenant's node ports with its address.
+    let asking = asking_tenant_address(&copy, &tenant_service()).unwrap();
+    assert_eq!(asking.spec.unwrap().ports.unwrap()[0].node_port, Some(30080));
+    // A live copy keeps the node ports it was given, and shows them.
+    let mut live = stored(&copy, "10.0.0.77");
+    live.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].node_port = Some(31999);
+    let kept = keeping_live_address(copy.clone(), &live);
+    assert_eq!(
+        kept.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].node_port,
+        Some(31999)
+    );
+    assert_eq!(copy_state(&kept, &live), CopyState::Current);
+    assert_eq!(super_node_ports(&live).as_deref(), Some("80/TCP=31999"));
+    let tenant = [tenant_service()];
+    let changes = node_port_changes(&control_plane(), &tenant, &[live.clone()]);
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].1, "80/TCP=31999");
+    let mut shown = tenant_service();
+    shown.metadata.annotations = Some([(SUPER_NODE_PORTS.to_owned(), "80/TCP=31999".to_owned())].into());
+    assert!(node_port_changes(&control_plane(), &[shown], &[live.clone()]).is_empty());
+    // Turned off again: a ClusterIP copy, without the live node ports, is an update.
+    let off = service_copy(&control_plane(), &tenant_service(), false)
+        .unwrap()
+        .unwrap();
+    let off = keeping_live_address(off, &live);
+    assert_eq!(off.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].node_port, None);
+    assert_eq!(copy_state(&off, &live), CopyState::Update);
+    assert_eq!(super_node_ports(&stored(&off, "10.0.0.77")), None);
 }

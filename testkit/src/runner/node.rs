@@ -71,7 +71,8 @@
 //!    namespace, not the host's, which routes the super cluster's Service CIDR for the
 //!    node's pods; it masquerades all Service traffic (`masqueradeAll`: no `br_netfilter`
 //!    here), so a backend sees the node namespace's address as its client; NodePorts answer
-//!    only inside the node namespace. See `proxy.rs`.
+//!    on the node namespace's address ([`Node::node_port_address`]), not on the Node's
+//!    InternalIP (the host's side of the pod network). See `proxy.rs`.
 
 mod kubelet;
 mod objects;
@@ -141,6 +142,14 @@ impl Node {
     /// Its InternalIP: the host's address on the node's pod network.
     pub fn address(&self) -> Ipv4Addr {
         self.runner.host_address()
+    }
+
+    /// Where the node serves `NodePort` Services (its kube-proxy's `nodePortAddresses`): the
+    /// node namespace's address on its pod network, which the host and every pod reach.
+    pub fn node_port_address(&self) -> Ipv4Addr {
+        lock(&self.runner.shared.network)
+            .as_ref()
+            .map_or(Ipv4Addr::UNSPECIFIED, |network| network.node_address())
     }
 
     /// The address of the pod `namespace/name` while the node runs it.

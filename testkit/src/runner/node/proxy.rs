@@ -12,8 +12,9 @@
 //! answered through the node namespace even when the backend is on the same bridge, where
 //! a kubelet's node would use the bridge's hairpin and `br_netfilter`, which this machine
 //! lacks), so a backend sees the node namespace's address as the client; no conntrack
-//! tuning (`conntrack` all zero: the namespace's defaults stay); NodePorts are not reachable
-//! from outside the node namespace. Rules are rewritten at most once a second (kube-proxy's
+//! tuning (`conntrack` all zero: the namespace's defaults stay); NodePorts are served on
+//! the node namespace's own address (`nodePortAddresses`, [`super::Node::node_port_address`]),
+//! not on the Node's InternalIP, which is the host's side of the pod network. Rules are rewritten at most once a second (kube-proxy's
 //! default `minSyncPeriod`): the super cluster of a test run sees Services and endpoints
 //! change all the time (every booted tenant has its own), and a sync per change kept a core
 //! busy with `iptables-restore`.
@@ -141,6 +142,7 @@ hostnameOverride: {node_name}
 mode: iptables
 healthzBindAddress: {address}:{HEALTHZ_PORT}
 metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: [{address}/32]
 iptables:
   masqueradeAll: true
   minSyncPeriod: 1s
