@@ -24,7 +24,7 @@
 //!    and the syncer's RSS once the flood is synced (its cost per pod at scale).
 //!
 //! 5. `kubectl exec` and `kubectl logs` into a tenant pod through capn, against the same
-//!    straight to its super pod (medians);
+//!    straight to its super pod (medians), and `kubectl logs -f` throughput both ways;
 //! 6. a tenant Service: time from its create to the first request a tenant pod gets answered
 //!    through it, by its super address and by its name (the tenant's DNS), against a
 //!    Service made straight in the super cluster (medians).
@@ -458,6 +458,79 @@ async fn streams(tenant: &Tenant) -> Result<(), String> {
         "   kubectl logs: {logs_through:.1} ms | {logs_direct:.1} ms (+{:.1} ms)",
         logs_through - logs_direct
     );
+    follow_throughput(&pods, &super_pods, &control_plane).await
+}
+
+/// Lines the `kubectl logs -f` throughput is read over (agnhost `logs-generator`'s, about 90
+/// bytes each).
+const FOLLOW_LINES: usize = 100_000;
+/// How many times each side is followed.
+const FOLLOW_SAMPLES: usize = 3;
+
+/// `kubectl logs -f` throughput (part of step 5): a tenant pod writes [`FOLLOW_LINES`]
+/// lines and ends; its log is followed from the start until every byte came, through capn
+/// and straight from its super pod; medians of [`FOLLOW_SAMPLES`], in MiB/s.
+async fn follow_throughput(
+    pods: &Api<Pod>,
+    super_pods: &Api<Pod>,
+    control_plane: &capn::syncer::names::ControlPlaneRef,
+) -> Result<(), String> {
+    let name = "chatty";
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "agnhost",
+            "image": "registry.k8s.io/e2e-test-images/agnhost:2.53",
+            "args": ["logs-generator", format!("--log-lines-total={FOLLOW_LINES}"), "--run-duration=1s"]}]}
+    }))
+    .map_err(|e| e.to_string())?;
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .map_err(|e| format!("creating pod {name}: {e}"))?;
+    capn_testkit::poll_until(PHASE, || async {
+        (pods.get(name).await.ok()?.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+    })
+    .await
+    .ok_or("the logs-generator pod did not end")?;
+    let super_pod = control_plane.super_name(capn::syncer::names::NameLimit::Subdomain, "default", name);
+    let bytes = super_pods
+        .logs(&super_pod, &kube::api::LogParams::default())
+        .await
+        .map_err(|e| format!("logs of {super_pod}: {e}"))?
+        .len();
+    let mib_per_s = |ms: f64| bytes as f64 / (1024.0 * 1024.0) / (ms / 1000.0);
+    let through = median_ms(FOLLOW_SAMPLES, || follow_once(pods, name, bytes)).await?;
+    let direct = median_ms(FOLLOW_SAMPLES, || follow_once(super_pods, &super_pod, bytes)).await?;
+    println!(
+        "   kubectl logs -f, {:.1} MiB ({FOLLOW_LINES} lines) from the start: {:.1} MiB/s | {:.1} MiB/s",
+        bytes as f64 / (1024.0 * 1024.0),
+        mib_per_s(through),
+        mib_per_s(direct)
+    );
+    let _ = pods.delete(name, &Default::default()).await;
+    Ok(())
+}
+
+/// Follows the log of pod `name` until `bytes` bytes came.
+async fn follow_once(pods: &Api<Pod>, name: &str, bytes: usize) -> Result<(), String> {
+    use futures::AsyncReadExt;
+    let params = kube::api::LogParams {
+        follow: true,
+        ..Default::default()
+    };
+    let mut stream = pods
+        .log_stream(name, &params)
+        .await
+        .map_err(|e| format!("following the log of {name}: {e}"))?;
+    let mut buffer = vec![0; 256 * 1024];
+    let mut read = 0;
+    while read < bytes {
+        let n = stream.read(&mut buffer).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!("the log of {name} ended after {read} of {bytes} bytes"));
+        }
+        read += n;
+    }
     Ok(())
 }
 

@@ -3,10 +3,12 @@
 //!
 //! Over UDP an answer longer than the client takes (512 bytes, or its EDNS payload size up
 //! to [`MAX_UDP_PAYLOAD`]) is sent truncated (`TC`), and the client asks again over TCP
-//! (RFC 1035 §4.2.1, RFC 6891). A query from an address [`Source::admits`] refuses gets
-//! `REFUSED`. At most [`IN_FLIGHT`] queries are worked on at once per tenant; a UDP query
-//! past that is dropped (the client asks again), so a flood from one tenant's pods costs
-//! the others nothing but capn's CPU.
+//! (RFC 1035 §4.2.1, RFC 6891); additional records go first. A query from an address
+//! [`Source::admits`] refuses gets `REFUSED`. At most [`IN_FLIGHT`] queries are worked on at
+//! once per tenant, and [`TCP_CONNECTIONS`] TCP connections are open; a UDP query or a
+//! connection past that is dropped (the client asks again), and an answer a TCP client does
+//! not read within 10 s closes its connection, so a flood from one tenant's pods costs the
+//! others nothing but capn's CPU.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -29,8 +31,10 @@ pub const MAX_UDP_PAYLOAD: u16 = 1232;
 pub const IN_FLIGHT: usize = 256;
 /// How long an upstream server has to answer, per server tried.
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a TCP connection may sit idle between queries.
+/// How long a TCP connection may sit idle between queries, and an answer take to write.
 const TCP_IDLE: Duration = Duration::from_secs(10);
+/// TCP connections open at once, per tenant; more are closed at once.
+pub const TCP_CONNECTIONS: usize = 64;
 
 /// Where one tenant's answers come from, and whom they are for.
 pub trait Source: Send + Sync + 'static {
@@ -146,22 +150,38 @@ pub async fn serve<S: Source>(listener: Listener, source: Arc<S>, upstream: Arc<
             }
         }
     };
+    let open = Arc::new(Semaphore::new(TCP_CONNECTIONS));
     let connections = async move {
         loop {
-            let Ok((mut stream, from)) = tcp.accept().await else {
+            let (mut stream, from) = match tcp.accept().await {
+                Ok(accepted) => accepted,
+                // Out of file descriptors, say: not a busy loop.
+                Err(error) => {
+                    tracing::debug!(%error, "tenant DNS: a TCP accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(connection) = open.clone().try_acquire_owned() else {
                 continue;
             };
             let (source, upstream, limit) = (source.clone(), upstream.clone(), limit.clone());
             tokio::spawn(async move {
                 while let Ok(Ok(packet)) = tokio::time::timeout(TCP_IDLE, read_framed(&mut stream)).await {
-                    let Ok(_permit) = limit.acquire().await else { return };
-                    let Some(answer) = respond(&packet, from.ip(), &*source, &upstream, true).await else {
-                        return;
+                    let answer = {
+                        let Ok(_permit) = limit.acquire().await else { return };
+                        respond(&packet, from.ip(), &*source, &upstream, true).await
                     };
-                    if write_framed(&mut stream, &answer).await.is_err() {
+                    let Some(answer) = answer else { return };
+                    // A client that does not read its answers holds nothing for long.
+                    if !matches!(
+                        tokio::time::timeout(TCP_IDLE, write_framed(&mut stream, &answer)).await,
+                        Ok(Ok(()))
+                    ) {
                         return;
                     }
                 }
+                drop(connection);
             });
         }
     };
@@ -218,12 +238,13 @@ pub async fn respond<S: Source>(
             }
             Resolution::Alias { cname, target } => {
                 response.answers.push(*cname);
-                match resolve_upstream(upstream, target, query.query_type(), tcp).await {
+                match resolve_upstream(upstream, target, query.query_type()).await {
                     Some((code, answers)) => {
                         response.answers.extend(answers);
                         code
                     }
-                    None => ResponseCode::NoError,
+                    // No address for the alias is no answer: the client may ask again.
+                    None => ResponseCode::ServFail,
                 }
             }
             Resolution::NxDomain => {
@@ -237,24 +258,33 @@ pub async fn respond<S: Source>(
     encode(response, code, limit)
 }
 
-/// The upstream answer for `target`, for an ExternalName's alias: its code and records.
+/// The upstream answer for `target`, for an ExternalName's alias: its code and records
+/// (over UDP, again over TCP when that answer came truncated).
 async fn resolve_upstream(
     upstream: &Upstream,
     target: Name,
     kind: RecordType,
-    tcp: bool,
 ) -> Option<(ResponseCode, Vec<hickory_proto::rr::Record>)> {
     let mut query = Message::query();
     query.metadata.recursion_desired = true;
     query.add_query(Query::query(target, kind));
-    let answer = upstream.exchange(&query.to_vec().ok()?, tcp).await?;
-    let answer = Message::from_vec(&answer).ok()?;
+    let packet = query.to_vec().ok()?;
+    let mut answer = Message::from_vec(&upstream.exchange(&packet, false).await?).ok()?;
+    if answer.metadata.truncation {
+        answer = Message::from_vec(&upstream.exchange(&packet, true).await?).ok()?;
+    }
     Some((answer.metadata.response_code, answer.answers))
 }
 
-/// `response` with `code`, encoded; truncated (`TC`, no records) when longer than `limit`.
+/// `response` with `code`, encoded; without its additional records when longer than
+/// `limit`, and truncated (`TC`, no records) when still longer.
 fn encode(mut response: Message, code: ResponseCode, limit: usize) -> Option<Vec<u8>> {
     response.metadata.response_code = code;
+    let bytes = response.to_vec().ok()?;
+    if bytes.len() <= limit {
+        return Some(bytes);
+    }
+    response.additionals.clear();
     let bytes = response.to_vec().ok()?;
     if bytes.len() <= limit {
         return Some(bytes);

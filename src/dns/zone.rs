@@ -14,20 +14,21 @@
 //! | `<hostname or dashed address>.<service>.<ns>.svc.<zone>`, headless | A/AAAA of that endpoint (pod DNS: `hostname` and `subdomain`) |
 //! | `kubernetes.default.svc.<zone>` | the tenant apiserver as pods reach it |
 //! | `<a-b-c-d>.<ns>.pod.<zone>` | A `a.b.c.d` (CoreDNS's `pods insecure`, kubeadm's default) |
-//! | `<zone>`, `svc.<zone>`, `pod.<zone>`, `<ns>.svc.<zone>`, `<ns>.pod.<zone>` | no records, no error |
+//! | `<zone>`, `svc.<zone>`, `pod.<zone>`, and `<ns>.svc.<zone>`, `<ns>.pod.<zone>` of a namespace with a Service | no records, no error |
 //! | any other name in the zone | NXDOMAIN |
 //! | `*.svc.<super cluster domain>`, when it differs from `<zone>` | NXDOMAIN (the super cluster's Services are not the tenant's business) |
 //! | any other name outside the zone | [`Resolution::Outside`]: the server forwards it |
 //!
-//! Records live [`TTL`] seconds, CoreDNS's `kubernetes` plugin default. Reverse (PTR)
-//! records of the zone's addresses are not answered: they go upstream like any other name
-//! outside the zone.
+//! | `<reversed address>.in-addr.arpa`, `….ip6.arpa` | PTR of a Service's super address or a headless endpoint; NXDOMAIN for any other address (never forwarded: the super cluster's DNS would name other tenants' copies) |
+//!
+//! Records live [`TTL`] seconds, CoreDNS's `kubernetes` plugin default; an answer holds
+//! [`MAX_ANSWERS`] records at most.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use hickory_proto::rr::rdata::{CNAME, SRV};
+use hickory_proto::rr::rdata::{CNAME, PTR, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
@@ -35,6 +36,9 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 /// How long a client may keep an answer, in seconds (CoreDNS's `kubernetes` plugin's `ttl`
 /// default).
 pub const TTL: u32 = 5;
+/// The most records one answer holds (more could not fit a 64 KiB message anyway): a
+/// headless Service with thousands of endpoints and ports costs no more than this.
+pub const MAX_ANSWERS: usize = 2048;
 /// The label that ties an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
@@ -96,6 +100,9 @@ pub fn resolve(view: &View, name: &Name, kind: RecordType) -> Resolution {
 fn resolve_at(view: &View, name: &Name, kind: RecordType, depth: u8) -> Resolution {
     let text = name.to_ascii().to_ascii_lowercase();
     let text = text.trim_end_matches('.');
+    if within(text, "in-addr.arpa").is_some() || within(text, "ip6.arpa").is_some() {
+        return reverse(view, name, kind);
+    }
     let Some(relative) = within(text, &view.domain) else {
         let hidden = view
             .super_domain
@@ -110,7 +117,11 @@ fn resolve_at(view: &View, name: &Name, kind: RecordType, depth: u8) -> Resoluti
     let labels: Vec<&str> = relative.split('.').filter(|l| !l.is_empty()).collect();
     let at = Asked { view, name, kind };
     match labels.as_slice() {
-        [] | ["svc" | "pod"] | [_, "svc" | "pod"] => Resolution::records(Vec::new()),
+        [] | ["svc" | "pod"] => Resolution::records(Vec::new()),
+        // A namespace exists for DNS when it has a Service (CoreDNS answers NXDOMAIN for a
+        // namespace it does not know): a search path's `<name>.svc.<zone>` must not end a
+        // resolver's search with an empty answer (musl's stops there).
+        [namespace, "svc" | "pod"] if at.has_namespace(namespace) => Resolution::records(Vec::new()),
         ["kubernetes", "default", "svc"] => Resolution::records(at.addresses(view.apiserver.iter().copied())),
         [service, namespace, "svc"] => at.service(namespace, service, depth),
         [port, protocol, service, namespace, "svc"] if port.starts_with('_') && protocol.starts_with('_') => {
@@ -170,6 +181,13 @@ impl Asked<'_> {
     /// Address records of `addresses` under the asked name, of the asked family.
     fn addresses(&self, addresses: impl IntoIterator<Item = IpAddr>) -> Vec<Record> {
         address_records(self.name, self.kind, addresses)
+    }
+
+    fn has_namespace(&self, namespace: &str) -> bool {
+        self.view
+            .services
+            .iter()
+            .any(|s| s.metadata.namespace.as_deref() == Some(namespace))
     }
 
     fn find(&self, namespace: &str, name: &str) -> Option<&Service> {
@@ -341,6 +359,10 @@ impl Asked<'_> {
             }
             answers.extend(ports.iter().map(|port| srv(self.name, *port, &target)));
             additionals.extend(address_records(&target, RecordType::ANY, [member.address]));
+            if answers.len() >= MAX_ANSWERS {
+                answers.truncate(MAX_ANSWERS);
+                break;
+            }
         }
         Resolution::Answer { answers, additionals }
     }
@@ -389,7 +411,7 @@ fn srv(name: &Name, port: u16, target: &Name) -> Record {
 }
 
 /// A and AAAA records of `addresses` named `name`: those of the family `kind` asks for
-/// (both for `ANY`, none for other kinds).
+/// (both for `ANY`, none for other kinds), [`MAX_ANSWERS`] at most.
 fn address_records(name: &Name, kind: RecordType, addresses: impl IntoIterator<Item = IpAddr>) -> Vec<Record> {
     addresses
         .into_iter()
@@ -399,8 +421,58 @@ fn address_records(name: &Name, kind: RecordType, addresses: impl IntoIterator<I
             RecordType::ANY => true,
             _ => false,
         })
+        .take(MAX_ANSWERS)
         .map(|ip| Record::from_rdata(name.clone(), TTL, RData::from(ip)))
         .collect()
+}
+
+/// A reverse lookup (`<address>.in-addr.arpa`, `….ip6.arpa`): the PTR of an address the
+/// tenant knows (a Service's super ClusterIP → `<svc>.<ns>.svc.<zone>`, a headless Service's
+/// endpoint → `<hostname or dashed address>.<svc>.<ns>.svc.<zone>`), NXDOMAIN for any
+/// other: never forwarded, as the super cluster's DNS would name other tenants' copies.
+fn reverse(view: &View, name: &Name, kind: RecordType) -> Resolution {
+    let Some(address) = name
+        .parse_arpa_name()
+        .ok()
+        .filter(|net| net.prefix_len() == net.max_prefix_len())
+        .map(|net| net.addr())
+    else {
+        return Resolution::NxDomain;
+    };
+    let asked = Asked { view, name, kind };
+    let mut targets: Vec<String> = view
+        .addresses
+        .iter()
+        .filter(|(_, ip)| **ip == address)
+        .map(|((namespace, service), _)| format!("{service}.{namespace}.svc.{}.", view.domain))
+        .collect();
+    for service in view.services.iter().filter(|s| is_headless(s)) {
+        let (Some(namespace), Some(service)) =
+            (service.metadata.namespace.as_deref(), service.metadata.name.as_deref())
+        else {
+            continue;
+        };
+        targets.extend(
+            asked
+                .members(namespace, service)
+                .into_iter()
+                .filter(|m| m.address == address)
+                .map(|m| format!("{}.{service}.{namespace}.svc.{}.", m.label, view.domain)),
+        );
+    }
+    if targets.is_empty() {
+        return Resolution::NxDomain;
+    }
+    let answers = if kind == RecordType::PTR || kind == RecordType::ANY {
+        targets
+            .iter()
+            .filter_map(|t| Name::from_ascii(t).ok())
+            .map(|t| Record::from_rdata(name.clone(), TTL, RData::PTR(PTR(t))))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Resolution::records(answers)
 }
 
 #[cfg(test)]

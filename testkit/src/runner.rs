@@ -1889,6 +1889,10 @@ async fn run_pod(
             .map(|plan| run_container(shared.clone(), pod.clone(), plan, (net, uts), control.clone(), grace)),
     )
     .await;
+    // A pod that ran to its end keeps its containers' logs until it is deleted, as a
+    // kubelet does (`kubectl logs` of a Succeeded or Failed pod); with them its directory,
+    // and its address until then too (a kubelet would release that at once).
+    wait_for_delete(control).await;
     finish_pod(&shared, &pod, Some(ip), Some(namespaces));
 }
 

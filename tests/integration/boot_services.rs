@@ -216,7 +216,27 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
     let dns_service = copies.get("capn-dns").await.unwrap().spec.unwrap().cluster_ip.unwrap();
     let dns_config = super_spec.dns_config.clone().unwrap();
     assert_eq!(super_spec.dns_policy.as_deref(), Some("None"));
-    assert_eq!(dns_config.nameservers, Some(vec![dns_service]));
+    assert_eq!(dns_config.nameservers, Some(vec![dns_service.clone()]));
+    // What a pod sees, through `kubectl logs` of a pod that ran to its end.
+    pods.create(
+        &PostParams::default(),
+        &agnhost("resolver", json!(["dns-server-list"]), "Never"),
+    )
+    .await
+    .unwrap();
+    booted
+        .runner
+        .wait_for("the resolver pod lists its nameservers", BOOTED_STEP * 2, || async {
+            let pod = pods.get("resolver").await.ok()?;
+            (pod.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+        })
+        .await;
+    let seen = pods.logs("resolver", &Default::default()).await.unwrap();
+    assert_eq!(
+        seen.trim(),
+        dns_service,
+        "the pod's one nameserver is its tenant's DNS Service"
+    );
     for name in ["web.default.svc.cluster.local", "web"] {
         booted
             .runner

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
@@ -154,35 +154,33 @@ pub(super) struct Zone {
     /// `--etcd-hosts-file`, through which capn reaches the tenant apiserver's name outside
     /// a super cluster (its pods' hosts files name it the same way).
     pub hosts: Option<crate::etcd::HostsFile>,
-    /// The tenant apiserver's addresses as last looked up, and when.
-    pub apiserver: Mutex<Option<(Instant, Vec<IpAddr>)>>,
+    /// The tenant apiserver's addresses as last looked up ([`Zone::look_up_apiserver`]).
+    pub apiserver: Mutex<Vec<IpAddr>>,
 }
 
 impl Zone {
-    /// The tenant apiserver as pods reach it: the address of `controlPlaneEndpoint` (the
-    /// host of `KUBERNETES_SERVICE_HOST`), looked up when it is a name.
-    async fn apiserver(&self) -> Vec<IpAddr> {
-        let host = &self.tenant.target.apiserver.host;
-        if let Ok(ip) = host.parse::<IpAddr>() {
-            return vec![ip];
+    /// Keeps [`Zone::apiserver`] current: the address of `controlPlaneEndpoint` (the host of
+    /// `KUBERNETES_SERVICE_HOST`), looked up every [`APISERVER_LOOKUP`] when it is a name
+    /// (one lookup at a time, never on a query's path).
+    pub async fn look_up_apiserver(&self) {
+        let host = self.tenant.target.apiserver.host.clone();
+        loop {
+            let found = if let Ok(ip) = host.parse::<IpAddr>() {
+                vec![ip]
+            } else if let Some(ip) = self.hosts.as_ref().and_then(|h| h.lookup(&host)) {
+                vec![ip]
+            } else {
+                match tokio::net::lookup_host((host.as_str(), 0)).await {
+                    Ok(found) => found.map(|a| a.ip()).collect(),
+                    Err(error) => {
+                        tracing::debug!(%error, %host, "tenant DNS: the apiserver's name did not resolve");
+                        Vec::new()
+                    }
+                }
+            };
+            *self.apiserver.lock().unwrap_or_else(|p| p.into_inner()) = found;
+            tokio::time::sleep(APISERVER_LOOKUP).await;
         }
-        if let Some(ip) = self.hosts.as_ref().and_then(|h| h.lookup(host)) {
-            return vec![ip];
-        }
-        if let Some((at, addresses)) = self.apiserver.lock().unwrap_or_else(|p| p.into_inner()).clone()
-            && at.elapsed() < APISERVER_LOOKUP
-        {
-            return addresses;
-        }
-        let found: Vec<IpAddr> = match tokio::net::lookup_host((host.as_str(), 0)).await {
-            Ok(found) => found.map(|a| a.ip()).collect(),
-            Err(error) => {
-                tracing::debug!(%error, %host, "tenant DNS: the apiserver's name did not resolve");
-                Vec::new()
-            }
-        };
-        *self.apiserver.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), found.clone()));
-        found
     }
 }
 
@@ -199,7 +197,7 @@ impl crate::dns::Source for Zone {
             services: tenant.tenant_services.state(),
             slices: tenant.tenant_slices.state(),
             addresses,
-            apiserver: self.apiserver().await,
+            apiserver: self.apiserver.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             super_domain: self.super_domain.clone(),
         }
     }
@@ -212,12 +210,18 @@ impl crate::dns::Source for Zone {
     }
 }
 
-/// Whether `address` is a pod's among the synced `pods` of every workload namespace, and
-/// not of `own` workload namespace.
+/// Whether `address` is a running pod's among the synced `pods` of every workload
+/// namespace, and not of `own` workload namespace. Pods on the host's network (their
+/// address is their node's) and pods that ran to their end (their address may be another
+/// pod's now) tell nothing.
 fn another_tenants_pod(pods: &[Arc<k8s_openapi::api::core::v1::Pod>], own: &str, address: IpAddr) -> bool {
     let text = address.to_string();
     pods.iter().any(|pod| {
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         pod.metadata.namespace.as_deref() != Some(own)
+            && !host_network
+            && !matches!(phase, Some("Succeeded" | "Failed"))
             && pod
                 .status
                 .as_ref()
@@ -261,7 +265,7 @@ mod tests {
 
     #[test]
     fn only_the_pods_of_other_workload_namespaces_are_refused() {
-        let pod = |namespace: &str, ip: &str| {
+        let pod = |namespace: &str, ip: &str| -> Arc<k8s_openapi::api::core::v1::Pod> {
             Arc::new(
                 serde_json::from_value(serde_json::json!({
                     "metadata": {"name": "p", "namespace": namespace},
@@ -270,10 +274,24 @@ mod tests {
                 .unwrap(),
             )
         };
-        let pods = [pod("a-workloads", "198.18.1.2"), pod("b-workloads", "198.18.1.3")];
+        let mut ended = pod("b-workloads", "198.18.1.4");
+        Arc::make_mut(&mut ended).status.as_mut().unwrap().phase = Some("Succeeded".into());
+        let mut on_host = pod("b-workloads", "198.18.1.5");
+        Arc::make_mut(&mut on_host).spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            host_network: Some(true),
+            ..Default::default()
+        });
+        let pods = [
+            pod("a-workloads", "198.18.1.2"),
+            pod("b-workloads", "198.18.1.3"),
+            ended,
+            on_host,
+        ];
         let refused = |ip: &str| another_tenants_pod(&pods, "a-workloads", ip.parse().unwrap());
         assert!(!refused("198.18.1.2"), "its own pod");
         assert!(refused("198.18.1.3"), "another tenant's pod");
+        assert!(!refused("198.18.1.4"), "a pod that ended: its address may be reused");
+        assert!(!refused("198.18.1.5"), "a pod on its node's network");
         assert!(
             !refused("198.18.1.254"),
             "an address capn cannot tell (a node, masqueraded)"

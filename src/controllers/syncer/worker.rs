@@ -180,7 +180,11 @@ pub(super) async fn run(start: Start) {
                 hosts: dns.hosts.map(crate::etcd::HostsFile::new),
                 apiserver: Default::default(),
             };
-            crate::dns::serve(dns.listener, Arc::new(zone), Arc::new(dns.upstream)).await;
+            let zone = Arc::new(zone);
+            tokio::join!(
+                zone.look_up_apiserver(),
+                crate::dns::serve(dns.listener, zone.clone(), Arc::new(dns.upstream))
+            );
         }
     };
     tokio::join!(

@@ -240,3 +240,63 @@ fn a_service_whose_copy_has_no_address_yet_has_no_records() {
     let a = resolve(&view, &name("web.default.svc.cluster.local."), RecordType::A);
     assert!(answered(&a).is_empty(), "NOERROR without records: the name exists");
 }
+
+#[test]
+fn a_search_path_through_a_namespace_without_services_is_nxdomain_not_empty() {
+    let view = view();
+    // `intranet` searched through `<ns>.svc.<zone>`: an empty answer would end musl's search.
+    for missing in [
+        "intranet.svc.cluster.local.",
+        "nobody.svc.cluster.local.",
+        "nobody.pod.cluster.local.",
+    ] {
+        assert_eq!(
+            resolve(&view, &name(missing), RecordType::A),
+            Resolution::NxDomain,
+            "{missing}"
+        );
+    }
+    assert!(answered(&resolve(&view, &name("default.svc.cluster.local."), RecordType::A)).is_empty());
+}
+
+#[test]
+fn reverse_lookups_name_the_tenants_own_addresses_and_no_other() {
+    let view = view();
+    let service = resolve(&view, &name("7.0.128.10.in-addr.arpa."), RecordType::PTR);
+    assert_eq!(answered(&service), ["PTR web.default.svc.cluster.local."]);
+    let endpoint = resolve(&view, &name("4.3.18.198.in-addr.arpa."), RecordType::PTR);
+    assert_eq!(answered(&endpoint), ["PTR db-0.db.default.svc.cluster.local."]);
+    let unnamed = resolve(&view, &name("5.3.18.198.in-addr.arpa."), RecordType::PTR);
+    assert_eq!(answered(&unnamed), ["PTR 198-18-3-5.db.default.svc.cluster.local."]);
+    // Another tenant's (or the super cluster's) address is not forwarded, whatever it is.
+    for other in [
+        "20.0.96.10.in-addr.arpa.",
+        "8.8.8.8.in-addr.arpa.",
+        "in-addr.arpa.",
+        "1.0.ip6.arpa.",
+    ] {
+        assert_eq!(
+            resolve(&view, &name(other), RecordType::PTR),
+            Resolution::NxDomain,
+            "{other}"
+        );
+    }
+}
+
+#[test]
+fn an_answer_holds_a_bounded_number_of_records() {
+    let mut view = view();
+    let endpoints: Vec<serde_json::Value> = (0..5000)
+        .map(|i| json!({"addresses": [format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256)]}))
+        .collect();
+    view.slices = vec![slice(json!({
+        "metadata": {"name": "db-big", "namespace": "default", "labels": {"kubernetes.io/service-name": "db"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}, {"name": "x", "port": 1, "protocol": "TCP"}]
+    }))];
+    for kind in [RecordType::A, RecordType::SRV] {
+        let all = resolve(&view, &name("db.default.svc.cluster.local."), kind);
+        assert_eq!(answered(&all).len(), MAX_ANSWERS, "{kind}");
+    }
+}

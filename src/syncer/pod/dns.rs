@@ -8,6 +8,8 @@ use k8s_openapi::api::core::v1::{PodDNSConfig, PodDNSConfigOption, PodSpec};
 pub const MAX_NAMESERVERS: usize = 3;
 /// The most search domains a pod's `resolv.conf` holds (the kubelet's `MaxDNSSearchPaths`).
 pub const MAX_SEARCHES: usize = 32;
+/// The most characters of a pod's search line (the kubelet's `MaxDNSSearchListChars`).
+pub const MAX_SEARCH_CHARS: usize = 2048;
 
 /// The tenant's cluster DNS as super pods reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +27,8 @@ pub struct ClusterDns {
 /// `<namespace>.svc.<domain>`, `svc.<domain>`, `<domain>`, the option `ndots:5`, then the
 /// pod's own `dnsConfig` appended (nameservers and searches after the cluster's, without
 /// repeats; an option of the pod's replaces the cluster's of the same name), cut to
-/// [`MAX_NAMESERVERS`] and [`MAX_SEARCHES`] as the kubelet cuts them. `Default` and `None`
+/// [`MAX_NAMESERVERS`], [`MAX_SEARCHES`] and [`MAX_SEARCH_CHARS`] as the kubelet cuts them
+/// (`formDNSNameserversFitsLimits`, `formDNSSearchFitsLimits`). `Default` and `None`
 /// pods, and every pod when `dns` is `None` (capn serves no DNS), keep theirs. The kubelet
 /// also appends its node's search domains; the super node's are not the tenant's, so they
 /// are left out.
@@ -51,6 +54,9 @@ pub fn rewrite(spec: &mut PodSpec, dns: Option<&ClusterDns>, namespace: &str) {
     ];
     append_new(&mut searches, own.searches.unwrap_or_default());
     searches.truncate(MAX_SEARCHES);
+    while searches.iter().map(|s| s.len() + 1).sum::<usize>() > MAX_SEARCH_CHARS {
+        searches.pop();
+    }
     let mut options = vec![PodDNSConfigOption {
         name: Some("ndots".to_owned()),
         value: Some("5".to_owned()),
@@ -120,6 +126,15 @@ mod tests {
             }
         }));
         rewrite(&mut pod, Some(&tenant_dns()), "shop");
+        let mut long = spec(json!({"containers": [], "dnsConfig": {
+            "searches": (0..40).map(|i| format!("{i}.{}", "x".repeat(60))).collect::<Vec<_>>()}}));
+        rewrite(&mut long, Some(&tenant_dns()), "shop");
+        let searches = long.dns_config.unwrap().searches.unwrap();
+        assert!(searches.len() <= MAX_SEARCHES && searches.join(" ").len() <= MAX_SEARCH_CHARS);
+        assert_eq!(
+            searches[0], "shop.svc.cluster.local",
+            "the cluster's come first and stay"
+        );
         assert_eq!(
             serde_json::to_value(pod.dns_config).unwrap(),
             json!({

@@ -79,21 +79,23 @@ pub(super) fn records(
                 }
             }
         }
-        for port in spec.ports.iter().flatten() {
-            let target = match &port.target_port {
-                None => Some(port.port),
-                Some(IntOrString::Int(n)) => Some(*n),
-                Some(IntOrString::String(name)) => {
-                    members.iter().find_map(|p| p.ports.get(name)).map(|n| i32::from(*n))
+        // A port that differs from its target is reached only at the target: warned about
+        // unless another port of the Service is its own target (capn's apiserver Service
+        // adds 443 for `kubernetes.default` beside its 6443).
+        let target_of = |port: &k8s_openapi::api::core::v1::ServicePort| match &port.target_port {
+            None => Some(port.port),
+            Some(IntOrString::Int(n)) => Some(*n),
+            Some(IntOrString::String(name)) => members.iter().find_map(|p| p.ports.get(name)).map(|n| i32::from(*n)),
+        };
+        let ports = spec.ports.as_deref().unwrap_or_default();
+        if !ports.iter().any(|p| target_of(p) == Some(p.port)) {
+            for port in ports {
+                if let Some(target) = target_of(port).filter(|t| *t != port.port) {
+                    warnings.push(format!(
+                        "Service {svc} port {} targets {target}: its name leads to the pods, so clients must dial {target}",
+                        port.port
+                    ));
                 }
-            };
-            if let Some(target) = target
-                && target != port.port
-            {
-                warnings.push(format!(
-                    "Service {svc} port {} targets {target}: its name leads to the pods, so clients must dial {target}",
-                    port.port
-                ));
             }
         }
     }
@@ -277,5 +279,11 @@ mod tests {
         )];
         let (_, warnings) = records("ns", "cluster.local", &pods, &services);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
+        let beside = [service(
+            json!({"metadata": {"name": "s"}, "spec": {"clusterIP": "10.96.0.2", "selector": {"app": "x"},
+            "ports": [{"port": 6443, "targetPort": "https"}, {"name": "other", "port": 443, "targetPort": "https"}]}}),
+        )];
+        let (_, warnings) = records("ns", "cluster.local", &pods, &beside);
+        assert!(warnings.is_empty(), "the Service is reached at its 6443: {warnings:?}");
     }
 }

@@ -52,7 +52,8 @@
 //!    `allocatedResources`, `nominatedNodeName` and readiness gates are not written; init
 //!    containers are reported only through `Initialized` and the phase. The stop of a deleted
 //!    pod uses the pod's `terminationGracePeriodSeconds`, not `deletionGracePeriodSeconds`.
-//!    No Events are recorded.
+//!    No Events are recorded. A pod that ran to its end keeps its address (and its logs, as
+//!    on a kubelet) until it is deleted.
 //! 6. **Kubelet API: logs, exec, port-forward.** The announced `kubeletEndpoint` serves
 //!    `containerLogs` (`tailLines` and `follow` only), and `exec` and `portForward` through
 //!    `capn-test-kubelet` (hack/test-kubelet: the kubelet's own streaming code; exec runs the
