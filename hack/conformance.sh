@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Upstream conformance on demand (issue 13, part 5; docs/developer/testing.md "Upstream conformance"): boots a tenant of
 # a stable-channel release through the runner and runs that release's upstream e2e suite
-# against it, focused on the sig-api-machinery and sig-auth [Conformance] tests (they need
-# no node). Prints pass, fail and skip counts with every failure and why. Not part of CI.
+# against it, focused on the sig-api-machinery and sig-auth [Conformance] tests (their
+# pods run through the syncer on the test kit's node). Prints pass, fail and skip counts with every
+# failure and why. Not part of CI.
 #
 #   hack/conformance.sh                       # the channel's default release
 #   hack/conformance.sh 1.37.2                # another release (with its default etcd)
@@ -16,7 +17,8 @@
 # /tmp/capn-conformance-<release>-<time>): kubeconfig, e2e.log, report.json, junit, summary.txt.
 # Environment: CAPN_CONFORMANCE_FOCUS (ginkgo focus), CAPN_E2E_ARGS (extra e2e.test
 # arguments), CAPN_ASSETS_CACHE, KUBEBUILDER_ASSETS (the super cluster's binaries).
-# Exit status: 0 when every failure is explained (a test that needs a node), 1 otherwise.
+# Exit status: 0 when every failure is explained (an image the test node does not run, a
+# schedulable node asked for before any pod), 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
