@@ -62,9 +62,11 @@
 //! 3. **DNS from a hosts file.** No cluster DNS runs: each pod's `/etc/hosts` holds the names
 //!    DNS would answer ([`dns`]), and `/etc/hosts`, `/etc/resolv.conf` and `/etc/hostname` are
 //!    symbolic links into a directory the runner updates atomically. A Service name leads
-//!    straight to the ready pods' addresses (there is no ClusterIP and no kube-proxy), so it
-//!    works only where a Service's port equals its target port (warned otherwise;
-//!    true of capn's Services).
+//!    straight to the ready pods' addresses (there is no ClusterIP and no kube-proxy); where a
+//!    Service's TCP port differs from its target port (capn's apiserver Service's 443 for
+//!    `kubernetes.default`), each pod it selects when the pod starts redirects that port to
+//!    the target in its own network namespace (an `iptables` REDIRECT), as the proxy of a
+//!    ClusterIP would map it ([`dns::port_maps`]).
 //! 4. **Network.** Pod addresses come from a private 198.18.N.0/24 (RFC 2544) on a bridge in
 //!    the runner's own network namespace; the host reaches it through the interface
 //!    `capn<N>`. Pods have no default route. Their one other route, to 198.18.0.0/15 through
@@ -267,7 +269,6 @@ struct State {
     outside_hosts: String,
     /// The claim objects the runner keeps for its claim directories, by claim name.
     claim_records: BTreeMap<String, ClaimRecord>,
-    warned: BTreeSet<String>,
 }
 
 struct SetState {
@@ -287,7 +288,6 @@ struct PodHandle {
     revision: String,
     labels: BTreeMap<String, String>,
     subdomain: String,
-    ports: BTreeMap<String, u16>,
     shared: Arc<PodShared>,
     control: watch::Sender<Control>,
     task: JoinHandle<()>,
@@ -1371,7 +1371,7 @@ fn delete_pod(pod: &mut PodHandle) {
     }
 }
 
-/// The pod's named container ports, for checking Service target ports.
+/// The pod's named container ports, for the Service ports that target them by name.
 fn named_ports(spec: &PodSpec) -> BTreeMap<String, u16> {
     spec.containers
         .iter()
@@ -1451,7 +1451,6 @@ fn start_pod(
         .as_ref()
         .map(|s| s.service_name.clone().unwrap_or_default())
         .unwrap_or_default();
-    let ports = named_ports(&spec);
     let set_name = sts.name_any();
     shared.milestone(&set_name, name, timeline::Stage::PodCreated);
     let pod_shared = PodShared::new(
@@ -1478,7 +1477,6 @@ fn start_pod(
         revision: revision.to_owned(),
         labels,
         subdomain,
-        ports,
         shared: pod_shared,
         control,
         task,
@@ -1669,14 +1667,13 @@ fn refresh_dns(shared: &Shared) {
                     ready: pod_ready(&p.shared),
                     labels: p.labels.clone(),
                     subdomain: p.subdomain.clone(),
-                    ports: p.ports.clone(),
                 },
                 p.shared.clone(),
             ))
         })
         .collect();
     let records: Vec<dns::PodRecord> = pods.iter().map(|(r, _)| r.clone()).collect();
-    let (mut names, warnings) = dns::records(&shared.namespace, DNS_DOMAIN, &records, &services);
+    let mut names = dns::records(&shared.namespace, DNS_DOMAIN, &records, &services);
     match shared.hosts {
         HostsScope::Own => {
             // Checked under the registry's lock: once `Drop` has set `stopping` and removed
@@ -1693,11 +1690,6 @@ fn refresh_dns(shared: &Shared) {
                     names.entry(name.clone()).or_default().extend(ips.iter().copied());
                 }
             }
-        }
-    }
-    for warning in warnings {
-        if state.warned.insert(warning.clone()) && !shared.quiet {
-            eprintln!("capn runner [{}]: warning: {warning}", shared.namespace);
         }
     }
     state.records = names.clone();
@@ -1766,6 +1758,29 @@ async fn run_pod(
         }
     };
     identity.ip = ip;
+    if shared.hosts == HostsScope::Own {
+        let services: Vec<Service> = shared.services.state().iter().map(|s| (**s).clone()).collect();
+        for (port, target) in dns::port_maps(&services, &identity.labels, &named_ports(&spec)) {
+            let (port, target) = (port.to_string(), target.to_string());
+            let rule = [
+                "-t",
+                "nat",
+                "-A",
+                "PREROUTING",
+                "-p",
+                "tcp",
+                "--dport",
+                &port,
+                "-j",
+                "REDIRECT",
+                "--to-ports",
+                &target,
+            ];
+            if let Err(e) = sandbox::iptables(&namespaces.net, &rule) {
+                shared.problem(format!("{name}: cannot map port {port} to {target}: {e}"));
+            }
+        }
+    }
     let dns_dir = pod.dir.join("dns");
     if let Err(e) = std::fs::create_dir_all(&dns_dir) {
         shared.problem(format!("{name}: cannot create {}: {e}", dns_dir.display()));

@@ -256,11 +256,9 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         &PostParams::default(),
         &agnhost(
             "apiserver-probe",
-            json!([
-                "connect",
-                "kubernetes.default.svc.cluster.local:$(KUBERNETES_SERVICE_PORT)",
-                "--timeout=5s"
-            ]),
+            // Port 443, as `https://kubernetes.default.svc` dials: the apiserver's Service
+            // serves it beside 6443.
+            json!(["connect", "kubernetes.default.svc.cluster.local:443", "--timeout=5s"]),
             "OnFailure",
         ),
     )
@@ -269,7 +267,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
     booted
         .runner
         .wait_for(
-            "a pod connects to kubernetes.default.svc.cluster.local",
+            "a pod connects to kubernetes.default.svc.cluster.local:443",
             BOOTED_STEP * 2,
             || async {
                 let pod = pods.get("apiserver-probe").await.ok()?;

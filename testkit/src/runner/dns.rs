@@ -24,8 +24,6 @@ pub(super) struct PodRecord {
     pub labels: BTreeMap<String, String>,
     /// The StatefulSet's `serviceName`.
     pub subdomain: String,
-    /// Named container ports, for checking Service target ports.
-    pub ports: BTreeMap<String, u16>,
 }
 
 /// Name → addresses.
@@ -49,16 +47,42 @@ fn forms(name: &str, namespace: &str, domain: &str) -> [String; 4] {
     ]
 }
 
-/// The records of one namespace, and warnings for Services whose port differs from the
-/// target port (such a name reaches the pod on the target port only).
-pub(super) fn records(
-    namespace: &str,
-    domain: &str,
-    pods: &[PodRecord],
+/// The TCP ports a pod with `labels` and `named` container ports is dialled at under the
+/// names of the `services` that select it, and the ports they target there, where the two
+/// differ: `(port, target)` (runner adaptation 3: each becomes a redirect in the pod's
+/// network namespace, as a Service's proxy would map it).
+pub(super) fn port_maps(
     services: &[Service],
-) -> (Records, Vec<String>) {
+    labels: &BTreeMap<String, String>,
+    named: &BTreeMap<String, u16>,
+) -> BTreeSet<(u16, u16)> {
+    let record = PodRecord {
+        name: String::new(),
+        ip: Ipv4Addr::UNSPECIFIED,
+        ready: true,
+        labels: labels.clone(),
+        subdomain: String::new(),
+    };
+    services
+        .iter()
+        .filter(|s| selects(s, &record))
+        .flat_map(|s| s.spec.iter().flat_map(|spec| spec.ports.iter().flatten()))
+        .filter(|p| p.protocol.as_deref().unwrap_or("TCP") == "TCP")
+        .filter_map(|p| {
+            let port = u16::try_from(p.port).ok()?;
+            let target = match &p.target_port {
+                None => port,
+                Some(IntOrString::Int(n)) => u16::try_from(*n).ok()?,
+                Some(IntOrString::String(name)) => *named.get(name)?,
+            };
+            (port != target).then_some((port, target))
+        })
+        .collect()
+}
+
+/// The records of one namespace.
+pub(super) fn records(namespace: &str, domain: &str, pods: &[PodRecord], services: &[Service]) -> Records {
     let mut out = Records::new();
-    let mut warnings = Vec::new();
     for service in services {
         let Some(spec) = &service.spec else { continue };
         let svc = service.name_any();
@@ -79,28 +103,9 @@ pub(super) fn records(
                 }
             }
         }
-        // A port that differs from its target is reached only at the target: warned about
-        // unless another port of the Service is its own target (capn's apiserver Service
-        // adds 443 for `kubernetes.default` beside its 6443).
-        let target_of = |port: &k8s_openapi::api::core::v1::ServicePort| match &port.target_port {
-            None => Some(port.port),
-            Some(IntOrString::Int(n)) => Some(*n),
-            Some(IntOrString::String(name)) => members.iter().find_map(|p| p.ports.get(name)).map(|n| i32::from(*n)),
-        };
-        let ports = spec.ports.as_deref().unwrap_or_default();
-        if !ports.iter().any(|p| target_of(p) == Some(p.port)) {
-            for port in ports {
-                if let Some(target) = target_of(port).filter(|t| *t != port.port) {
-                    warnings.push(format!(
-                        "Service {svc} port {} targets {target}: its name leads to the pods, so clients must dial {target}",
-                        port.port
-                    ));
-                }
-            }
-        }
     }
     out.retain(|_, ips| !ips.is_empty());
-    (out, warnings)
+    out
 }
 
 /// A pod's `/etc/hosts`: localhost, its own line as the kubelet writes it, then the records.
@@ -197,7 +202,6 @@ mod tests {
             ready,
             labels: BTreeMap::from([("app".to_owned(), app.to_owned())]),
             subdomain: subdomain.into(),
-            ports: BTreeMap::from([("https".to_owned(), 6443)]),
         }
     }
 
@@ -247,7 +251,7 @@ mod tests {
                 "selector": {"app": "apiserver"}, "ports": [{"port": 6443, "targetPort": "https"}]}}),
             ),
         ];
-        let (records, warnings) = records("ns", "cluster.local", &pods, &services);
+        let records = records("ns", "cluster.local", &pods, &services);
         let ips = |name: &str| -> Vec<String> {
             records
                 .get(name)
@@ -264,26 +268,23 @@ mod tests {
         assert_eq!(ips("c-apiserver.ns.svc"), ["10.0.0.4"]);
         assert_eq!(ips("c-apiserver"), ["10.0.0.4"]);
         assert!(ips("c-apiserver-0.c-apiserver.ns.svc").is_empty());
-        assert!(warnings.is_empty(), "{warnings:?}");
         let hosts = hosts_file(&pods[2], "ns", "cluster.local", &records);
         assert!(hosts.contains("10.0.0.4\tc-apiserver-0.c-apiserver.ns.svc.cluster.local\tc-apiserver-0\n"));
         assert!(hosts.contains("10.0.0.2\tc-etcd-0.c-etcd.ns.svc\n"));
     }
 
     #[test]
-    fn a_service_whose_port_differs_from_its_target_is_warned_about() {
-        let pods = [pod("p-0", [10, 0, 0, 2], true, "x", "p")];
+    fn a_pod_is_dialled_at_the_ports_of_the_services_that_select_it() {
         let services = [service(
-            json!({"metadata": {"name": "s"}, "spec": {"clusterIP": "10.96.0.2",
-            "selector": {"app": "x"}, "ports": [{"port": 443, "targetPort": "https"}]}}),
+            json!({"metadata": {"name": "s"}, "spec": {"selector": {"app": "x"}, "ports": [
+            {"name": "https", "port": 6443, "targetPort": "https"},
+            {"name": "https-default", "port": 443, "targetPort": "https"},
+            {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]}}),
         )];
-        let (_, warnings) = records("ns", "cluster.local", &pods, &services);
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
-        let beside = [service(
-            json!({"metadata": {"name": "s"}, "spec": {"clusterIP": "10.96.0.2", "selector": {"app": "x"},
-            "ports": [{"port": 6443, "targetPort": "https"}, {"name": "other", "port": 443, "targetPort": "https"}]}}),
-        )];
-        let (_, warnings) = records("ns", "cluster.local", &pods, &beside);
-        assert!(warnings.is_empty(), "the Service is reached at its 6443: {warnings:?}");
+        let labels = BTreeMap::from([("app".to_owned(), "x".to_owned())]);
+        let named = BTreeMap::from([("https".to_owned(), 6443)]);
+        assert_eq!(port_maps(&services, &labels, &named), BTreeSet::from([(443, 6443)]));
+        let other = BTreeMap::from([("app".to_owned(), "y".to_owned())]);
+        assert!(port_maps(&services, &other, &named).is_empty());
     }
 }

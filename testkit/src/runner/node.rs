@@ -98,7 +98,7 @@ use serde_json::Value;
 use super::pod::{self, Binaries, PodIdentity};
 use super::{
     Base, HostsScope, PodHandle, PodShared, RESYNC, Runner, SetState, Shared, Stores, delete_pod, launch, lock,
-    named_ports, refresh_dns, watch_volume_sources,
+    refresh_dns, watch_volume_sources,
 };
 
 /// The image whose binary the node runs.
@@ -600,7 +600,6 @@ fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
     let name = pod.name_any();
     let namespace = pod.namespace().unwrap_or_default();
     let labels = pod.labels().clone();
-    let ports = named_ports(&spec);
     let restart_policy = spec.restart_policy.clone().unwrap_or_else(|| "Always".to_owned());
     // The kubelet's hostname: `spec.hostname` when set, else the pod's name
     // (`GeneratePodHostNameAndDomain`, pkg/kubelet/kubelet_pods.go).
@@ -644,7 +643,6 @@ fn start_node_pod(shared: &Arc<Shared>, pod: &Pod, spec: PodSpec) -> PodHandle {
         revision: String::new(),
         labels,
         subdomain,
-        ports,
         shared: pod_shared,
         control,
         task,

@@ -133,7 +133,17 @@ fn fd_path(fd: &OwnedFd) -> String {
 
 /// Runs `ip ARGS` (iproute2), inside the network namespace `netns` when given.
 pub(super) fn ip(netns: Option<&OwnedFd>, args: &[&str]) -> Result<String, String> {
-    let mut command = Command::new("ip");
+    run_in("ip", "iproute2", netns, args)
+}
+
+/// Runs `iptables ARGS` inside the network namespace `netns`.
+pub(super) fn iptables(netns: &OwnedFd, args: &[&str]) -> Result<String, String> {
+    run_in("iptables", "iptables", Some(netns), args)
+}
+
+/// Runs `program ARGS` (from the Debian package `package`), inside `netns` when given.
+fn run_in(program: &str, package: &str, netns: Option<&OwnedFd>, args: &[&str]) -> Result<String, String> {
+    let mut command = Command::new(program);
     command.args(args).stdin(Stdio::null());
     if let Some(fd) = netns {
         let fd = fd.as_raw_fd();
@@ -148,14 +158,17 @@ pub(super) fn ip(netns: Option<&OwnedFd>, args: &[&str]) -> Result<String, Strin
             });
         }
     }
-    let output = command
-        .output()
-        .map_err(|e| format!("cannot run `ip {}`: {e} (the runner needs iproute2)", args.join(" ")))?;
+    let output = command.output().map_err(|e| {
+        format!(
+            "cannot run `{program} {}`: {e} (the runner needs {package})",
+            args.join(" ")
+        )
+    })?;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(format!(
-            "`ip {}` failed: {}",
+            "`{program} {}` failed: {}",
             args.join(" "),
             String::from_utf8_lossy(&output.stderr).trim()
         ))
