@@ -58,6 +58,28 @@ const WEB_NODE_PORT: u16 = 30_042;
 /// The Service copies (and not the tenant's DNS Service) in a workload namespace.
 const COPIES: &str = "tenancy.x-k8s.io/namespace";
 
+/// Creates the tenant pod `pod` and waits for it to succeed.
+async fn run_to_success(booted: &Booted, pods: &Api<Pod>, pod: Pod) {
+    let name = pod.name_any();
+    let args = pod
+        .spec
+        .as_ref()
+        .map(|s| format!("{:?}", s.containers[0].args))
+        .unwrap_or_default();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    booted
+        .runner
+        .wait_for(
+            &format!("the pod {name} ({args}) succeeds"),
+            BOOTED_STEP * 2,
+            || async {
+                let pod = pods.get(&name).await.ok()?;
+                (pod.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+            },
+        )
+        .await;
+}
+
 /// The hostname answered at `address`:80 to the agnhost `netexec` pod at `client`: its
 /// `/dial` makes that pod send the request, from its own network (resolving a name through
 /// its own `/etc/resolv.conf`).
@@ -190,27 +212,8 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .await;
     say(&format!("answered by the tenant pod {answered}"));
     // The kubelet expands `$(VAR)` in arguments from the Service variables.
-    pods.create(
-        &PostParams::default(),
-        &agnhost(
-            "probe",
-            json!(["connect", "$(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT)", "--timeout=5s"]),
-            "OnFailure",
-        ),
-    )
-    .await
-    .unwrap();
-    booted
-        .runner
-        .wait_for(
-            "a pod connects to $(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT)",
-            BOOTED_STEP * 2,
-            || async {
-                let pod = pods.get("probe").await.ok()?;
-                (pod.status?.phase.as_deref() == Some("Succeeded")).then_some(())
-            },
-        )
-        .await;
+    let connect = json!(["connect", "$(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT)", "--timeout=5s"]);
+    run_to_success(&booted, &pods, agnhost("probe", connect, "OnFailure")).await;
 
     say("the tenant's DNS: the Service by its name, short and whole, and kubernetes.default");
     let dns_service = copies.get("capn-dns").await.unwrap().spec.unwrap().cluster_ip.unwrap();
@@ -218,19 +221,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
     assert_eq!(super_spec.dns_policy.as_deref(), Some("None"));
     assert_eq!(dns_config.nameservers, Some(vec![dns_service.clone()]));
     // What a pod sees, through `kubectl logs` of a pod that ran to its end.
-    pods.create(
-        &PostParams::default(),
-        &agnhost("resolver", json!(["dns-server-list"]), "Never"),
-    )
-    .await
-    .unwrap();
-    booted
-        .runner
-        .wait_for("the resolver pod lists its nameservers", BOOTED_STEP * 2, || async {
-            let pod = pods.get("resolver").await.ok()?;
-            (pod.status?.phase.as_deref() == Some("Succeeded")).then_some(())
-        })
-        .await;
+    run_to_success(&booted, &pods, agnhost("resolver", json!(["dns-server-list"]), "Never")).await;
     let seen = pods.logs("resolver", &Default::default()).await.unwrap();
     assert_eq!(
         seen.trim(),
@@ -252,29 +243,10 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
             )
             .await;
     }
-    pods.create(
-        &PostParams::default(),
-        &agnhost(
-            "apiserver-probe",
-            // Port 443, as `https://kubernetes.default.svc` dials: the apiserver's Service
-            // serves it beside 6443.
-            json!(["connect", "kubernetes.default.svc.cluster.local:443", "--timeout=5s"]),
-            "OnFailure",
-        ),
-    )
-    .await
-    .unwrap();
-    booted
-        .runner
-        .wait_for(
-            "a pod connects to kubernetes.default.svc.cluster.local:443",
-            BOOTED_STEP * 2,
-            || async {
-                let pod = pods.get("apiserver-probe").await.ok()?;
-                (pod.status?.phase.as_deref() == Some("Succeeded")).then_some(())
-            },
-        )
-        .await;
+    // Port 443, as `https://kubernetes.default.svc` dials: the apiserver's Service serves
+    // it beside 6443.
+    let connect = json!(["connect", "kubernetes.default.svc.cluster.local:443", "--timeout=5s"]);
+    run_to_success(&booted, &pods, agnhost("apiserver-probe", connect, "OnFailure")).await;
 
     say("a headless Service's pod by hostname and subdomain, and an ExternalName alias");
     let headless: Service = serde_json::from_value(json!({
