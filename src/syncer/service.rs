@@ -301,21 +301,9 @@ pub fn cluster_ip_changes<'a>(
     tenant_services: &'a [impl Borrow<Service>],
     copies: &[impl Borrow<Service>],
 ) -> Vec<(&'a Service, String)> {
-    let addresses = super_addresses(control_plane, copies);
-    tenant_services
-        .iter()
-        .map(Borrow::borrow)
-        .filter(|s| s.metadata.deletion_timestamp.is_none())
-        .filter_map(|service| {
-            let address = addresses.get(&TenantObject::of(&service.metadata).ok()?)?;
-            let shown = service
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SUPER_CLUSTER_IP));
-            (shown.map(String::as_str) != Some(*address)).then(|| (service, (*address).to_owned()))
-        })
-        .collect()
+    shown_changes(control_plane, tenant_services, copies, SUPER_CLUSTER_IP, |copy| {
+        cluster_ip(copy).map(str::to_owned)
+    })
 }
 
 /// The tenant Services whose copies among `copies` are `NodePort` Services with other
@@ -325,27 +313,37 @@ pub fn node_port_changes<'a>(
     tenant_services: &'a [impl Borrow<Service>],
     copies: &[impl Borrow<Service>],
 ) -> Vec<(&'a Service, String)> {
-    let ports: BTreeMap<TenantObject, String> = copies
+    shown_changes(
+        control_plane,
+        tenant_services,
+        copies,
+        SUPER_NODE_PORTS,
+        super_node_ports,
+    )
+}
+
+/// The tenant Services (not being deleted) whose annotation `key` differs from what `of`
+/// says of their copy among `copies` (copies it says nothing of are skipped), each with
+/// the value to write.
+fn shown_changes<'a>(
+    control_plane: &ControlPlaneRef,
+    tenant_services: &'a [impl Borrow<Service>],
+    copies: &[impl Borrow<Service>],
+    key: &str,
+    of: impl Fn(&Service) -> Option<String>,
+) -> Vec<(&'a Service, String)> {
+    let wanted: BTreeMap<TenantObject, String> = copies
         .iter()
         .map(Borrow::borrow)
-        .filter_map(|copy| {
-            Some((
-                TenantObject::of_super(control_plane, &copy.metadata)?,
-                super_node_ports(copy)?,
-            ))
-        })
+        .filter_map(|copy| Some((TenantObject::of_super(control_plane, &copy.metadata)?, of(copy)?)))
         .collect();
     tenant_services
         .iter()
         .map(Borrow::borrow)
         .filter(|s| s.metadata.deletion_timestamp.is_none())
         .filter_map(|service| {
-            let wanted = ports.get(&TenantObject::of(&service.metadata).ok()?)?;
-            let shown = service
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SUPER_NODE_PORTS));
+            let wanted = wanted.get(&TenantObject::of(&service.metadata).ok()?)?;
+            let shown = service.metadata.annotations.as_ref().and_then(|a| a.get(key));
             (shown != Some(wanted)).then(|| (service, wanted.clone()))
         })
         .collect()
