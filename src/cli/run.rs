@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use kube_lease_manager::LeaseManagerBuilder;
 
 use crate::channel::ChannelRegistry;
-use crate::controllers::Settings;
+use crate::controllers::{AbortOnDrop, Settings};
 use crate::telemetry::{Metrics, serve};
 
 /// How `capn run` coordinates with other instances.
@@ -101,14 +101,4 @@ pub async fn run(
     drop(leader);
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
     Ok(())
-}
-
-struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        for task in &self.0 {
-            task.abort();
-        }
-    }
 }

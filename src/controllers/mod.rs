@@ -326,7 +326,8 @@ async fn join_controllers(tasks: Vec<tokio::task::JoinHandle<()>>) {
     }
 }
 
-struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+/// Tasks aborted when this is dropped: a task spawned for something's lifetime ends with it.
+pub(crate) struct AbortOnDrop(pub Vec<tokio::task::AbortHandle>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

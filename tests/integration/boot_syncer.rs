@@ -77,7 +77,7 @@ async fn workload_namespace(booted: &Booted, name: &str) -> Namespace {
 }
 
 /// The `PodScheduled=False` condition of the tenant pod `name`, once it has one.
-async fn refusal(booted: &Booted, pods: &Api<Pod>, name: &str) -> PodCondition {
+pub(crate) async fn refusal(booted: &Booted, pods: &Api<Pod>, name: &str) -> PodCondition {
     booted
         .runner
         .wait_for(&format!("the pod {name} is refused"), BOOTED_STEP, || async {

@@ -14,16 +14,20 @@
 
 mod caches;
 mod dns;
+mod lazy_watch;
 mod nodes;
 mod passes;
 mod patrol;
+mod pod_certificates;
 mod pod_events;
+mod pod_owned;
 mod pods;
 mod references;
 mod scope;
 mod services;
 mod super_caches;
 mod tokens;
+mod trust_bundles;
 mod volumes;
 mod worker;
 pub mod workload_namespace;

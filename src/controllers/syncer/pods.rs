@@ -16,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::caches::in_namespace;
 use super::scope::{FIELD_MANAGER, Tenant, typed};
-use super::{nodes, references, tokens};
+use super::{nodes, pod_certificates, references, tokens, trust_bundles};
 use crate::syncer::diff::{Ownership, ownership, pod_drift};
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::{MissingField, TenantObject};
@@ -201,6 +201,11 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
         let refresh = tokens::sync(tenant, &identity, secret, &live).await?;
         next = sooner(next, refresh);
     }
+    if let Some(bundles) = &translation.trust_bundles
+        && trust_bundles::sync(tenant, &pod, &identity, bundles, &live).await?
+    {
+        next = sooner(next, Some(WAIT));
+    }
     if created && !translation.dropped_tolerations.is_empty() {
         let keys: Vec<_> = translation
             .dropped_tolerations
@@ -211,6 +216,11 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
         tenant.event(&*pod, false, "TolerationsDropped", note).await;
     }
     upward(tenant, &pod, &live).await?;
+    // After the way up: a certificate request names the tenant Node the pod is bound to.
+    if let Some(certificates) = &translation.certificates {
+        let after = pod_certificates::sync(tenant, &pod, &identity, certificates, &live).await?;
+        next = sooner(next, after);
+    }
     Ok(next)
 }
 

@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
+use super::pod_owned;
 use super::scope::{FIELD_MANAGER, Issued, Tenant, typed};
-use crate::syncer::names::tenancy::{self, TenantObject};
+use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::TokenSecret;
 
 /// Annotation on a token Secret: when its tokens are due for refresh (RFC 3339).
@@ -52,7 +53,7 @@ pub(super) async fn sync(
         .and_then(|at| at.parse::<Timestamp>().ok())
         .or_else(|| issued_lately(tenant, &secret.name, &owner));
     if let Some(due) = due.filter(|due| *due > now) {
-        return Ok(Some(until(now, due)));
+        return Ok(Some(pod_owned::until(now, due)));
     }
     let accounts = Api::<ServiceAccount>::namespaced(tenant.tenant_client.clone(), &pod.namespace);
     let mut data = BTreeMap::new();
@@ -83,39 +84,18 @@ pub(super) async fn sync(
         refresh_at = refresh_at.min(now + lifetime.mul_f64(0.8));
         data.insert(request.key.clone(), ByteString(token.into_bytes()));
     }
-    let mut copy = Secret {
-        metadata: ObjectMeta {
-            name: Some(secret.name.clone()),
-            namespace: Some(tenant.namespace.clone()),
-            // The namespace label puts it in the syncer's shared Secret cache (super_caches).
-            labels: Some(
-                [
-                    ("app.kubernetes.io/managed-by".to_owned(), "capn".to_owned()),
-                    (tenancy::NAMESPACE.to_owned(), pod.namespace.clone()),
-                ]
-                .into(),
-            ),
-            annotations: Some(
-                [
-                    (REFRESH_AT.to_owned(), refresh_at.to_string()),
-                    (tenancy::CLUSTER.to_owned(), tenant.control_plane().key()),
-                ]
-                .into(),
-            ),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".to_owned(),
-                kind: "Pod".to_owned(),
-                name: live.name_any(),
-                uid: live.metadata.uid.clone().unwrap_or_default(),
-                ..OwnerReference::default()
-            }]),
-            ..ObjectMeta::default()
-        },
+    let copy = Secret {
+        metadata: pod_owned::metadata(
+            tenant,
+            pod,
+            live,
+            &secret.name,
+            [(REFRESH_AT.to_owned(), refresh_at.to_string())].into(),
+        ),
         data: Some(data),
         type_: Some("Opaque".to_owned()),
         ..Secret::default()
     };
-    tenant.mark(&mut copy.metadata);
     Api::<Secret>::namespaced(tenant.super_client.clone(), &tenant.namespace)
         .patch(
             &secret.name,
@@ -131,7 +111,7 @@ pub(super) async fn sync(
             at: Instant::now(),
         },
     );
-    Ok(Some(until(now, refresh_at)))
+    Ok(Some(pod_owned::until(now, refresh_at)))
 }
 
 /// How long a Secret this worker just wrote vouches for itself before the cache shows it.
@@ -152,11 +132,4 @@ fn issued(tenant: &Tenant) -> std::sync::MutexGuard<'_, std::collections::HashMa
         .tokens_issued
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// From `now` to `due`, at least a second.
-fn until(now: Timestamp, due: Timestamp) -> Duration {
-    Duration::try_from(due.duration_since(now))
-        .unwrap_or_default()
-        .max(Duration::from_secs(1))
 }

@@ -25,7 +25,7 @@ use crate::controllers::events::Recorder;
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::references::referenced;
-use crate::syncer::pod::{ReferenceKind, Target};
+use crate::syncer::pod::{ReferenceKind, Target, projected_sources};
 use crate::telemetry::Metrics;
 
 /// The reconciles one tenant's worker runs at once.
@@ -109,6 +109,9 @@ pub(super) async fn run(start: Start) {
     // keep every pod's managedFields).
     let (tenant_pods, tenant_pod_changes) =
         reflect::<Pod>(Api::all(start.tenant_client.clone()), watcher::Config::default());
+    // The tenant's ClusterTrustBundles and PodCertificateRequests are watched once a pod
+    // projects them; their changes come through this channel.
+    let (projection_changes, projection_events) = tokio::sync::mpsc::unbounded_channel();
     let controller = Controller::for_stream(tenant_pod_changes, tenant_pods.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY));
     let tenant = Arc::new(Tenant {
@@ -143,6 +146,8 @@ pub(super) async fn run(start: Start) {
         patrol_every: start.patrol_every,
         applied_copies: Default::default(),
         tokens_issued: Default::default(),
+        trust_bundles: super::trust_bundles::TrustBundleCache::new(projection_changes.clone()),
+        pod_certificates: super::pod_certificates::PodCertificateState::new(projection_changes),
         metrics: start.metrics,
     });
     let controller = with_triggers(
@@ -154,6 +159,7 @@ pub(super) async fn run(start: Start) {
             super_secrets: received(subscription.secrets),
             tenant_config_maps: tenant_config_map_events,
             tenant_secrets: tenant_secret_events,
+            projections: received(projection_events),
         },
     );
     let queue = controller.run(
@@ -249,13 +255,18 @@ struct Triggers {
     super_secrets: Changes<PartialObjectMeta<Secret>>,
     tenant_config_maps: Changes<PartialObjectMeta<ConfigMap>>,
     tenant_secrets: Changes<PartialObjectMeta<Secret>>,
+    /// A tenant ClusterTrustBundle or PodCertificateRequest changed.
+    projections: Changes<()>,
 }
 
 /// The tenant pod queue `controller`, woken also by what its pods depend on.
 fn with_triggers(controller: Controller<Pod>, control_plane: &ControlPlaneRef, triggers: Triggers) -> Controller<Pod> {
     // A super pod's change (its status, above all) wakes its tenant pod; a change of a
-    // ConfigMap or Secret, in the tenant or of its copy, wakes the tenant pods that use it.
+    // ConfigMap or Secret, in the tenant or of its copy, wakes the tenant pods that use it;
+    // a change of a ClusterTrustBundle or PodCertificateRequest, those that project bundles
+    // or certificates.
     let pods = controller.store();
+    let projecting = pods.clone();
     let of_super = control_plane.clone();
     let control_plane = control_plane.clone();
     let users = move |kind: ReferenceKind| {
@@ -288,4 +299,17 @@ fn with_triggers(controller: Controller<Pod>, control_plane: &ControlPlaneRef, t
         .watches_stream(triggers.tenant_secrets, move |s: PartialObjectMeta<Secret>| {
             tenant_secret_users(&s.metadata, false)
         })
+        .reconcile_on(triggers.projections.flat_map(move |_| {
+            let users: Vec<_> = projecting
+                .state()
+                .iter()
+                .filter(|p| {
+                    p.spec.as_ref().is_some_and(|spec| {
+                        projected_sources(spec).any(|s| s.cluster_trust_bundle.is_some() || s.pod_certificate.is_some())
+                    })
+                })
+                .map(|p| ObjectRef::from_obj(&**p))
+                .collect();
+            futures::stream::iter(users)
+        }))
 }

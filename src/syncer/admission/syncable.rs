@@ -6,8 +6,9 @@
 //!   (VirtualCluster refuses it as well, so DaemonSets do not run in tenants).
 //! - `spec.resourceClaims`, `spec.schedulingGroup`: they name ResourceClaims and pod groups
 //!   of the tenant, which are not synced.
-//! - projected `podCertificate` and `clusterTrustBundle` sources: the super cluster's
-//!   signers and trust bundles would answer, not the tenant's.
+//! - projected `podCertificate` sources of a key type the syncer cannot generate (RSA and
+//!   P-521: `crate::syncer::pod::certificate`); the others are translated, as are
+//!   `clusterTrustBundle` sources (`crate::syncer::pod::trust_bundle`).
 //! - a pod (anti-)affinity term with a non-empty `namespaceSelector`: it selects tenant
 //!   namespaces by their labels, which the super cluster does not have (`namespaces`, or an
 //!   empty selector for all of the tenant's namespaces, are translated).
@@ -15,6 +16,7 @@
 use k8s_openapi::api::core::v1::{PodAffinityTerm, PodSpec};
 
 use super::{Rule, Violation};
+use crate::syncer::pod::certificate::SUPPORTED_KEY_TYPES;
 
 pub(super) fn check(spec: &PodSpec, out: &mut Vec<Violation>) {
     if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
@@ -44,19 +46,15 @@ fn projected_sources(spec: &PodSpec, out: &mut Vec<Violation>) {
         let sources = volume.projected.as_ref().and_then(|p| p.sources.as_ref());
         for (j, source) in sources.into_iter().flatten().enumerate() {
             let path = format!("spec.volumes[{i}].projected.sources[{j}]");
-            if source.pod_certificate.is_some() {
-                let message = "must be unset: the super cluster's signers would issue the certificate";
+            let key_type = source.pod_certificate.as_ref().map(|c| c.key_type.as_str());
+            if let Some(key_type) = key_type.filter(|k| !SUPPORTED_KEY_TYPES.contains(k)) {
+                let message = format!(
+                    "{key_type:?} is not a key type the syncer can generate; use one of {}",
+                    SUPPORTED_KEY_TYPES.join(", ")
+                );
                 out.push(Violation::new(
                     Rule::NotSyncable,
-                    format!("{path}.podCertificate"),
-                    message,
-                ));
-            }
-            if source.cluster_trust_bundle.is_some() {
-                let message = "must be unset: the super cluster's trust bundles would be mounted";
-                out.push(Violation::new(
-                    Rule::NotSyncable,
-                    format!("{path}.clusterTrustBundle"),
+                    format!("{path}.podCertificate.keyType"),
                     message,
                 ));
             }

@@ -267,9 +267,9 @@ fn what_cannot_be_synced_is_refused() {
             ),
             (
                 "/spec/volumes/0/projected/sources/1",
-                json!({"podCertificate": {"signerName": "example.com/signer", "keyType": "ED25519", "credentialBundlePath": "bundle.pem"}}),
+                json!({"podCertificate": {"signerName": "example.com/signer", "keyType": "RSA3072", "credentialBundlePath": "bundle.pem"}}),
                 Rule::NotSyncable,
-                "spec.volumes[0].projected.sources[1].podCertificate",
+                "spec.volumes[0].projected.sources[1].podCertificate.keyType",
             ),
             (
                 "/spec/affinity/podAffinity/requiredDuringSchedulingIgnoredDuringExecution",
@@ -284,6 +284,14 @@ fn what_cannot_be_synced_is_refused() {
         Level::Baseline,
         &[
             ("/spec/nodeName", json!("")),
+            (
+                "/spec/volumes/0/projected/sources/1",
+                json!({"podCertificate": {"signerName": "example.com/signer", "keyType": "ED25519", "credentialBundlePath": "bundle.pem"}}),
+            ),
+            (
+                "/spec/volumes/0/projected/sources/1",
+                json!({"clusterTrustBundle": {"signerName": "example.com/signer", "labelSelector": {}, "path": "ca.pem"}}),
+            ),
             (
                 "/spec/affinity/podAntiAffinity/requiredDuringSchedulingIgnoredDuringExecution",
                 json!([{"topologyKey": "kubernetes.io/hostname", "namespaceSelector": {}, "namespaces": ["db"]}]),

@@ -132,8 +132,30 @@ impl ControlPlaneRef {
     /// `object:`); the uid in it gives a re-created pod a new Secret, never its
     /// predecessor's tokens.
     pub fn token_secret_name(&self, namespace: &str, pod: &str, uid: &str) -> String {
-        let readable = format!("{pod}{SEPARATOR}{namespace}{SEPARATOR}{}-token", self.name);
-        let identity = format!("token:{}/{namespace}/{pod}/{uid}", self.key());
+        self.pod_object_name("token", namespace, pod, uid)
+    }
+
+    /// The name of the ConfigMap that carries the tenant trust bundles the tenant pod `pod`
+    /// (uid `uid`) in `namespace` projects: `<the pod's readable name>-trust-bundles`,
+    /// hashed like [`Self::token_secret_name`] (identity `trust-bundles:…`), for the same
+    /// reasons.
+    pub fn trust_bundle_config_map_name(&self, namespace: &str, pod: &str, uid: &str) -> String {
+        self.pod_object_name("trust-bundles", namespace, pod, uid)
+    }
+
+    /// The name of the Secret that carries the keys and certificates of the tenant pod `pod`
+    /// (uid `uid`) in `namespace` projects (`podCertificate` sources):
+    /// `<the pod's readable name>-pod-certificates`, hashed like
+    /// [`Self::token_secret_name`] (identity `pod-certificates:…`), for the same reasons.
+    pub fn pod_certificate_secret_name(&self, namespace: &str, pod: &str, uid: &str) -> String {
+        self.pod_object_name("pod-certificates", namespace, pod, uid)
+    }
+
+    /// `<pod>-x-<namespace>-x-<control plane>-<kind>`, always hashed with the SHA-256 of
+    /// `<kind>:<control plane>/<namespace>/<pod>/<uid>`.
+    fn pod_object_name(&self, kind: &str, namespace: &str, pod: &str, uid: &str) -> String {
+        let readable = format!("{pod}{SEPARATOR}{namespace}{SEPARATOR}{}-{kind}", self.name);
+        let identity = format!("{kind}:{}/{namespace}/{pod}/{uid}", self.key());
         hash::fit(&readable, &identity, NameLimit::Subdomain)
     }
 }

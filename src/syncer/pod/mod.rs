@@ -10,6 +10,9 @@
 //! - carries the tenant's service-account tokens in a Secret the controller fills from the
 //!   *tenant* apiserver ([`token`]); the super pod itself mounts no super token
 //!   (`automountServiceAccountToken: false`, `serviceAccountName: default`);
+//! - mounts the *tenant's* ClusterTrustBundles where it projects them, through a ConfigMap
+//!   the controller fills ([`trust_bundle`]), and the certificates the *tenant's* signers
+//!   issue where it projects `podCertificate` sources, through a Secret ([`certificate`]);
 //! - talks to its own apiserver: `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`
 //!   (and the `kubernetes` Service's other variables) on every container name the tenant
 //!   apiserver as the super cluster reaches it, unless the container sets them itself (the
@@ -32,12 +35,14 @@
 //!   tenant name) and `subdomain`; a pod that asks for cluster DNS resolves through the
 //!   tenant's ([`dns`]: `dnsPolicy: None` with the `resolv.conf` the kubelet would write).
 
+pub mod certificate;
 pub mod dns;
 pub mod downward;
 pub mod env;
 pub mod placement;
 pub mod references;
 pub mod token;
+pub mod trust_bundle;
 
 use std::collections::BTreeSet;
 
@@ -48,9 +53,11 @@ use crate::syncer::admission::{self, Level, Violation};
 use crate::syncer::names::tenancy::{self, MissingField, TenantObject};
 use crate::syncer::names::{ControlPlaneRef, NameLimit, is_dns_label};
 
+pub use certificate::PodCertificates;
 pub use dns::ClusterDns;
 pub use references::{Reference, ReferenceKind};
 pub use token::{TokenRequest, TokenSecret};
+pub use trust_bundle::TrustBundles;
 
 /// The variable client-go's in-cluster configuration reads the apiserver's host from.
 pub const SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
@@ -94,6 +101,12 @@ pub struct Translation {
     /// The token Secret the pod mounts, when the tenant pod projects service-account
     /// tokens.
     pub token_secret: Option<TokenSecret>,
+    /// The trust bundle ConfigMap the pod mounts, when the tenant pod projects
+    /// ClusterTrustBundles.
+    pub trust_bundles: Option<TrustBundles>,
+    /// The certificate Secret the pod mounts, when the tenant pod projects pod
+    /// certificates.
+    pub certificates: Option<PodCertificates>,
     /// Tolerations the tenant pod asked for and the super pod does not carry
     /// ([`placement::TOLERATION_KEYS`]), for an Event on the tenant pod.
     pub dropped_tolerations: Vec<Toleration>,
@@ -140,6 +153,8 @@ pub fn translate(tenant: &Pod, target: &Target, services: &[ServiceLink]) -> Res
     downward::rewrite(&mut spec, &identity, &service_account);
     let references = references::rewrite(&mut spec, &target.control_plane, &identity.namespace);
     let token_secret = token::replace(&mut spec, &target.control_plane, &identity, &service_account);
+    let trust_bundles = trust_bundle::replace(&mut spec, &target.control_plane, &identity);
+    let certificates = certificate::replace(&mut spec, &target.control_plane, &identity, &service_account);
     let dropped_tolerations = placement::rewrite(&mut spec, &identity.namespace);
     leave_to_the_super_cluster(&mut spec);
     set_hostname(&mut spec, &identity.name);
@@ -153,6 +168,8 @@ pub fn translate(tenant: &Pod, target: &Target, services: &[ServiceLink]) -> Res
         },
         references,
         token_secret,
+        trust_bundles,
+        certificates,
         dropped_tolerations,
     })
 }
@@ -184,6 +201,15 @@ pub fn keep_live_immutables(desired: &mut Pod, live: &Pod) {
             container.env.clone_from(&same.env);
         }
     }
+}
+
+/// Every projected source of every volume of `spec`.
+pub fn projected_sources(spec: &PodSpec) -> impl Iterator<Item = &k8s_openapi::api::core::v1::VolumeProjection> {
+    spec.volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.projected.as_ref()?.sources.as_ref())
+        .flatten()
 }
 
 /// The tenant pod's service account: `serviceAccountName`, else the deprecated

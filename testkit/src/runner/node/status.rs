@@ -61,6 +61,15 @@ pub(super) fn pod_status(seen: &Seen<'_>) -> Value {
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
     let now = time(SystemTime::now());
+    // The kubelet's message for unready containers (`pkg/kubelet/status/generate.go`: Go's
+    // `%s` of the names, `[a b]`).
+    let unready: Vec<&str> = spec
+        .containers
+        .iter()
+        .filter(|c| !reports.get(&c.name).is_some_and(|r| r.ready))
+        .map(|c| c.name.as_str())
+        .collect();
+    let unready = format!("containers with unready status: [{}]", unready.join(" "));
     let condition = |kind: &str, status: bool, reason: Option<&str>| {
         let status = if status { "True" } else { "False" };
         // The transition time stays while the status does.
@@ -73,6 +82,9 @@ pub(super) fn pod_status(seen: &Seen<'_>) -> Value {
         let mut c = json!({"type": kind, "status": status, "lastTransitionTime": since});
         if let Some(reason) = reason.filter(|_| status == "False") {
             c["reason"] = json!(reason);
+            if reason == "ContainersNotReady" {
+                c["message"] = json!(unready);
+            }
         }
         c
     };
