@@ -304,6 +304,15 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
     create(&api, "fails", fails).await;
     let elsewhere = json!({"containers": [{"name": "web", "image": "docker.io/library/nginx:1.27"}]});
     create(&api, "elsewhere", elsewhere).await;
+    // BusyBox's shell, as the BusyBox image runs it (a Job's `sh -c`) and as the agnhost
+    // image holds it.
+    let shell = json!({"restartPolicy": "Never", "containers": [{
+        "name": "sh", "image": "registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
+        "command": ["/bin/sh", "-c", "echo from $(cat /etc/hostname); sleep 0.1; exit 3"]}]});
+    create(&api, "shell", shell).await;
+    let alpine = json!({"restartPolicy": "Never", "containers": [{
+        "name": "sh", "image": AGNHOST, "command": ["sh", "-c", "ls /etc/hostname"]}]});
+    create(&api, "alpine", alpine).await;
 
     let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
     let done = wait_pod(&api, "done", "Succeeded", |p| phase(p) == "Succeeded").await;
@@ -314,6 +323,13 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
     );
     let fails = wait_pod(&api, "fails", "Failed", |p| phase(p) == "Failed").await;
     assert_eq!(condition(&fails, "Ready").as_deref(), Some("False"));
+    let shell = wait_pod(&api, "shell", "Failed", |p| phase(p) == "Failed").await;
+    assert_eq!(first_state(&shell).terminated.expect("terminated").exit_code, 3);
+    let log = api.logs("shell", &Default::default()).await.unwrap();
+    assert_eq!(log, "from shell\n", "the shell ran its applets");
+    wait_pod(&api, "alpine", "Succeeded", |p| phase(p) == "Succeeded").await;
+    let log = api.logs("alpine", &Default::default()).await.unwrap();
+    assert_eq!(log, "/etc/hostname\n");
 
     let refused = wait_pod(&api, "elsewhere", "refused", |p| {
         first_state(p).waiting.and_then(|w| w.reason).as_deref() == Some("ErrImagePull")
@@ -324,8 +340,8 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
         .waiting
         .and_then(|w| w.message)
         .unwrap_or_default();
-    assert!(message.contains("agnhost") && message.contains("pause"), "{message}");
-    for name in ["done", "fails", "elsewhere"] {
+    assert!(message.contains("agnhost") && message.contains("busybox"), "{message}");
+    for name in ["done", "fails", "elsewhere", "shell", "alpine"] {
         delete_and_wait(&api, &ns, name).await;
     }
 }

@@ -26,9 +26,13 @@
 //!    when the container gives no `command`; its `command`/`args` as given otherwise), and
 //!    `registry.k8s.io/pause:<any tag>` runs `agnhost pause`. Both are taken from the release
 //!    cache of `hack/kube-assets.sh` (`kubernetes-v<release>/agnhost`), as is
-//!    `kube-scheduler`. Any other image is refused: its containers stay Waiting with reason
-//!    `ErrImagePull` and a message naming the two supported images. `imageID` and
-//!    `containerID` are `capn-node://…` names, not digests.
+//!    `kube-scheduler`. The BusyBox images (`registry.k8s.io/e2e-test-images/busybox`,
+//!    `busybox`) run the host's static `busybox` (Debian's `busybox-static`): the command
+//!    given, else the args, else `sh`, each an applet; so does a command of the agnhost image
+//!    other than `/agnhost` (`/bin/sh -c …`: that image is Alpine's, whose tools are
+//!    BusyBox's). Any other image is refused: its containers stay Waiting with reason
+//!    `ErrImagePull` and a message naming the supported images. `imageID` and `containerID`
+//!    are `capn-node://…` names, not digests.
 //! 2. **Volumes**: the runner's (secret, configMap, emptyDir), plus `downwardAPI` and
 //!    `projected` volumes with `secret`, `configMap` and `downwardAPI` sources, written once
 //!    when the pod starts (not refreshed while it runs, unlike the kubelet's). Projected
@@ -105,6 +109,12 @@ use super::{
 pub const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost";
 /// The pause image, which `agnhost pause` stands for.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause";
+/// The BusyBox images, which the host's static `busybox` stands for (adaptation 1).
+pub const BUSYBOX_IMAGES: [&str; 3] = [
+    "registry.k8s.io/e2e-test-images/busybox",
+    "busybox",
+    "docker.io/library/busybox",
+];
 /// How often the Lease and the Ready heartbeat are renewed (the kubelet's default).
 const HEARTBEAT: Duration = Duration::from_secs(10);
 
@@ -253,6 +263,14 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
     let cache = pod::release_cache();
     let (release, binaries) = objects::release_binaries(&cache)?;
     let agnhost = binaries["agnhost"].clone();
+    let busybox = objects::busybox()?;
+    // `agnhost`, and every BusyBox applet (`sh`, `cat`, `sleep`, ...), each run by the one
+    // multi-call binary, which picks the applet from its argv[0].
+    let mut fixed: BTreeMap<String, PathBuf> = objects::applets(&busybox)?
+        .into_iter()
+        .map(|applet| (applet, busybox.clone()))
+        .collect();
+    fixed.insert("agnhost".to_owned(), agnhost.clone());
     let name = format!(
         "capn-node-{:04x}{:04x}",
         super::sandbox::random_u16(),
@@ -269,7 +287,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
             binaries: Binaries {
                 cache,
                 capn: PathBuf::from("/nonexistent/capn"),
-                fixed: BTreeMap::from([("agnhost".to_owned(), agnhost.clone())]),
+                fixed,
             },
         },
         Stores {
@@ -279,8 +297,10 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
             claim_objects: reflector::store().0,
         },
     )?;
-    let libraries = pod::libraries(&agnhost)?;
-    lock(&shared.state).libraries.insert(agnhost, libraries);
+    for binary in [agnhost, busybox] {
+        let libraries = pod::libraries(&binary)?;
+        lock(&shared.state).libraries.insert(binary, libraries);
+    }
     let uid = objects::register(&client, &name, shared.host_ip, &release).await?;
     let scheduler = objects::start_scheduler(&binaries["kube-scheduler"], &shared.dir).await?;
     let proxy = proxy::start(&binaries["kube-proxy"], &shared, &name).await?;
@@ -527,7 +547,7 @@ fn admit(
         .flatten()
         .chain(spec.containers.iter_mut())
     {
-        stand_in(container).map_err(|e| ("ErrImagePull".to_owned(), e))?;
+        stand_in(container, &binaries.fixed).map_err(|e| ("ErrImagePull".to_owned(), e))?;
     }
     pod::check_template(&spec, &[], binaries, versions).map_err(|e| ("CreateContainerError".to_owned(), e))?;
     Ok(spec)
@@ -542,21 +562,24 @@ fn repository(image: &str) -> &str {
     }
 }
 
-/// Points the container at the binary its image stands for (adaptation 1).
+/// Points the container at the binary its image stands for (adaptation 1); `fixed` maps
+/// `agnhost` and each BusyBox applet to the binary that runs it.
 ///
 /// # Errors
-/// For an image the node does not run.
-fn stand_in(container: &mut Container) -> Result<(), String> {
+/// For an image the node does not run, or a command its image does not hold.
+fn stand_in(container: &mut Container, fixed: &BTreeMap<String, PathBuf>) -> Result<(), String> {
     let image = container.image.clone().unwrap_or_default();
+    let is_applet = |base: &str| base != "agnhost" && fixed.contains_key(base);
     match repository(&image) {
         AGNHOST_IMAGE => {
             if container.command.as_ref().is_none_or(Vec::is_empty) {
                 container.command = Some(vec!["/agnhost".to_owned()]);
             }
+            // The agnhost image is Alpine's: its shell and tools are BusyBox's.
             let base = pod::command_base(container)?;
-            if base != "agnhost" {
+            if base != "agnhost" && !is_applet(base) {
                 return Err(format!(
-                    "container {}: the agnhost image holds only /agnhost, not {base}",
+                    "container {}: the agnhost image holds /agnhost and BusyBox's applets, not {base}",
                     container.name
                 ));
             }
@@ -567,10 +590,29 @@ fn stand_in(container: &mut Container) -> Result<(), String> {
             container.args = None;
             Ok(())
         }
+        repository if BUSYBOX_IMAGES.contains(&repository) => {
+            // No entrypoint; the image's command is `sh`, which a container's args replace.
+            if container.command.as_ref().is_none_or(Vec::is_empty) {
+                container.command = match container.args.take().filter(|a| !a.is_empty()) {
+                    Some(args) => Some(args),
+                    None => Some(vec!["sh".to_owned()]),
+                };
+            }
+            let base = pod::command_base(container)?;
+            if !is_applet(base) {
+                return Err(format!(
+                    "container {}: {base} is not a BusyBox applet of the test node's busybox",
+                    container.name
+                ));
+            }
+            Ok(())
+        }
         _ => Err(format!(
             "container {}: the capn test node cannot run image {image:?}: it runs only \
-             {AGNHOST_IMAGE}:<tag> (agnhost) and {PAUSE_IMAGE}:<tag> (agnhost pause)",
-            container.name
+             {AGNHOST_IMAGE}:<tag> (agnhost, and BusyBox's applets), {PAUSE_IMAGE}:<tag> (agnhost \
+             pause) and {} (BusyBox)",
+            container.name,
+            BUSYBOX_IMAGES.join(", ")
         )),
     }
 }
@@ -665,6 +707,14 @@ mod tests {
         }
     }
 
+    /// The node's fixed binaries: agnhost, and a few applets of a busybox.
+    fn fixed() -> BTreeMap<String, PathBuf> {
+        ["agnhost", "sh", "cat", "sleep"]
+            .into_iter()
+            .map(|b| (b.to_owned(), PathBuf::from(format!("/bin/{b}"))))
+            .collect()
+    }
+
     #[test]
     fn agnhost_and_pause_run_agnhost_and_other_images_are_refused() {
         assert_eq!(repository("registry.k8s.io/pause:3.10"), PAUSE_IMAGE);
@@ -675,27 +725,60 @@ mod tests {
         assert_eq!(repository("localhost:5000/pause"), "localhost:5000/pause");
 
         // No command: the image's entrypoint, the args to it.
+        let fixed = fixed();
         let mut netexec = container(&format!("{AGNHOST_IMAGE}:2.53"), None, Some(&["netexec"]));
-        stand_in(&mut netexec).expect("agnhost runs");
+        stand_in(&mut netexec, &fixed).expect("agnhost runs");
         assert_eq!(netexec.command, Some(vec!["/agnhost".to_owned()]));
         assert_eq!(netexec.args, Some(vec!["netexec".to_owned()]));
         // A command is kept; one that is not agnhost is refused.
         let mut given = container(&format!("{AGNHOST_IMAGE}:2.53"), Some(&["/agnhost", "pause"]), None);
-        stand_in(&mut given).expect("agnhost runs");
+        stand_in(&mut given, &fixed).expect("agnhost runs");
         assert_eq!(given.command, Some(vec!["/agnhost".to_owned(), "pause".to_owned()]));
-        let mut shell = container(&format!("{AGNHOST_IMAGE}:2.53"), Some(&["/bin/sh"]), None);
-        assert!(stand_in(&mut shell).is_err());
+        // The image's shell is BusyBox's; what BusyBox lacks is refused.
+        let mut shell = container(
+            &format!("{AGNHOST_IMAGE}:2.53"),
+            Some(&["/bin/sh", "-c", "cat x"]),
+            None,
+        );
+        stand_in(&mut shell, &fixed).expect("the shell runs");
+        let mut bash = container(&format!("{AGNHOST_IMAGE}:2.53"), Some(&["/bin/bash"]), None);
+        assert!(stand_in(&mut bash, &fixed).unwrap_err().contains("not bash"));
 
         let mut pause = container(&format!("{PAUSE_IMAGE}:3.10"), Some(&["/pause"]), Some(&["-v"]));
-        stand_in(&mut pause).expect("pause runs");
+        stand_in(&mut pause, &fixed).expect("pause runs");
         assert_eq!(pause.command, Some(vec!["/agnhost".to_owned(), "pause".to_owned()]));
         assert_eq!(pause.args, None);
 
         let mut nginx = container("nginx:1.27", None, None);
-        let refused = stand_in(&mut nginx).unwrap_err();
+        let refused = stand_in(&mut nginx, &fixed).unwrap_err();
         assert!(
-            refused.contains(AGNHOST_IMAGE) && refused.contains(PAUSE_IMAGE),
+            refused.contains(AGNHOST_IMAGE) && refused.contains(PAUSE_IMAGE) && refused.contains(BUSYBOX_IMAGES[0]),
             "{refused}"
+        );
+    }
+
+    #[test]
+    fn busybox_runs_its_command_its_args_or_its_shell() {
+        let fixed = fixed();
+        let image = format!("{}:1.37.0-1", BUSYBOX_IMAGES[0]);
+        // A command runs as given.
+        let mut given = container(&image, Some(&["/bin/sh", "-c", "exit 0"]), None);
+        stand_in(&mut given, &fixed).expect("busybox runs");
+        assert_eq!(given.command.as_ref().unwrap()[0], "/bin/sh");
+        // Args without a command replace the image's command (`sh`).
+        let mut args = container(&image, None, Some(&["sleep", "10"]));
+        stand_in(&mut args, &fixed).expect("busybox runs");
+        assert_eq!(args.command, Some(vec!["sleep".to_owned(), "10".to_owned()]));
+        assert_eq!(args.args, None);
+        let mut bare = container("busybox", None, None);
+        stand_in(&mut bare, &fixed).expect("busybox runs");
+        assert_eq!(bare.command, Some(vec!["sh".to_owned()]));
+        // Not an applet.
+        let mut other = container(&image, Some(&["/usr/bin/python3"]), None);
+        assert!(
+            stand_in(&mut other, &fixed)
+                .unwrap_err()
+                .contains("python3 is not a BusyBox applet")
         );
     }
 }

@@ -228,6 +228,41 @@ pub(super) fn release_binaries(cache: &Path) -> Result<(String, BTreeMap<&'stati
     Ok((release, out))
 }
 
+/// The host's `busybox`, which stands for the BusyBox images and for the agnhost image's
+/// shell and tools (adaptation 1): `$CAPN_TEST_BUSYBOX`, else `/bin/busybox` or
+/// `/usr/bin/busybox` (Debian's `busybox-static` package).
+///
+/// # Errors
+/// When there is none, saying how to get one.
+pub(super) fn busybox() -> Result<PathBuf, String> {
+    let given = std::env::var_os("CAPN_TEST_BUSYBOX")
+        .filter(|b| !b.is_empty())
+        .map(PathBuf::from);
+    given
+        .into_iter()
+        .chain(["/bin/busybox", "/usr/bin/busybox"].map(PathBuf::from))
+        .find(|b| b.is_file())
+        .ok_or_else(|| {
+            "MISSING: the node needs busybox (it runs the BusyBox images and the agnhost image's shell); \
+             install Debian's busybox-static (`apt-get install busybox-static`) or set CAPN_TEST_BUSYBOX"
+                .to_owned()
+        })
+}
+
+/// The applets `busybox` holds (`busybox --list`).
+///
+/// # Errors
+/// When it does not run.
+pub(super) fn applets(busybox: &Path) -> Result<Vec<String>, String> {
+    let list = super::super::sandbox::run_host_command(busybox, &["--list"])?;
+    Ok(list
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
 /// Starts the real kube-scheduler against the super cluster (admin kubeconfig, no leader
 /// election, its secure port on localhost) and waits until `/healthz` answers ok.
 ///
