@@ -337,7 +337,8 @@ fn summarize(report: &str) -> Result<Summary, String> {
 ///   on it (the syncer's Nodes follow its pods, docs/design.md §11), and the `[Serial]`
 ///   specs run after every other spec's pods are gone.
 fn explain(name: &str, message: &str) -> Option<&'static str> {
-    const IMAGE: &str = "needs an image the test node does not run (it runs agnhost and pause only, node adaptation 1)";
+    const IMAGE: &str =
+        "needs an image the test node does not run (it runs agnhost, pause and BusyBox only, node adaptation 1)";
     const NODES: &str =
         "asks for a schedulable node before it makes a pod: a tenant shows Nodes only while its pods run on them";
     if message.contains("cannot run image")
@@ -358,7 +359,7 @@ mod tests {
 
     #[test]
     fn only_the_test_setups_own_limits_are_explained() {
-        let image = "Timed out after 300.000s.\nExpected Pod to be in Running\n message: 'container test: the capn test node cannot run image \"busybox\"'";
+        let image = "Timed out after 300.000s.\nExpected Pod to be in Running\n message: 'container test: the capn test node cannot run image \"nginx\"'";
         assert!(explain("should mount an API token into pods", image).is_some_and(|w| w.starts_with("needs an image")));
         let nodes = "there are currently no ready, schedulable nodes in the cluster";
         assert!(explain("Garbage collector should orphan pods", nodes).is_some_and(|w| w.contains("schedulable node")));
