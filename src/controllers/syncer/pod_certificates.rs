@@ -66,10 +66,13 @@ struct Written {
     at: Instant,
 }
 
-/// A request in flight: its name, the key it is for (PEM, in memory only), the super pod it
-/// is for, when it was made, and whether the signer ended it without a certificate.
+/// A request in flight: the tenant pod, the request's name, the key it is for (PEM, in
+/// memory only), the super pod it is for, when it was made, and whether the signer ended it
+/// without a certificate.
 #[derive(Clone)]
 struct Pending {
+    /// The tenant pod's namespace, name and uid: an entry goes once that pod is gone.
+    pod: TenantObject,
     request: String,
     key_pem: String,
     owner: String,
@@ -97,6 +100,14 @@ impl PodCertificateState {
     fn record(&self, name: &str, written: Written) {
         let mut all = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         all.insert(name.to_owned(), written);
+    }
+
+    /// Drops the requests of tenant pods that are gone (or made again under a new uid).
+    fn forget_gone_pods(&self, pods: &Store<Pod>) {
+        self.pending().retain(|_, p| {
+            pods.get(&ObjectRef::new(&p.pod.name).within(&p.pod.namespace))
+                .is_some_and(|live| live.metadata.uid.as_deref() == Some(p.pod.uid.as_str()))
+        });
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Pending>> {
@@ -144,6 +155,7 @@ pub(super) async fn sync(
         return Ok(Some(WAIT));
     };
     let state = &tenant.pod_certificates;
+    state.forget_gone_pods(&tenant.tenant_pods);
     let (requests, resource) = match state.watch.watched(&tenant.tenant_client).await? {
         Watched::Listed { store, resource } => (store, resource),
         Watched::NotListed => return Ok(Some(WAIT)),
@@ -194,6 +206,7 @@ pub(super) async fn sync(
             state.pending().insert(
                 id,
                 Pending {
+                    pod: pod.clone(),
                     request: name,
                     key_pem,
                     owner: owner.clone(),
