@@ -13,13 +13,30 @@ use serde_json::json;
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, release_docs};
 use crate::boot_syncer::{default_service_account, tenant_client};
 
-/// A self-signed CA certificate (ClusterTrustBundles hold only CA certificates): its PEM and
-/// its DER.
-fn ca(name: &str) -> (String, Vec<u8>) {
+/// A one-replica tenant at Kubernetes 1.37.2 with the test node up, its client, and its
+/// `default` namespace's pods (once pods can run there).
+async fn boot_1_37(test: &str) -> (Booted, Client, Api<Pod>) {
+    let booted = boot_with(test, Some(release_docs("1.37.2")), StartCapn::InProcess).await;
+    let tenant = tenant_client(&booted).await;
+    tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
+    default_service_account(&booted, &tenant).await;
+    let pods = Api::namespaced(tenant.clone(), "default");
+    (booted, tenant, pods)
+}
+
+/// The parameters and key of a CA named `name`.
+fn ca_params(name: &str) -> (rcgen::CertificateParams, rcgen::KeyPair) {
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     params.distinguished_name.push(rcgen::DnType::CommonName, name);
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let cert = params.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap();
+    (params, rcgen::KeyPair::generate().unwrap())
+}
+
+/// A self-signed CA certificate (ClusterTrustBundles hold only CA certificates): its PEM and
+/// its DER.
+fn ca(name: &str) -> (String, Vec<u8>) {
+    let (params, key) = ca_params(name);
+    let cert = params.self_signed(&key).unwrap();
     (cert.pem(), cert.der().to_vec())
 }
 
@@ -85,18 +102,31 @@ async fn log_once_succeeded(booted: &Booted, pods: &Api<Pod>, name: &str) -> Str
     pods.logs(name, &Default::default()).await.unwrap()
 }
 
+/// Waits for an Event about the tenant pod `pod` in `default` with `reason` and a message
+/// that contains `needle`.
+async fn event_about(booted: &Booted, tenant: &Client, pod: &str, reason: &str, needle: &str) {
+    let events: Api<Event> = Api::namespaced(tenant.clone(), "default");
+    let what = format!("an Event {reason} about {pod} saying {needle:?}");
+    booted
+        .runner
+        .wait_for(&what, BOOTED_STEP, || async {
+            let events = events.list(&ListParams::default()).await.ok()?;
+            events
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some(pod)
+                        && e.reason.as_deref() == Some(reason)
+                        && e.message.as_deref().is_some_and(|m| m.contains(needle))
+                })
+                .map(drop)
+        })
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_pods_mount_the_tenants_cluster_trust_bundles() {
-    let booted = boot_with(
-        "syncer, trust bundles",
-        Some(release_docs("1.37.2")),
-        StartCapn::InProcess,
-    )
-    .await;
-    let tenant = tenant_client(&booted).await;
-    tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
-    default_service_account(&booted, &tenant).await;
-    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
+    let (booted, tenant, pods) = boot_1_37("syncer, trust bundles").await;
     let (a, a_der) = ca("signer one a");
     let (b, b_der) = ca("signer one b");
     let (dead, _) = ca("signer one, not alive");
@@ -178,26 +208,7 @@ async fn tenant_pods_mount_the_tenants_cluster_trust_bundles() {
     pods.create(&PostParams::default(), &reader("waits", "later.pem", later))
         .await
         .unwrap();
-    let events: Api<Event> = Api::namespaced(tenant.clone(), "default");
-    booted
-        .runner
-        .wait_for(
-            "the waiting pod hears that its bundle is missing",
-            BOOTED_STEP,
-            || async {
-                let events = events.list(&ListParams::default()).await.ok()?;
-                events
-                    .items
-                    .into_iter()
-                    .find(|e| {
-                        e.involved_object.name.as_deref() == Some("waits")
-                            && e.reason.as_deref() == Some("FailedMount")
-                            && e.message.as_deref().is_some_and(|m| m.contains("\"later\" not found"))
-                    })
-                    .map(drop)
-            },
-        )
-        .await;
+    event_about(&booted, &tenant, "waits", "FailedMount", "\"later\" not found").await;
     booted
         .runner
         .wait_for("the waiting pod shows its container not ready", BOOTED_STEP, || async {
@@ -306,22 +317,9 @@ fn certificate_reader(name: &str, extra: serde_json::Value) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_pods_get_certificates_from_the_tenants_signers() {
-    let booted = boot_with(
-        "syncer, pod certificates",
-        Some(release_docs("1.37.2")),
-        StartCapn::InProcess,
-    )
-    .await;
-    let tenant = tenant_client(&booted).await;
-    tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
-    default_service_account(&booted, &tenant).await;
-    let pods: Api<Pod> = Api::namespaced(tenant.clone(), "default");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(rcgen::DnType::CommonName, "test signer");
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let ca = params.self_signed(&key).unwrap();
-    let ca_der = ca.der().to_vec();
+    let (booted, tenant, pods) = boot_1_37("syncer, pod certificates").await;
+    let (params, key) = ca_params("test signer");
+    let ca_der = params.self_signed(&key).unwrap().der().to_vec();
     let signer = tokio::spawn(test_signer(tenant.clone(), (params, key)));
 
     // The pod's bundle: its key, then the chain the tenant's signer issued for that key,
@@ -381,22 +379,7 @@ async fn tenant_pods_get_certificates_from_the_tenants_signers() {
     )
     .await
     .unwrap();
-    let events: Api<Event> = Api::namespaced(tenant.clone(), "default");
-    booted
-        .runner
-        .wait_for("the denied pod hears why", BOOTED_STEP, || async {
-            let events = events.list(&ListParams::default()).await.ok()?;
-            events
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.involved_object.name.as_deref() == Some("refused")
-                        && e.reason.as_deref() == Some("Denied")
-                        && e.message.as_deref().is_some_and(|m| m.contains("TestDenied"))
-                })
-                .map(drop)
-        })
-        .await;
+    event_about(&booted, &tenant, "refused", "Denied", "TestDenied").await;
     let phase = pods.get("refused").await.unwrap().status.and_then(|s| s.phase);
     assert_eq!(phase.as_deref(), Some("Pending"));
 

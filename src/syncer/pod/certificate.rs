@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{KeyToPath, PodSpec, SecretProjection, Volume, VolumeProjection};
+use k8s_openapi::api::core::v1::{KeyToPath, PodSpec, SecretProjection, VolumeProjection};
 
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
@@ -83,48 +83,40 @@ pub(super) fn replace(
     let name = control_plane.pod_certificate_secret_name(&identity.namespace, &identity.name, &identity.uid);
     let fs_group = spec.security_context.as_ref().and_then(|s| s.fs_group).is_some();
     let mut found = Vec::new();
-    for volume in spec.volumes.iter_mut().flatten() {
-        let Volume {
-            name: volume_name,
-            projected,
-            ..
-        } = volume;
-        let sources = projected.as_mut().and_then(|p| p.sources.as_mut());
-        for (index, source) in sources.into_iter().flatten().enumerate() {
-            let Some(projection) = source.pod_certificate.take() else {
-                continue;
-            };
-            let found_source = CertificateSource {
-                key: format!("{volume_name}.{index}"),
-                signer_name: projection.signer_name,
-                key_type: projection.key_type,
-                max_expiration_seconds: projection.max_expiration_seconds,
-                user_annotations: projection.user_annotations.unwrap_or_default(),
-            };
-            let paths = [
-                (projection.credential_bundle_path, found_source.bundle_key()),
-                (projection.key_path, found_source.private_key_key()),
-                (projection.certificate_chain_path, found_source.chain_key()),
-            ];
-            let items = paths
-                .into_iter()
-                .filter_map(|(path, key)| path.filter(|p| !p.is_empty()).map(|path| (path, key)))
-                .map(|(path, key)| KeyToPath {
-                    key,
-                    path,
-                    mode: fs_group.then_some(0o600),
-                })
-                .collect();
-            found.push(found_source);
-            *source = VolumeProjection {
-                secret: Some(SecretProjection {
-                    name: name.clone(),
-                    items: Some(items),
-                    optional: Some(false),
-                }),
-                ..VolumeProjection::default()
-            };
-        }
+    for (key, source) in super::projected_sources_mut(spec) {
+        let Some(projection) = source.pod_certificate.take() else {
+            continue;
+        };
+        let found_source = CertificateSource {
+            key: key.clone(),
+            signer_name: projection.signer_name,
+            key_type: projection.key_type,
+            max_expiration_seconds: projection.max_expiration_seconds,
+            user_annotations: projection.user_annotations.unwrap_or_default(),
+        };
+        let paths = [
+            (projection.credential_bundle_path, found_source.bundle_key()),
+            (projection.key_path, found_source.private_key_key()),
+            (projection.certificate_chain_path, found_source.chain_key()),
+        ];
+        let items = paths
+            .into_iter()
+            .filter_map(|(path, key)| path.filter(|p| !p.is_empty()).map(|path| (path, key)))
+            .map(|(path, key)| KeyToPath {
+                key,
+                path,
+                mode: fs_group.then_some(0o600),
+            })
+            .collect();
+        found.push(found_source);
+        *source = VolumeProjection {
+            secret: Some(SecretProjection {
+                name: name.clone(),
+                items: Some(items),
+                optional: Some(false),
+            }),
+            ..VolumeProjection::default()
+        };
     }
     (!found.is_empty()).then(|| PodCertificates {
         name,

@@ -203,6 +203,23 @@ pub fn keep_live_immutables(desired: &mut Pod, live: &Pod) {
     }
 }
 
+/// Every projected source of every volume of `spec`, mutable, with the key
+/// `<volume name>.<source index>` by which the syncer's Secrets and ConfigMaps hold what
+/// stands in for it (unique in the pod, since volume names are).
+fn projected_sources_mut(
+    spec: &mut PodSpec,
+) -> impl Iterator<Item = (String, &mut k8s_openapi::api::core::v1::VolumeProjection)> {
+    spec.volumes.iter_mut().flatten().flat_map(|volume| {
+        let name = volume.name.clone();
+        let sources = volume.projected.as_mut().and_then(|p| p.sources.as_mut());
+        sources
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .map(move |(index, source)| (format!("{name}.{index}"), source))
+    })
+}
+
 /// Every projected source of every volume of `spec`.
 pub fn projected_sources(spec: &PodSpec) -> impl Iterator<Item = &k8s_openapi::api::core::v1::VolumeProjection> {
     spec.volumes

@@ -21,7 +21,7 @@
 //! so the garbage collector deletes it with the pod; its name is no mapped name, so the
 //! orphan search among synced Secrets (`diff::orphans`) never takes it for a copy.
 
-use k8s_openapi::api::core::v1::{KeyToPath, PodSpec, SecretProjection, Volume, VolumeProjection};
+use k8s_openapi::api::core::v1::{KeyToPath, PodSpec, SecretProjection, VolumeProjection};
 
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
@@ -64,36 +64,27 @@ pub(super) fn replace(
 ) -> Option<TokenSecret> {
     let name = control_plane.token_secret_name(&identity.namespace, &identity.name, &identity.uid);
     let mut tokens = Vec::new();
-    for volume in spec.volumes.iter_mut().flatten() {
-        let Volume {
-            name: volume_name,
-            projected,
-            ..
-        } = volume;
-        let sources = projected.as_mut().and_then(|p| p.sources.as_mut());
-        for (index, source) in sources.into_iter().flatten().enumerate() {
-            let Some(projection) = source.service_account_token.take() else {
-                continue;
-            };
-            let key = format!("{volume_name}.{index}");
-            tokens.push(TokenRequest {
-                key: key.clone(),
-                audience: projection.audience.filter(|a| !a.is_empty()),
-                expiration_seconds: projection.expiration_seconds.unwrap_or(DEFAULT_EXPIRATION_SECONDS),
-            });
-            *source = VolumeProjection {
-                secret: Some(SecretProjection {
-                    name: name.clone(),
-                    items: Some(vec![KeyToPath {
-                        key,
-                        path: projection.path,
-                        mode: None,
-                    }]),
-                    optional: Some(false),
-                }),
-                ..VolumeProjection::default()
-            };
-        }
+    for (key, source) in super::projected_sources_mut(spec) {
+        let Some(projection) = source.service_account_token.take() else {
+            continue;
+        };
+        tokens.push(TokenRequest {
+            key: key.clone(),
+            audience: projection.audience.filter(|a| !a.is_empty()),
+            expiration_seconds: projection.expiration_seconds.unwrap_or(DEFAULT_EXPIRATION_SECONDS),
+        });
+        *source = VolumeProjection {
+            secret: Some(SecretProjection {
+                name: name.clone(),
+                items: Some(vec![KeyToPath {
+                    key,
+                    path: projection.path,
+                    mode: None,
+                }]),
+                optional: Some(false),
+            }),
+            ..VolumeProjection::default()
+        };
     }
     (!tokens.is_empty()).then(|| TokenSecret {
         name,

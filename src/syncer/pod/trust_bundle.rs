@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{ConfigMapProjection, KeyToPath, PodSpec, Volume, VolumeProjection};
+use k8s_openapi::api::core::v1::{ConfigMapProjection, KeyToPath, PodSpec, VolumeProjection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
@@ -89,43 +89,34 @@ pub(super) fn replace(
 ) -> Option<TrustBundles> {
     let name = control_plane.trust_bundle_config_map_name(&identity.namespace, &identity.name, &identity.uid);
     let mut found = Vec::new();
-    for volume in spec.volumes.iter_mut().flatten() {
-        let Volume {
-            name: volume_name,
-            projected,
-            ..
-        } = volume;
-        let sources = projected.as_mut().and_then(|p| p.sources.as_mut());
-        for (index, source) in sources.into_iter().flatten().enumerate() {
-            let Some(projection) = source.cluster_trust_bundle.take() else {
-                continue;
-            };
-            let key = format!("{volume_name}.{index}");
-            let selection = match (projection.name, projection.signer_name) {
-                (Some(name), _) => Selection::Name(name),
-                (None, signer_name) => Selection::Signer {
-                    signer_name: signer_name.unwrap_or_default(),
-                    selector: projection.label_selector,
-                },
-            };
-            found.push(TrustBundleSource {
-                key: key.clone(),
-                selection,
-                optional: projection.optional.unwrap_or(false),
-            });
-            *source = VolumeProjection {
-                config_map: Some(ConfigMapProjection {
-                    name: name.clone(),
-                    items: Some(vec![KeyToPath {
-                        key,
-                        path: projection.path,
-                        mode: None,
-                    }]),
-                    optional: Some(false),
-                }),
-                ..VolumeProjection::default()
-            };
-        }
+    for (key, source) in super::projected_sources_mut(spec) {
+        let Some(projection) = source.cluster_trust_bundle.take() else {
+            continue;
+        };
+        let selection = match (projection.name, projection.signer_name) {
+            (Some(name), _) => Selection::Name(name),
+            (None, signer_name) => Selection::Signer {
+                signer_name: signer_name.unwrap_or_default(),
+                selector: projection.label_selector,
+            },
+        };
+        found.push(TrustBundleSource {
+            key: key.clone(),
+            selection,
+            optional: projection.optional.unwrap_or(false),
+        });
+        *source = VolumeProjection {
+            config_map: Some(ConfigMapProjection {
+                name: name.clone(),
+                items: Some(vec![KeyToPath {
+                    key,
+                    path: projection.path,
+                    mode: None,
+                }]),
+                optional: Some(false),
+            }),
+            ..VolumeProjection::default()
+        };
     }
     (!found.is_empty()).then_some(TrustBundles { name, sources: found })
 }
