@@ -53,6 +53,8 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
   KUBEBUILDER_ASSETS="$(hack/kube-assets.sh)"
   export KUBEBUILDER_ASSETS
 fi
+# The test node's exec and port-forward (kubectl exec is how many specs read a pod's files).
+hack/kube-assets.sh test-kubelet >/dev/null
 log "upstream e2e suite of $final"
 e2e="$(KUBE_VERSION="v$final" hack/kube-assets.sh e2e)"
 

@@ -3,7 +3,7 @@
 // kubelet's paths on the kubelet port and passes exec and port-forward requests here,
 // over plain HTTP on the loopback, with what only it knows added to the query: `pid`, a
 // process of the container (exec runs the command in that process's mount, UTS, IPC and
-// network namespaces, with nsenter), and `ip`, the pod's address (port-forward dials it).
+// network namespaces, root and working directory, with nsenter), and `ip`, the pod's address (port-forward dials it).
 // The streams themselves (SPDY, or WebSockets) are the kubelet's own code,
 // k8s.io/cri-streaming, so the super cluster's apiserver talks to the real protocol.
 package main
@@ -37,7 +37,8 @@ func (e executor) ExecInContainer(ctx context.Context, _ string, _ string, _ str
 	if tty {
 		return fmt.Errorf("the capn test node has no terminals: exec without -t")
 	}
-	args := append([]string{"--target", e.pid, "--mount", "--uts", "--ipc", "--net", "--"}, cmd...)
+	// The container's root and working directory too, as a runtime's exec has them.
+	args := append([]string{"--target", e.pid, "--mount", "--uts", "--ipc", "--net", "--root", "--wd", "--"}, cmd...)
 	c := exec.CommandContext(ctx, "nsenter", args...)
 	c.Stdin, c.Stdout, c.Stderr = in, out, errOut
 	err := c.Run()

@@ -474,6 +474,7 @@ impl Runner {
                     cache: cache.to_owned(),
                     capn: capn.to_owned(),
                     fixed: BTreeMap::new(),
+                    busybox: None,
                 },
             },
             Stores {

@@ -30,7 +30,8 @@
 //!    `busybox`) run the host's static `busybox` (Debian's `busybox-static`): the command
 //!    given, else the args, else `sh`, each an applet; so does a command of the agnhost image
 //!    other than `/agnhost` (`/bin/sh -c …`: that image is Alpine's, whose tools are
-//!    BusyBox's). Any other image is refused: its containers stay Waiting with reason
+//!    BusyBox's); every container of the node finds BusyBox's applets in `/bin`, as in those
+//!    images (so `kubectl exec … -- cat` works). Any other image is refused: its containers stay Waiting with reason
 //!    `ErrImagePull` and a message naming the supported images. `imageID` and `containerID`
 //!    are `capn-node://…` names, not digests.
 //! 2. **Volumes**: the runner's (secret, configMap, emptyDir), plus `downwardAPI` and
@@ -61,7 +62,7 @@
 //! 6. **Kubelet API: logs, exec, port-forward.** The announced `kubeletEndpoint` serves
 //!    `containerLogs` (`tailLines` and `follow` only), and `exec` and `portForward` through
 //!    `capn-test-kubelet` (hack/test-kubelet: the kubelet's own streaming code; exec runs the
-//!    command with nsenter in the container's namespaces, without a terminal), with a
+//!    command with nsenter in the container's namespaces and root, without a terminal), with a
 //!    self-signed certificate and no client authentication; see `kubelet.rs`. No attach, no
 //!    metrics. Tests also read a container's output with [`Node::container_log`]. No node lifecycle controller runs, so the node is never
 //!    tainted; the heartbeat keeps it Ready should one run.
@@ -288,6 +289,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
                 cache,
                 capn: PathBuf::from("/nonexistent/capn"),
                 fixed,
+                busybox: Some(busybox.clone()),
             },
         },
         Stores {
@@ -297,7 +299,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
             claim_objects: reflector::store().0,
         },
     )?;
-    for binary in [agnhost, busybox] {
+    for binary in [agnhost, busybox.clone()] {
         let libraries = pod::libraries(&binary)?;
         lock(&shared.state).libraries.insert(binary, libraries);
     }

@@ -208,7 +208,13 @@ pub struct Binaries {
     /// node's `agnhost`, which the e2e test images' own versions do not name): empty for the
     /// runner.
     pub fixed: BTreeMap<String, PathBuf>,
+    /// The node's `busybox`, whose applets every container of the node finds in `/bin`
+    /// (the images it runs are BusyBox's and Alpine's): `None` for the runner.
+    pub busybox: Option<PathBuf>,
 }
+
+/// Where a container finds the node's BusyBox (its applets link to it in `/bin`).
+const BUSYBOX_PATH: &str = "/bin/busybox";
 
 /// Where `hack/kube-assets.sh` keeps its builds, one directory per release:
 /// `$CAPN_ASSETS_CACHE`, else `${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets` (the script's own
@@ -1035,9 +1041,21 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
             },
         });
     }
+    if let Some(busybox) = &ctx.binaries.busybox {
+        mounts.push(Mount {
+            target: BUSYBOX_PATH.into(),
+            source: MountSource::Bind {
+                source: busybox.clone(),
+                read_only: true,
+            },
+        });
+    }
     let container_dir = ctx.pod_dir.join("containers").join(name);
     let rootfs = container_dir.join("rootfs");
     build_rootfs(&rootfs, &mounts)?;
+    if let Some(busybox) = &ctx.binaries.busybox {
+        link_applets(&rootfs, busybox, &ctx.binaries.fixed)?;
+    }
     let pod_ip = ctx.identity.ip.to_string();
     let probe = |p: &Option<Probe>| -> Result<Option<ProbeSpec>, String> {
         p.as_ref().map(|p| probe_spec(p, container, &pod_ip)).transpose()
@@ -1191,6 +1209,20 @@ fn probe_spec(probe: &Probe, container: &Container, pod_ip: &str) -> Result<Prob
     })
 }
 
+/// `/bin/<applet>` → `busybox` in `rootfs` for each applet of `busybox` (the entries of
+/// `fixed` it runs), as a BusyBox image has them, except where a mount point already is.
+fn link_applets(rootfs: &Path, busybox: &Path, fixed: &BTreeMap<String, PathBuf>) -> Result<(), String> {
+    let bin = rootfs.join("bin");
+    for (applet, _) in fixed.iter().filter(|(_, binary)| binary.as_path() == busybox) {
+        let link = bin.join(applet);
+        if applet == "busybox" || link.symlink_metadata().is_ok() {
+            continue;
+        }
+        symlink("busybox", &link).map_err(|e| format!("cannot link {}: {e}", link.display()))?;
+    }
+    Ok(())
+}
+
 /// The shared libraries (and ELF interpreter) a dynamically linked binary needs, from
 /// `ldd`; empty for a static binary.
 pub(super) fn libraries(binary: &Path) -> Result<Vec<PathBuf>, String> {
@@ -1318,6 +1350,7 @@ mod tests {
             cache: PathBuf::from("/cache"),
             capn: PathBuf::from("/target/debug/capn"),
             fixed: BTreeMap::new(),
+            busybox: None,
         };
         let found = |base: &str, release: &str| release_binary(&binaries, base, release);
         assert_eq!(
