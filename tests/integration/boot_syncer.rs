@@ -239,8 +239,23 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await
         .expect("the tenant apiserver accepts the pod's token");
-    let user = review.status.and_then(|s| s.user_info).and_then(|u| u.username);
-    assert_eq!(user.as_deref(), Some("system:serviceaccount:shop:default"));
+    let user = review.status.and_then(|s| s.user_info).unwrap_or_default();
+    assert_eq!(user.username.as_deref(), Some("system:serviceaccount:shop:default"));
+    // Asked for once the tenant pod was bound, as a kubelet asks: the token names its Node
+    // (what upstream's "should mount an API token into pods" checks).
+    let node_name = user
+        .extra
+        .unwrap_or_default()
+        .remove("authentication.kubernetes.io/node-name")
+        .unwrap_or_default();
+    let bound_to: Vec<_> = running
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    assert!(
+        node_name.len() == 1 && bound_to.contains(&node_name[0]),
+        "the token's node {node_name:?}, the pods' {bound_to:?}"
+    );
     let refused = Api::<SelfSubjectReview>::all(with_token(capn_testkit::cluster().config(), &token))
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await;

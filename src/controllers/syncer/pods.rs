@@ -197,10 +197,6 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
             Err(e) => return Err(e.into()),
         },
     };
-    if let Some(secret) = &translation.token_secret {
-        let refresh = tokens::sync(tenant, &identity, secret, &live).await?;
-        next = sooner(next, refresh);
-    }
     if let Some(bundles) = &translation.trust_bundles
         && trust_bundles::sync(tenant, &pod, &identity, bundles, &live).await?
     {
@@ -215,11 +211,19 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
         let note = format!("tolerations not carried to the super cluster: {}", keys.join(", "));
         tenant.event(&*pod, false, "TolerationsDropped", note).await;
     }
-    upward(tenant, &pod, &live).await?;
-    // After the way up: a certificate request names the tenant Node the pod is bound to.
-    if let Some(certificates) = &translation.certificates {
-        let after = pod_certificates::sync(tenant, &pod, &identity, certificates, &live).await?;
-        next = sooner(next, after);
+    let bound = upward(tenant, &pod, &live).await?;
+    // After the way up, as the kubelet asks only for the pods bound to it: a token bound to
+    // the pod then carries its Node (the apiserver's node-name and node-uid claims), and a
+    // certificate request names that Node.
+    if bound {
+        if let Some(secret) = &translation.token_secret {
+            let refresh = tokens::sync(tenant, &identity, secret, &live).await?;
+            next = sooner(next, refresh);
+        }
+        if let Some(certificates) = &translation.certificates {
+            let after = pod_certificates::sync(tenant, &pod, &identity, certificates, &live).await?;
+            next = sooner(next, after);
+        }
     }
     Ok(next)
 }
@@ -378,11 +382,12 @@ async fn lost(tenant: &Tenant, pod: &Pod, node: &str) -> Result<Action, SyncErro
 }
 
 /// The way up: the tenant pod bound to its super pod's node (whose tenant Node is made
-/// first), and its status from the super pod's.
-async fn upward(tenant: &Tenant, pod: &Pod, live: &Pod) -> Result<(), kube::Error> {
+/// first), and its status from the super pod's. Returns whether the tenant pod is bound.
+async fn upward(tenant: &Tenant, pod: &Pod, live: &Pod) -> Result<bool, kube::Error> {
     let up = tenant_status(pod, live, Timestamp::now());
     let api = Api::<Pod>::namespaced(tenant.tenant_client.clone(), &pod.namespace().unwrap_or_default());
     let unbound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none();
+    let bound = !unbound || up.bind_to.is_some();
     if let Some(node) = up.bind_to.as_deref().filter(|_| unbound) {
         nodes::ensure(tenant, node).await?;
         let binding = Binding {
@@ -416,7 +421,7 @@ async fn upward(tenant: &Tenant, pod: &Pod, live: &Pod) -> Result<(), kube::Erro
         )
         .await?;
     }
-    Ok(())
+    Ok(bound)
 }
 
 /// Whether merging `desired` into `current` (a JSON merge patch, as written) changes it.
