@@ -31,7 +31,10 @@
 //!    given, else the args, else `sh`, each an applet; so does a command of the agnhost image
 //!    other than `/agnhost` (`/bin/sh -c …`: that image is Alpine's, whose tools are
 //!    BusyBox's); every container of the node finds BusyBox's applets in `/bin`, as in those
-//!    images (so `kubectl exec … -- cat` works). Any other image is refused: its containers stay Waiting with reason
+//!    images (so `kubectl exec … -- cat` works). `registry.k8s.io/e2e-test-images/sample-apiserver`
+//!    runs the `sample-apiserver` of the super cluster's release (`k8s.io/sample-apiserver`,
+//!    built with the node's binaries), and `registry.k8s.io/etcd` the super cluster's etcd,
+//!    whatever their tags (the e2e aggregator spec runs both). Any other image is refused: its containers stay Waiting with reason
 //!    `ErrImagePull` and a message naming the supported images. `imageID` and `containerID`
 //!    are `capn-node://…` names, not digests.
 //! 2. **Volumes**: the runner's (secret, configMap, emptyDir), plus `downwardAPI` and
@@ -110,6 +113,12 @@ use super::{
 pub const AGNHOST_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost";
 /// The pause image, which `agnhost pause` stands for.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause";
+/// The e2e aggregator spec's sample apiserver, which the `sample-apiserver` of the super
+/// cluster's release stands for (adaptation 1).
+pub const SAMPLE_APISERVER_IMAGE: &str = "registry.k8s.io/e2e-test-images/sample-apiserver";
+/// etcd's image, which the super cluster's own etcd stands for, whatever its tag
+/// (adaptation 1).
+pub const ETCD_IMAGE: &str = "registry.k8s.io/etcd";
 /// The BusyBox images, which the host's static `busybox` stands for (adaptation 1).
 pub const BUSYBOX_IMAGES: [&str; 3] = [
     "registry.k8s.io/e2e-test-images/busybox",
@@ -272,6 +281,9 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
         .map(|applet| (applet, busybox.clone()))
         .collect();
     fixed.insert("agnhost".to_owned(), agnhost.clone());
+    fixed.insert("sample-apiserver".to_owned(), binaries["sample-apiserver"].clone());
+    let etcd = crate::cluster().assets_dir().join("etcd");
+    fixed.insert("etcd".to_owned(), etcd.clone());
     let name = format!(
         "capn-node-{:04x}{:04x}",
         super::sandbox::random_u16(),
@@ -299,7 +311,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
             claim_objects: reflector::store().0,
         },
     )?;
-    for binary in [agnhost, busybox.clone()] {
+    for binary in [agnhost, busybox.clone(), binaries["sample-apiserver"].clone(), etcd] {
         let libraries = pod::libraries(&binary)?;
         lock(&shared.state).libraries.insert(binary, libraries);
     }
@@ -592,6 +604,24 @@ fn stand_in(container: &mut Container, fixed: &BTreeMap<String, PathBuf>) -> Res
             container.args = None;
             Ok(())
         }
+        SAMPLE_APISERVER_IMAGE | ETCD_IMAGE => {
+            let entrypoint = if repository(&image) == ETCD_IMAGE {
+                "etcd"
+            } else {
+                "sample-apiserver"
+            };
+            if container.command.as_ref().is_none_or(Vec::is_empty) {
+                container.command = Some(vec![format!("/{entrypoint}")]);
+            }
+            let base = pod::command_base(container)?;
+            if base != entrypoint {
+                return Err(format!(
+                    "container {}: the image {image} holds only {entrypoint}, not {base}",
+                    container.name
+                ));
+            }
+            Ok(())
+        }
         repository if BUSYBOX_IMAGES.contains(&repository) => {
             // No entrypoint; the image's command is `sh`, which a container's args replace.
             if container.command.as_ref().is_none_or(Vec::is_empty) {
@@ -612,7 +642,7 @@ fn stand_in(container: &mut Container, fixed: &BTreeMap<String, PathBuf>) -> Res
         _ => Err(format!(
             "container {}: the capn test node cannot run image {image:?}: it runs only \
              {AGNHOST_IMAGE}:<tag> (agnhost, and BusyBox's applets), {PAUSE_IMAGE}:<tag> (agnhost \
-             pause) and {} (BusyBox)",
+             pause), {} (BusyBox), {SAMPLE_APISERVER_IMAGE}:<tag> and {ETCD_IMAGE}:<tag>",
             container.name,
             BUSYBOX_IMAGES.join(", ")
         )),
@@ -711,7 +741,7 @@ mod tests {
 
     /// The node's fixed binaries: agnhost, and a few applets of a busybox.
     fn fixed() -> BTreeMap<String, PathBuf> {
-        ["agnhost", "sh", "cat", "sleep"]
+        ["agnhost", "sh", "cat", "sleep", "sample-apiserver", "etcd"]
             .into_iter()
             .map(|b| (b.to_owned(), PathBuf::from(format!("/bin/{b}"))))
             .collect()
@@ -757,6 +787,27 @@ mod tests {
             refused.contains(AGNHOST_IMAGE) && refused.contains(PAUSE_IMAGE) && refused.contains(BUSYBOX_IMAGES[0]),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn the_sample_apiserver_and_etcd_images_run_their_binaries_whatever_their_tags() {
+        let fixed = fixed();
+        let mut sample = container(
+            &format!("{SAMPLE_APISERVER_IMAGE}:1.29.2"),
+            None,
+            Some(&["--etcd-servers=x"]),
+        );
+        stand_in(&mut sample, &fixed).expect("the sample apiserver runs");
+        assert_eq!(sample.command, Some(vec!["/sample-apiserver".to_owned()]));
+        assert_eq!(sample.args, Some(vec!["--etcd-servers=x".to_owned()]));
+        let mut etcd = container(
+            &format!("{ETCD_IMAGE}:3.6.6-0"),
+            Some(&["/usr/local/bin/etcd", "--name=x"]),
+            None,
+        );
+        stand_in(&mut etcd, &fixed).expect("etcd runs");
+        let mut shell = container(&format!("{ETCD_IMAGE}:3.6.6-0"), Some(&["/bin/sh"]), None);
+        assert!(stand_in(&mut shell, &fixed).unwrap_err().contains("holds only etcd"));
     }
 
     #[test]

@@ -214,7 +214,7 @@ pub(super) fn release_binaries(cache: &Path) -> Result<(String, BTreeMap<&'stati
     let release = super::super::pod::parse_version(&text)
         .ok_or_else(|| format!("{} --version printed no version: {text}", apiserver.display()))?;
     let mut out = BTreeMap::new();
-    for name in ["kube-scheduler", "kube-proxy", "agnhost"] {
+    for name in ["kube-scheduler", "kube-proxy", "agnhost", "sample-apiserver"] {
         let path = cache.join(format!("kubernetes-v{release}")).join(name);
         if !path.is_file() {
             return Err(format!(
