@@ -23,7 +23,8 @@
 //! # Adaptations (the complete list, besides the runner's 1-11)
 //! 1. **Images.** No image is pulled. `registry.k8s.io/e2e-test-images/agnhost:<any tag>`
 //!    runs the `agnhost` binary of the super cluster's release (its entrypoint, `/agnhost`,
-//!    when the container gives no `command`; its `command`/`args` as given otherwise), and
+//!    when the container gives no `command`, with its CMD `pause` when it gives no `args`
+//!    either; its `command`/`args` as given otherwise), and
 //!    `registry.k8s.io/pause:<any tag>` runs `agnhost pause`. Both are taken from the release
 //!    cache of `hack/kube-assets.sh` (`kubernetes-v<release>/agnhost`), as is
 //!    `kube-scheduler`. The BusyBox images (`registry.k8s.io/e2e-test-images/busybox`,
@@ -588,6 +589,10 @@ fn stand_in(container: &mut Container, fixed: &BTreeMap<String, PathBuf>) -> Res
         AGNHOST_IMAGE => {
             if container.command.as_ref().is_none_or(Vec::is_empty) {
                 container.command = Some(vec!["/agnhost".to_owned()]);
+                // The image's CMD, when the container gives no args.
+                if container.args.as_ref().is_none_or(Vec::is_empty) {
+                    container.args = Some(vec!["pause".to_owned()]);
+                }
             }
             // The agnhost image is Alpine's: its shell and tools are BusyBox's.
             let base = pod::command_base(container)?;
@@ -762,6 +767,11 @@ mod tests {
         stand_in(&mut netexec, &fixed).expect("agnhost runs");
         assert_eq!(netexec.command, Some(vec!["/agnhost".to_owned()]));
         assert_eq!(netexec.args, Some(vec!["netexec".to_owned()]));
+        // Neither: the image's CMD.
+        let mut bare = container(&format!("{AGNHOST_IMAGE}:2.53"), None, None);
+        stand_in(&mut bare, &fixed).expect("agnhost runs");
+        assert_eq!(bare.command, Some(vec!["/agnhost".to_owned()]));
+        assert_eq!(bare.args, Some(vec!["pause".to_owned()]));
         // A command is kept; one that is not agnhost is refused.
         let mut given = container(&format!("{AGNHOST_IMAGE}:2.53"), Some(&["/agnhost", "pause"]), None);
         stand_in(&mut given, &fixed).expect("agnhost runs");
