@@ -9,7 +9,7 @@
 #   hack/demo.sh
 #
 # Needs: cargo, go (only to build the Kubernetes binaries the first time, ~14 min on 2 cores),
-# iproute2 (`ip`), iptables (the node's kube-proxy), busybox-static (its BusyBox images), and root (it uses sudo when not run as
+# iproute2 (`ip`), iptables (the node's kube-proxy), busybox and netcat-openbsd (its images' tools), and root (it uses sudo when not run as
 # root): the nested control plane's pods run in network and mount namespaces of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,8 @@ die() { printf 'ERROR: %s\n' "$*" >&2; exit 1; }
 command -v cargo >/dev/null || die "cargo is not installed (https://rustup.rs)"
 command -v ip >/dev/null || die "ip (iproute2) is not installed: the demo gives each pod a network namespace with it"
 command -v iptables-restore >/dev/null || die "iptables is not installed: the demo node's kube-proxy routes ClusterIPs with it (apt-get install iptables)"
-command -v busybox >/dev/null || die "busybox is not installed: the demo node runs the BusyBox images with it (apt-get install busybox-static)"
+command -v busybox >/dev/null || die "busybox is not installed: the demo node runs the BusyBox images with it (apt-get install busybox)"
+command -v nc.openbsd >/dev/null || die "netcat-openbsd is not installed: the demo node gives it to the agnhost image (apt-get install netcat-openbsd)"
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || die "the demo needs root (network and mount namespaces), and sudo is not installed"
 fi

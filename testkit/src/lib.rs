@@ -71,6 +71,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// Prefix of the namespaces [`test_namespace`] creates.
 const NAMESPACE_PREFIX: &str = "capn-test-";
 /// Field manager of the StatefulSet status that [`mark_statefulset_ready`] writes.
+/// The test super cluster's service CIDR (its apiserver's `--service-cluster-ip-range`): a
+/// tenant whose service CIDR is this one gets dialable ClusterIPs (a Service's copy takes
+/// the tenant Service's address when it is free here).
+pub const SUPER_SERVICE_CIDR: &str = "10.0.0.0/24";
+
 pub const STATEFULSET_STATUS_MANAGER: &str = "capn-test-statefulset-controller";
 
 /// The repository's root (the kit lives in `testkit/`): where `hack/` is.

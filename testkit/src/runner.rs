@@ -475,6 +475,7 @@ impl Runner {
                     capn: capn.to_owned(),
                     fixed: BTreeMap::new(),
                     busybox: None,
+                    image_tools: Vec::new(),
                 },
             },
             Stores {

@@ -245,7 +245,7 @@ fn apiserver_args(etcd_url: &str, port: u16, cert_dir: &Path, files: &Credential
         "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
         "--authorization-mode=RBAC".to_owned(),
         format!("--token-auth-file={}", files.tokens.display()),
-        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        format!("--service-cluster-ip-range={}", crate::SUPER_SERVICE_CIDR),
         // The test node's kubelet API (logs, exec, port-forward) is at its InternalIP; its hostname resolves
         // nowhere.
         "--kubelet-preferred-address-types=InternalIP".to_owned(),

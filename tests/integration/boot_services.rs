@@ -44,8 +44,6 @@ fn agnhost(name: &str, args: serde_json::Value, restart: &str) -> Pod {
     .unwrap()
 }
 
-/// The test super cluster's service CIDR (`capn_testkit`'s apiserver flags).
-const SUPER_SERVICE_CIDR: &str = "10.0.0.0/24";
 /// The tenant `web` Service's address, asked for: in the lower sixteenth of the range, which
 /// the super cluster's allocator leaves to addresses asked for (KEP-3070), so no other
 /// test's Service takes it.
@@ -133,7 +131,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
         "kind": "NestedControlPlane",
         "metadata": {"name": "demo"},
-        "spec": {"version": "1.36", "clusterNetwork": {"services": {"cidrBlocks": [SUPER_SERVICE_CIDR]}},
+        "spec": {"version": "1.36", "clusterNetwork": {"services": {"cidrBlocks": [capn_testkit::SUPER_SERVICE_CIDR]}},
             "workloads": {"nodePortServices": true}},
     })];
     let booted = boot_with("syncer, services", Some(docs), StartCapn::InProcessWithShippedRbac).await;
@@ -227,6 +225,19 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         seen.trim(),
         dns_service,
         "the pod's one nameserver is its tenant's DNS Service"
+    );
+    // A resolver other than Go's: BusyBox's nslookup (the agnhost image's shell tools), as
+    // upstream's Service specs run it.
+    let mut lookup = agnhost("lookup", json!([]), "Never");
+    if let Some(container) = lookup.spec.as_mut().map(|s| &mut s.containers[0]) {
+        container.command = Some(vec!["nslookup".to_owned(), "web.default.svc.cluster.local".to_owned()]);
+        container.args = None;
+    }
+    run_to_success(&booted, &pods, lookup).await;
+    let answer = pods.logs("lookup", &Default::default()).await.unwrap();
+    assert!(
+        answer.contains(&address),
+        "nslookup answers the Service's address:\n{answer}"
     );
     for name in ["web.default.svc.cluster.local", "web"] {
         booted

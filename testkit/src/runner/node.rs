@@ -28,11 +28,14 @@
 //!    `registry.k8s.io/pause:<any tag>` runs `agnhost pause`. Both are taken from the release
 //!    cache of `hack/kube-assets.sh` (`kubernetes-v<release>/agnhost`), as is
 //!    `kube-scheduler`. The BusyBox images (`registry.k8s.io/e2e-test-images/busybox`,
-//!    `busybox`) run the host's static `busybox` (Debian's `busybox-static`): the command
+//!    `busybox`) run the host's `busybox` (Debian's `busybox`, which, as Alpine's, finds
+//!    commands on the PATH before its own applets): the command
 //!    given, else the args, else `sh`, each an applet; so does a command of the agnhost image
 //!    other than `/agnhost` (`/bin/sh -c …`: that image is Alpine's, whose tools are
 //!    BusyBox's); every container of the node finds BusyBox's applets in `/bin`, as in those
-//!    images (so `kubectl exec … -- cat` works). `registry.k8s.io/e2e-test-images/sample-apiserver`
+//!    images (so `kubectl exec … -- cat` works), and the agnhost image's containers the
+//!    host's netcat-openbsd as `/usr/bin/nc` (the image installs it; upstream's Service specs
+//!    run `nc -v -t`, which BusyBox's `nc` lacks). `registry.k8s.io/e2e-test-images/sample-apiserver`
 //!    runs the `sample-apiserver` of the super cluster's release (`k8s.io/sample-apiserver`,
 //!    built with the node's binaries), and `registry.k8s.io/etcd` the super cluster's etcd,
 //!    whatever their tags (the e2e aggregator spec runs both). Any other image is refused: its containers stay Waiting with reason
@@ -104,7 +107,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::Value;
 
-use super::pod::{self, Binaries, PodIdentity};
+use super::pod::{self, Binaries, ImageTool, PodIdentity, repository};
 use super::{
     Base, HostsScope, PodHandle, PodShared, RESYNC, Runner, SetState, Shared, Stores, delete_pod, launch, lock,
     refresh_dns, watch_volume_sources,
@@ -275,6 +278,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
     let (release, binaries) = objects::release_binaries(&cache)?;
     let agnhost = binaries["agnhost"].clone();
     let busybox = objects::busybox()?;
+    let netcat = objects::netcat()?;
     // `agnhost`, and every BusyBox applet (`sh`, `cat`, `sleep`, ...), each run by the one
     // multi-call binary, which picks the applet from its argv[0].
     let mut fixed: BTreeMap<String, PathBuf> = objects::applets(&busybox)?
@@ -303,6 +307,11 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
                 capn: PathBuf::from("/nonexistent/capn"),
                 fixed,
                 busybox: Some(busybox.clone()),
+                image_tools: vec![ImageTool {
+                    repository: AGNHOST_IMAGE.to_owned(),
+                    target: "/usr/bin/nc".into(),
+                    binary: netcat.clone(),
+                }],
             },
         },
         Stores {
@@ -312,7 +321,13 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
             claim_objects: reflector::store().0,
         },
     )?;
-    for binary in [agnhost, busybox.clone(), binaries["sample-apiserver"].clone(), etcd] {
+    for binary in [
+        agnhost,
+        busybox.clone(),
+        netcat,
+        binaries["sample-apiserver"].clone(),
+        etcd,
+    ] {
         let libraries = pod::libraries(&binary)?;
         lock(&shared.state).libraries.insert(binary, libraries);
     }
@@ -566,15 +581,6 @@ fn admit(
     }
     pod::check_template(&spec, &[], binaries, versions).map_err(|e| ("CreateContainerError".to_owned(), e))?;
     Ok(spec)
-}
-
-/// The image's repository (`registry.k8s.io/pause:3.10` → `registry.k8s.io/pause`).
-fn repository(image: &str) -> &str {
-    let image = image.split('@').next().unwrap_or(image);
-    match image.rsplit_once(':') {
-        Some((repository, tag)) if !tag.contains('/') => repository,
-        _ => image,
-    }
 }
 
 /// Points the container at the binary its image stands for (adaptation 1); `fixed` maps

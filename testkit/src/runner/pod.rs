@@ -211,6 +211,17 @@ pub struct Binaries {
     /// The node's `busybox`, whose applets every container of the node finds in `/bin`
     /// (the images it runs are BusyBox's and Alpine's): `None` for the runner.
     pub busybox: Option<PathBuf>,
+    /// Host tools that stand for those an image installs besides (the agnhost image's
+    /// netcat-openbsd): empty for the runner.
+    pub image_tools: Vec<ImageTool>,
+}
+
+/// A host binary at `target` in the containers of images of `repository`.
+#[derive(Clone, Debug)]
+pub struct ImageTool {
+    pub repository: String,
+    pub target: PathBuf,
+    pub binary: PathBuf,
 }
 
 /// Where a container finds the node's BusyBox (its applets link to it in `/bin`).
@@ -253,6 +264,15 @@ pub(super) fn release_binary(binaries: &Binaries, base: &str, release: &str) -> 
     let path = binaries.cache.join(format!("{dir}-v{release}")).join(base);
     let build = format!("{variable}=v{release} hack/kube-assets.sh");
     Ok((path, build))
+}
+
+/// The image's repository (`registry.k8s.io/pause:3.10` → `registry.k8s.io/pause`).
+pub(super) fn repository(image: &str) -> &str {
+    let image = image.split('@').next().unwrap_or(image);
+    match image.rsplit_once(':') {
+        Some((repository, tag)) if !tag.contains('/') => repository,
+        _ => image,
+    }
 }
 
 /// The container's `command[0]` without its directory (`/usr/local/bin/etcd` → `etcd`).
@@ -1041,11 +1061,36 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
             },
         });
     }
-    if let Some(busybox) = &ctx.binaries.busybox {
+    // The node's images' own tools: BusyBox in every container, and those of the image.
+    let image = repository(container.image.as_deref().unwrap_or_default());
+    let tools = ctx
+        .binaries
+        .busybox
+        .iter()
+        .map(|b| (PathBuf::from(BUSYBOX_PATH), b))
+        .chain(
+            ctx.binaries
+                .image_tools
+                .iter()
+                .filter(|t| t.repository == image)
+                .map(|t| (t.target.clone(), &t.binary)),
+        );
+    for (target, binary) in tools {
+        for library in ctx.libraries.get(binary).into_iter().flatten() {
+            if !mounts.iter().any(|m| &m.target == library) {
+                mounts.push(Mount {
+                    target: library.clone(),
+                    source: MountSource::Bind {
+                        source: library.clone(),
+                        read_only: true,
+                    },
+                });
+            }
+        }
         mounts.push(Mount {
-            target: BUSYBOX_PATH.into(),
+            target,
             source: MountSource::Bind {
-                source: busybox.clone(),
+                source: binary.clone(),
                 read_only: true,
             },
         });
@@ -1351,6 +1396,7 @@ mod tests {
             capn: PathBuf::from("/target/debug/capn"),
             fixed: BTreeMap::new(),
             busybox: None,
+            image_tools: Vec::new(),
         };
         let found = |base: &str, release: &str| release_binary(&binaries, base, release);
         assert_eq!(

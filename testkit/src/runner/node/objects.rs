@@ -229,24 +229,36 @@ pub(super) fn release_binaries(cache: &Path) -> Result<(String, BTreeMap<&'stati
 }
 
 /// The host's `busybox`, which stands for the BusyBox images and for the agnhost image's
-/// shell and tools (adaptation 1): `$CAPN_TEST_BUSYBOX`, else `/bin/busybox` or
-/// `/usr/bin/busybox` (Debian's `busybox-static` package).
+/// shell and tools (adaptation 1): `/bin/busybox` or `/usr/bin/busybox` (Debian's `busybox`
+/// package).
 ///
 /// # Errors
 /// When there is none, saying how to get one.
 pub(super) fn busybox() -> Result<PathBuf, String> {
-    let given = std::env::var_os("CAPN_TEST_BUSYBOX")
-        .filter(|b| !b.is_empty())
-        .map(PathBuf::from);
-    given
-        .into_iter()
-        .chain(["/bin/busybox", "/usr/bin/busybox"].map(PathBuf::from))
-        .find(|b| b.is_file())
-        .ok_or_else(|| {
-            "MISSING: the node needs busybox (it runs the BusyBox images and the agnhost image's shell); \
-             install Debian's busybox-static (`apt-get install busybox-static`) or set CAPN_TEST_BUSYBOX"
-                .to_owned()
-        })
+    host_tool(
+        &["/bin/busybox", "/usr/bin/busybox"],
+        "busybox (it runs the BusyBox images and the agnhost image's shell); install Debian's busybox (`apt-get install busybox`)",
+    )
+}
+
+/// The host's netcat-openbsd, which stands for the agnhost image's (adaptation 1).
+///
+/// # Errors
+/// When there is none, saying how to get one.
+pub(super) fn netcat() -> Result<PathBuf, String> {
+    host_tool(
+        &["/bin/nc.openbsd", "/usr/bin/nc.openbsd"],
+        "netcat-openbsd (the agnhost image's nc); install it (`apt-get install netcat-openbsd`)",
+    )
+}
+
+/// The first of `paths` that exists, else a MISSING error naming `what`.
+fn host_tool(paths: &[&str], what: &str) -> Result<PathBuf, String> {
+    paths
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| format!("MISSING: the node needs {what}"))
 }
 
 /// The applets `busybox` holds (`busybox --list`).
