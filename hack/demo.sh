@@ -9,7 +9,8 @@
 #   hack/demo.sh
 #
 # Needs: cargo, go (only to build the Kubernetes binaries the first time, ~14 min on 2 cores),
-# iproute2 (`ip`), iptables (the node's kube-proxy), busybox and netcat-openbsd (its images' tools), and root (it uses sudo when not run as
+# iproute2 (`ip`), iptables (the node's kube-proxy), busybox, netcat-openbsd and
+# bind9-dnsutils (its images' tools), and root (it uses sudo when not run as
 # root): the nested control plane's pods run in network and mount namespaces of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,7 @@ command -v ip >/dev/null || die "ip (iproute2) is not installed: the demo gives 
 command -v iptables-restore >/dev/null || die "iptables is not installed: the demo node's kube-proxy routes ClusterIPs with it (apt-get install iptables)"
 command -v busybox >/dev/null || die "busybox is not installed: the demo node runs the BusyBox images with it (apt-get install busybox)"
 command -v nc.openbsd >/dev/null || die "netcat-openbsd is not installed: the demo node gives it to the agnhost image (apt-get install netcat-openbsd)"
+command -v dig >/dev/null || die "dig is not installed: the demo node gives it to the agnhost image (apt-get install bind9-dnsutils)"
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || die "the demo needs root (network and mount namespaces), and sudo is not installed"
 fi

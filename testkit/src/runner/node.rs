@@ -34,8 +34,9 @@
 //!    other than `/agnhost` (`/bin/sh -c …`: that image is Alpine's, whose tools are
 //!    BusyBox's); every container of the node finds BusyBox's applets in `/bin`, as in those
 //!    images (so `kubectl exec … -- cat` works), and the agnhost image's containers the
-//!    host's netcat-openbsd as `/usr/bin/nc` (the image installs it; upstream's Service specs
-//!    run `nc -v -t`, which BusyBox's `nc` lacks). `registry.k8s.io/e2e-test-images/sample-apiserver`
+//!    host's netcat-openbsd, `dig`, `nslookup` and `getent` in `/usr/bin`, as the image
+//!    installs them (upstream's Service specs run `nc -v -t`, which BusyBox's `nc` lacks;
+//!    its DNS specs run `dig` and `getent`). `registry.k8s.io/e2e-test-images/sample-apiserver`
 //!    runs the `sample-apiserver` of the super cluster's release (`k8s.io/sample-apiserver`,
 //!    built with the node's binaries), and `registry.k8s.io/etcd` the super cluster's etcd,
 //!    whatever their tags (the e2e aggregator spec runs both). Any other image is refused: its containers stay Waiting with reason
@@ -278,7 +279,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
     let (release, binaries) = objects::release_binaries(&cache)?;
     let agnhost = binaries["agnhost"].clone();
     let busybox = objects::busybox()?;
-    let netcat = objects::netcat()?;
+    let agnhost_tools = objects::agnhost_tools()?;
     // `agnhost`, and every BusyBox applet (`sh`, `cat`, `sleep`, ...), each run by the one
     // multi-call binary, which picks the applet from its argv[0].
     let mut fixed: BTreeMap<String, PathBuf> = objects::applets(&busybox)?
@@ -307,11 +308,14 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
                 capn: PathBuf::from("/nonexistent/capn"),
                 fixed,
                 busybox: Some(busybox.clone()),
-                image_tools: vec![ImageTool {
-                    repository: AGNHOST_IMAGE.to_owned(),
-                    target: "/usr/bin/nc".into(),
-                    binary: netcat.clone(),
-                }],
+                image_tools: agnhost_tools
+                    .iter()
+                    .map(|(target, binary)| ImageTool {
+                        repository: AGNHOST_IMAGE.to_owned(),
+                        target: target.clone(),
+                        binary: binary.clone(),
+                    })
+                    .collect(),
             },
         },
         Stores {
@@ -321,13 +325,9 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
             claim_objects: reflector::store().0,
         },
     )?;
-    for binary in [
-        agnhost,
-        busybox.clone(),
-        netcat,
-        binaries["sample-apiserver"].clone(),
-        etcd,
-    ] {
+    let tools = agnhost_tools.into_iter().map(|(_, binary)| binary);
+    let node_binaries = [agnhost, busybox.clone(), binaries["sample-apiserver"].clone(), etcd];
+    for binary in node_binaries.into_iter().chain(tools) {
         let libraries = pod::libraries(&binary)?;
         lock(&shared.state).libraries.insert(binary, libraries);
     }

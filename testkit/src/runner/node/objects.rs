@@ -241,15 +241,32 @@ pub(super) fn busybox() -> Result<PathBuf, String> {
     )
 }
 
-/// The host's netcat-openbsd, which stands for the agnhost image's (adaptation 1).
+/// The host's tools that stand for those the agnhost image installs besides BusyBox
+/// (adaptation 1; its Dockerfile's `apk add bind-tools netcat-openbsd`, and musl's
+/// `getent`), each as `(path in the container, host binary)`: netcat-openbsd's `nc`, and
+/// bind's `dig` and `nslookup` (Debian's `netcat-openbsd` and `bind9-dnsutils`), glibc's
+/// `getent`.
 ///
 /// # Errors
-/// When there is none, saying how to get one.
-pub(super) fn netcat() -> Result<PathBuf, String> {
-    host_tool(
-        &["/bin/nc.openbsd", "/usr/bin/nc.openbsd"],
-        "netcat-openbsd (the agnhost image's nc); install it (`apt-get install netcat-openbsd`)",
-    )
+/// A tool the host lacks, saying which package has it.
+pub(super) fn agnhost_tools() -> Result<Vec<(PathBuf, PathBuf)>, String> {
+    let wanted: [(&str, &[&str], &str); 4] = [
+        (
+            "/usr/bin/nc",
+            &["/bin/nc.openbsd", "/usr/bin/nc.openbsd"],
+            "netcat-openbsd",
+        ),
+        ("/usr/bin/dig", &["/usr/bin/dig"], "bind9-dnsutils"),
+        ("/usr/bin/nslookup", &["/usr/bin/nslookup"], "bind9-dnsutils"),
+        ("/usr/bin/getent", &["/usr/bin/getent"], "libc-bin"),
+    ];
+    wanted
+        .into_iter()
+        .map(|(target, paths, package)| {
+            let what = format!("{target} of the agnhost image; install {package} (`apt-get install {package}`)");
+            host_tool(paths, &what).map(|binary| (PathBuf::from(target), binary))
+        })
+        .collect()
 }
 
 /// The first of `paths` that exists, else a MISSING error naming `what`.
