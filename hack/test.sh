@@ -25,6 +25,7 @@ command -v iptables-restore >/dev/null || { echo "ERROR: iptables-restore is mis
 command -v busybox >/dev/null || { echo "ERROR: busybox is missing: the test node runs the BusyBox images with it (apt-get install busybox)" >&2; exit 1; }
 command -v nc.openbsd >/dev/null || { echo "ERROR: netcat-openbsd is missing: the test node gives it to the agnhost image (apt-get install netcat-openbsd)" >&2; exit 1; }
 command -v dig >/dev/null || { echo "ERROR: dig is missing: the test node gives it to the agnhost image (apt-get install bind9-dnsutils)" >&2; exit 1; }
+command -v curl >/dev/null || { echo "ERROR: curl is missing: the test node gives it to the agnhost image (apt-get install curl)" >&2; exit 1; }
 release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
 for b in kube-scheduler kube-proxy agnhost; do
   [ -x "$release_dir/$b" ] || { echo "ERROR: $release_dir/$b is missing (run hack/kube-assets.sh with the KUBE_VERSION of $KUBEBUILDER_ASSETS)" >&2; exit 1; }

@@ -34,9 +34,10 @@
 //!    other than `/agnhost` (`/bin/sh -c …`: that image is Alpine's, whose tools are
 //!    BusyBox's); every container of the node finds BusyBox's applets in `/bin`, as in those
 //!    images (so `kubectl exec … -- cat` works), and the agnhost image's containers the
-//!    host's netcat-openbsd, `dig`, `nslookup` and `getent` in `/usr/bin`, as the image
-//!    installs them (upstream's Service specs run `nc -v -t`, which BusyBox's `nc` lacks;
-//!    its DNS specs run `dig` and `getent`). `registry.k8s.io/e2e-test-images/sample-apiserver`
+//!    host's netcat-openbsd, `dig`, `nslookup`, `curl` and `getent` in `/usr/bin`, as the
+//!    image installs them (upstream's Service specs run `nc -v -t`, which BusyBox's `nc`
+//!    lacks, and `curl`; its DNS specs run `dig` and `getent`), and a `/localhost.crt` and
+//!    `/localhost.key` like those it holds for `porter`. `registry.k8s.io/e2e-test-images/sample-apiserver`
 //!    runs the `sample-apiserver` of the super cluster's release (`k8s.io/sample-apiserver`,
 //!    built with the node's binaries), and `registry.k8s.io/etcd` the super cluster's etcd,
 //!    whatever their tags (the e2e aggregator spec runs both). Any other image is refused: its containers stay Waiting with reason
@@ -280,6 +281,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
     let agnhost = binaries["agnhost"].clone();
     let busybox = objects::busybox()?;
     let agnhost_tools = objects::agnhost_tools()?;
+    let agnhost_files = objects::agnhost_files(&cache)?;
     // `agnhost`, and every BusyBox applet (`sh`, `cat`, `sleep`, ...), each run by the one
     // multi-call binary, which picks the applet from its argv[0].
     let mut fixed: BTreeMap<String, PathBuf> = objects::applets(&busybox)?
@@ -310,6 +312,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
                 busybox: Some(busybox.clone()),
                 image_tools: agnhost_tools
                     .iter()
+                    .chain(&agnhost_files)
                     .map(|(target, binary)| ImageTool {
                         repository: AGNHOST_IMAGE.to_owned(),
                         target: target.clone(),

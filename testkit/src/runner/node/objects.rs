@@ -242,15 +242,15 @@ pub(super) fn busybox() -> Result<PathBuf, String> {
 }
 
 /// The host's tools that stand for those the agnhost image installs besides BusyBox
-/// (adaptation 1; its Dockerfile's `apk add bind-tools netcat-openbsd`, and musl's
-/// `getent`), each as `(path in the container, host binary)`: netcat-openbsd's `nc`, and
-/// bind's `dig` and `nslookup` (Debian's `netcat-openbsd` and `bind9-dnsutils`), glibc's
-/// `getent`.
+/// (adaptation 1; its Dockerfile's `apk add bind-tools curl netcat-openbsd`, and musl's
+/// `getent`), each as `(path in the container, host binary)`: netcat-openbsd's `nc`, bind's
+/// `dig` and `nslookup`, `curl` (Debian's `netcat-openbsd`, `bind9-dnsutils` and `curl`),
+/// glibc's `getent`.
 ///
 /// # Errors
 /// A tool the host lacks, saying which package has it.
 pub(super) fn agnhost_tools() -> Result<Vec<(PathBuf, PathBuf)>, String> {
-    let wanted: [(&str, &[&str], &str); 4] = [
+    let wanted: [(&str, &[&str], &str); 5] = [
         (
             "/usr/bin/nc",
             &["/bin/nc.openbsd", "/usr/bin/nc.openbsd"],
@@ -258,6 +258,7 @@ pub(super) fn agnhost_tools() -> Result<Vec<(PathBuf, PathBuf)>, String> {
         ),
         ("/usr/bin/dig", &["/usr/bin/dig"], "bind9-dnsutils"),
         ("/usr/bin/nslookup", &["/usr/bin/nslookup"], "bind9-dnsutils"),
+        ("/usr/bin/curl", &["/usr/bin/curl"], "curl"),
         ("/usr/bin/getent", &["/usr/bin/getent"], "libc-bin"),
     ];
     wanted
@@ -267,6 +268,28 @@ pub(super) fn agnhost_tools() -> Result<Vec<(PathBuf, PathBuf)>, String> {
             host_tool(paths, &what).map(|binary| (PathBuf::from(target), binary))
         })
         .collect()
+}
+
+/// The files the agnhost image holds beside its binaries, as `(path in the container, file)`:
+/// the `localhost.crt` and `localhost.key` its `porter` serves TLS with (a self-signed
+/// certificate for `localhost`, made once into `cache/agnhost-files`).
+///
+/// # Errors
+/// When they cannot be written.
+pub(super) fn agnhost_files(cache: &Path) -> Result<Vec<(PathBuf, PathBuf)>, String> {
+    let dir = cache.join("agnhost-files");
+    let (crt, key) = (dir.join("localhost.crt"), dir.join("localhost.key"));
+    if !crt.is_file() || !key.is_file() {
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+            .map_err(|e| format!("cannot make the agnhost image's localhost certificate: {e}"))?;
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let write = |path: &Path, text: String| {
+            std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+        };
+        write(&key, certified.signing_key.serialize_pem())?;
+        write(&crt, certified.cert.pem())?;
+    }
+    Ok(vec![("/localhost.crt".into(), crt), ("/localhost.key".into(), key)])
 }
 
 /// The first of `paths` that exists, else a MISSING error naming `what`.
