@@ -476,6 +476,7 @@ impl Runner {
                     fixed: BTreeMap::new(),
                     busybox: None,
                     image_tools: Vec::new(),
+                    image_files: Vec::new(),
                 },
             },
             Stores {

@@ -311,7 +311,7 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
         "command": ["/bin/sh", "-c", "echo from $(cat /etc/hostname); sleep 0.1; exit 3"]}]});
     create(&api, "shell", shell).await;
     let alpine = json!({"restartPolicy": "Never", "containers": [{
-        "name": "sh", "image": AGNHOST, "command": ["sh", "-c", "ls /etc/hostname; nc -h 2>&1 | head -1; dig -v 2>&1"]}]});
+        "name": "sh", "image": AGNHOST, "command": ["sh", "-c", "ls /etc/hostname; nc -h 2>&1 | head -1; dig -v 2>&1; mv /localhost.crt /tmp/ && echo moved"]}]});
     create(&api, "alpine", alpine).await;
 
     let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
@@ -330,8 +330,8 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
     wait_pod(&api, "alpine", "Succeeded", |p| phase(p) == "Succeeded").await;
     let log = api.logs("alpine", &Default::default()).await.unwrap();
     assert!(
-        log.starts_with("/etc/hostname\nOpenBSD netcat") && log.contains("DiG 9."),
-        "BusyBox's ls, and the image's own nc and dig: {log}"
+        log.starts_with("/etc/hostname\nOpenBSD netcat") && log.contains("DiG 9.") && log.ends_with("moved\n"),
+        "BusyBox's ls, the image's own nc and dig, and its localhost.crt, which a container may move: {log}"
     );
 
     let refused = wait_pod(&api, "elsewhere", "refused", |p| {

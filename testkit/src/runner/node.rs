@@ -310,15 +310,8 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
                 capn: PathBuf::from("/nonexistent/capn"),
                 fixed,
                 busybox: Some(busybox.clone()),
-                image_tools: agnhost_tools
-                    .iter()
-                    .chain(&agnhost_files)
-                    .map(|(target, binary)| ImageTool {
-                        repository: AGNHOST_IMAGE.to_owned(),
-                        target: target.clone(),
-                        binary: binary.clone(),
-                    })
-                    .collect(),
+                image_tools: of_agnhost(&agnhost_tools),
+                image_files: of_agnhost(&agnhost_files),
             },
         },
         Stores {
@@ -661,6 +654,18 @@ fn stand_in(container: &mut Container, fixed: &BTreeMap<String, PathBuf>) -> Res
             BUSYBOX_IMAGES.join(", ")
         )),
     }
+}
+
+/// The agnhost image's `(target, host path)` pairs as [`ImageTool`]s.
+fn of_agnhost(pairs: &[(PathBuf, PathBuf)]) -> Vec<ImageTool> {
+    pairs
+        .iter()
+        .map(|(target, binary)| ImageTool {
+            repository: AGNHOST_IMAGE.to_owned(),
+            target: target.clone(),
+            binary: binary.clone(),
+        })
+        .collect()
 }
 
 /// The node's directory, removed when the test process exits.

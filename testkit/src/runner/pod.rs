@@ -212,11 +212,15 @@ pub struct Binaries {
     /// (the images it runs are BusyBox's and Alpine's): `None` for the runner.
     pub busybox: Option<PathBuf>,
     /// Host tools that stand for those an image installs besides (the agnhost image's
-    /// netcat-openbsd): empty for the runner.
+    /// netcat-openbsd), bind-mounted read-only: empty for the runner.
     pub image_tools: Vec<ImageTool>,
+    /// Files an image holds, copied into each of its containers' root (a container may move
+    /// them, as upstream's StatefulSet specs move the agnhost image's `/localhost.crt`):
+    /// empty for the runner.
+    pub image_files: Vec<ImageTool>,
 }
 
-/// A host binary at `target` in the containers of images of `repository`.
+/// A host binary (or file) at `target` in the containers of images of `repository`.
 #[derive(Clone, Debug)]
 pub struct ImageTool {
     pub repository: String,
@@ -1101,6 +1105,11 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
     if let Some(busybox) = &ctx.binaries.busybox {
         link_applets(&rootfs, busybox, &ctx.binaries.fixed)?;
     }
+    for file in ctx.binaries.image_files.iter().filter(|f| f.repository == image) {
+        let to = host_path(&rootfs, &file.target);
+        fs::copy(&file.binary, &to)
+            .map_err(|e| format!("cannot copy {} to {}: {e}", file.binary.display(), to.display()))?;
+    }
     let pod_ip = ctx.identity.ip.to_string();
     let probe = |p: &Option<Probe>| -> Result<Option<ProbeSpec>, String> {
         p.as_ref().map(|p| probe_spec(p, container, &pod_ip)).transpose()
@@ -1397,6 +1406,7 @@ mod tests {
             fixed: BTreeMap::new(),
             busybox: None,
             image_tools: Vec::new(),
+            image_files: Vec::new(),
         };
         let found = |base: &str, release: &str| release_binary(&binaries, base, release);
         assert_eq!(
