@@ -22,6 +22,7 @@ mod pod_certificates;
 mod pod_events;
 mod pod_owned;
 mod pods;
+mod projection_state;
 mod references;
 mod scope;
 mod services;

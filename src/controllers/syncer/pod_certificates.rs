@@ -11,7 +11,7 @@
 //! retry, as on the kubelet. The tenant's requests are watched from the first pod that
 //! needs them ([`LazyWatch`]); their changes wake the pods that project certificates.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
@@ -20,100 +20,24 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
-use tokio::sync::mpsc::UnboundedSender;
 
-use super::lazy_watch::{LazyWatch, Watched};
+use super::lazy_watch::Watched;
 use super::pod_owned;
+use super::projection_state::{Pending, Written};
 use super::scope::{FIELD_MANAGER, Tenant, typed};
 use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::PodCertificates;
 use crate::syncer::pod::certificate::{CertificateSource, clean_chain, new_key};
 
-/// PodCertificateRequests: their group, versions (the newest first) and resource.
-const GROUP: &str = "certificates.k8s.io";
-const VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha1"];
-const RESOURCE: &str = "podcertificaterequests";
 /// Annotation on a certificate Secret: when each source's certificate is due for refresh
 /// (a JSON object of source key → RFC 3339 time, the requests' `beginRefreshAt`).
 pub const REFRESH_AT: &str = "tenancy.x-k8s.io/certificate-refresh-at";
 /// A request the watch does not show this long after it was made is taken as deleted and
 /// made again (the kubelet's `assumeDeletedThreshold`).
 const ASSUME_DELETED: Duration = Duration::from_secs(600);
-/// How long a Secret this worker just wrote vouches for itself before the cache shows it
-/// (the token Secrets' rule).
-const CACHE_LAG: Duration = Duration::from_secs(30);
 /// How soon a pass that waits (for the super scheduler, a tenant Node, a signer) comes back
 /// without being woken.
 const WAIT: Duration = Duration::from_secs(10);
-
-/// One tenant's PodCertificateRequests, watched from the first pod that needs them, and
-/// the requests in flight.
-pub(super) struct PodCertificateState {
-    watch: LazyWatch,
-    /// By (Secret name, source key).
-    pending: std::sync::Mutex<HashMap<(String, String), Pending>>,
-    /// The Secrets written lately, by name: what the next passes start from until the cache
-    /// shows them (else they would find no certificate and ask again).
-    written: std::sync::Mutex<HashMap<String, Written>>,
-}
-
-/// A Secret this worker wrote: for the super pod `owner`, its data and refresh times, when.
-#[derive(Clone)]
-struct Written {
-    owner: String,
-    data: BTreeMap<String, ByteString>,
-    refresh: BTreeMap<String, Timestamp>,
-    at: Instant,
-}
-
-/// A request in flight: the tenant pod, the request's name, the key it is for (PEM, in
-/// memory only), the super pod it is for, when it was made, and whether the signer ended it
-/// without a certificate.
-#[derive(Clone)]
-struct Pending {
-    /// The tenant pod's namespace, name and uid: an entry goes once that pod is gone.
-    pod: TenantObject,
-    request: String,
-    key_pem: String,
-    owner: String,
-    made: Instant,
-    ended: bool,
-}
-
-impl PodCertificateState {
-    /// A state that watches nothing yet and reports changes of requests to `changes`.
-    pub fn new(changes: UnboundedSender<()>) -> Self {
-        Self {
-            watch: LazyWatch::new(GROUP, VERSIONS, RESOURCE, changes),
-            pending: Default::default(),
-            written: Default::default(),
-        }
-    }
-
-    /// The Secret `name` as this worker wrote it for `owner` less than [`CACHE_LAG`] ago.
-    fn written_lately(&self, name: &str, owner: &str) -> Option<Written> {
-        let mut written = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.retain(|_, w| w.at.elapsed() < CACHE_LAG);
-        written.get(name).filter(|w| w.owner == owner).cloned()
-    }
-
-    fn record(&self, name: &str, written: Written) {
-        let mut all = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        all.insert(name.to_owned(), written);
-    }
-
-    /// Drops the requests of tenant pods that are gone (or made again under a new uid).
-    fn forget_gone_pods(&self, pods: &Store<Pod>) {
-        self.pending().retain(|_, p| {
-            pods.get(&ObjectRef::new(&p.pod.name).within(&p.pod.namespace))
-                .is_some_and(|live| live.metadata.uid.as_deref() == Some(p.pod.uid.as_str()))
-        });
-    }
-
-    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Pending>> {
-        self.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
 
 /// What a signer made of a request.
 enum Outcome {

@@ -79,10 +79,10 @@ pub(super) struct Tenant {
     /// How often the patrol looks for orphans and drift.
     pub patrol_every: Duration,
     /// The tenant's ClusterTrustBundles, watched from the first pod that projects them.
-    pub trust_bundles: super::trust_bundles::TrustBundleCache,
+    pub trust_bundles: super::projection_state::TrustBundleCache,
     /// The tenant's PodCertificateRequests, watched from the first pod that projects a
     /// certificate, and the requests in flight.
-    pub pod_certificates: super::pod_certificates::PodCertificateState,
+    pub pod_certificates: super::projection_state::PodCertificateState,
     /// The token Secrets written lately, by name (see [`Issued`]).
     pub tokens_issued: std::sync::Mutex<std::collections::HashMap<String, Issued>>,
     /// The copies applied or found current, by super name (see [`CopyRecord`]).

@@ -146,8 +146,8 @@ pub(super) async fn run(start: Start) {
         patrol_every: start.patrol_every,
         applied_copies: Default::default(),
         tokens_issued: Default::default(),
-        trust_bundles: super::trust_bundles::TrustBundleCache::new(projection_changes.clone()),
-        pod_certificates: super::pod_certificates::PodCertificateState::new(projection_changes),
+        trust_bundles: super::projection_state::TrustBundleCache::new(projection_changes.clone()),
+        pod_certificates: super::projection_state::PodCertificateState::new(projection_changes),
         metrics: start.metrics,
     });
     let controller = with_triggers(

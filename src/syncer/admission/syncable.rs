@@ -16,7 +16,11 @@
 use k8s_openapi::api::core::v1::{PodAffinityTerm, PodSpec};
 
 use super::{Rule, Violation};
-use crate::syncer::pod::certificate::SUPPORTED_KEY_TYPES;
+
+/// The `podCertificate` key types the syncer can generate (those capn's crypto library,
+/// ring, makes; `crate::syncer::pod::certificate` generates them): the API's others
+/// (`RSA3072`, `RSA4096`, `ECDSAP521`) are refused.
+pub const SUPPORTED_KEY_TYPES: [&str; 3] = ["ECDSAP256", "ECDSAP384", "ED25519"];
 
 pub(super) fn check(spec: &PodSpec, out: &mut Vec<Violation>) {
     if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {

@@ -28,9 +28,7 @@ use k8s_openapi::api::core::v1::{KeyToPath, PodSpec, SecretProjection, VolumePro
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
 
-/// The key types the syncer can generate (a subset of the API's, see the module
-/// documentation).
-pub const SUPPORTED_KEY_TYPES: [&str; 3] = ["ECDSAP256", "ECDSAP384", "ED25519"];
+pub use crate::syncer::admission::syncable::SUPPORTED_KEY_TYPES;
 
 /// The Secret that carries a pod's certificates, and what goes in it.
 #[derive(Clone, Debug, PartialEq, Eq)]
