@@ -127,6 +127,24 @@ pub fn asking_tenant_address(copy: &Service, tenant: &Service) -> Option<Service
     Some(copy)
 }
 
+/// `copy` asking for the tenant Service's node ports only, for a new `NodePort` copy whose
+/// ask for the tenant's address too was refused (the address is taken in the super cluster,
+/// or outside its range): the node ports may still be free, and the tenant Service then
+/// shows ports that answer. `None` for a copy that is no `NodePort` Service or a tenant
+/// Service without node ports.
+pub fn asking_tenant_node_ports(copy: &Service, tenant: &Service) -> Option<Service> {
+    let spec = tenant.spec.as_ref()?;
+    let mut copy = copy.clone();
+    let copy_spec = copy.spec.as_mut().filter(|s| s.type_.as_deref() == Some(NODE_PORT))?;
+    take_node_ports(copy_spec, spec);
+    copy_spec
+        .ports
+        .iter()
+        .flatten()
+        .any(|p| p.node_port.is_some())
+        .then_some(copy)
+}
+
 /// `copy` keeping the live copy's ClusterIP and, while both are `NodePort` Services, its
 /// node ports (immutable or allocated: an apply that names others is refused, and one that
 /// names none would give the fields up).

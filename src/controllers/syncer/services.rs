@@ -25,8 +25,8 @@ use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::{MissingField, TenantObject};
 use crate::syncer::service::endpoints::{is_current, slice_copy};
 use crate::syncer::service::{
-    CopyState, SUPER_CLUSTER_IP, SUPER_NODE_PORTS, asking_tenant_address, cluster_ip_changes, copy_state,
-    keeping_live_address, node_port_changes, service_copy,
+    CopyState, SUPER_CLUSTER_IP, SUPER_NODE_PORTS, asking_tenant_address, asking_tenant_node_ports, cluster_ip_changes,
+    copy_state, keeping_live_address, node_port_changes, service_copy,
 };
 
 /// Why a Service has no copy: the super cluster refused it (its quota on Services, a
@@ -120,15 +120,26 @@ async fn copy_services(tenant: &Tenant, services: &[Arc<Service>], copies: &[Arc
                 None
             }
             (_, Some((live, _))) => apply(&api, &name, &keeping_live_address(copy, live)).await?.err(),
-            // A new copy asks for the tenant's own address first (it is free in the super
-            // cluster's range: one address for both), then takes the one it is given.
-            (_, None) => match asking_tenant_address(&copy, service) {
-                Some(same) => match apply(&api, &name, &same).await? {
-                    Err(kube::Error::Api(e)) if e.code == 422 => apply(&api, &name, &copy).await?.err(),
-                    other => other.err(),
-                },
-                None => apply(&api, &name, &copy).await?.err(),
-            },
+            // A new copy asks for the tenant's own address (and node ports) first (free in
+            // the super cluster's range: one address for both), then for its node ports
+            // alone, then takes what it is given; only the last refusal counts.
+            (_, None) => {
+                let asks = [
+                    asking_tenant_address(&copy, service),
+                    asking_tenant_node_ports(&copy, service),
+                ];
+                let mut refused = None;
+                for ask in asks.into_iter().flatten().chain([copy]) {
+                    match apply(&api, &name, &ask).await? {
+                        Err(kube::Error::Api(e)) if e.code == 422 => refused = Some(kube::Error::Api(e)),
+                        other => {
+                            refused = other.err();
+                            break;
+                        }
+                    }
+                }
+                refused
+            }
         };
         if let (Some(kube::Error::Api(e)), None) = (refused, live) {
             let note = format!("the super cluster refused the Service's copy: {}", e.message);

@@ -239,9 +239,19 @@ fn node_ports_open_only_where_the_control_plane_allows_them() {
         "the super cluster's to allocate"
     );
     assert_eq!(spec.external_ips, None, "never, node ports or not");
-    // A new copy asks for the tenant's node ports with its address.
+    // A new copy asks for the tenant's node ports with its address, then alone.
     let asking = asking_tenant_address(&copy, &tenant_service()).unwrap();
     assert_eq!(asking.spec.unwrap().ports.unwrap()[0].node_port, Some(30080));
+    let ports_only = asking_tenant_node_ports(&copy, &tenant_service())
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(ports_only.ports.unwrap()[0].node_port, Some(30080));
+    assert_eq!(ports_only.cluster_ip, None, "the super cluster's address to give");
+    let cluster_ip_copy = service_copy(&control_plane(), &tenant_service(), false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(asking_tenant_node_ports(&cluster_ip_copy, &tenant_service()), None);
     // A live copy keeps the node ports it was given, and shows them.
     let mut live = stored(&copy, "10.0.0.77");
     live.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].node_port = Some(31999);
