@@ -1004,22 +1004,7 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
             },
         });
     }
-    for library in ctx.libraries.get(&binary).into_iter().flatten() {
-        mounts.push(Mount {
-            target: library.clone(),
-            source: MountSource::Bind {
-                source: library.clone(),
-                read_only: true,
-            },
-        });
-    }
-    mounts.push(Mount {
-        target: program.clone(),
-        source: MountSource::Bind {
-            source: binary,
-            read_only: true,
-        },
-    });
+    bind_binary(&mut mounts, ctx.libraries.get(&binary), program.clone(), binary);
     // Distroless images carry Debian's CA bundle (TLS clients such as capn's object storage
     // client load it even for an http endpoint); the host's stands in for it, read-only
     // like the rest of the image.
@@ -1080,24 +1065,7 @@ fn plan_container(spec: &PodSpec, container: &Container, ctx: &PodContext<'_>) -
                 .map(|t| (t.target.clone(), &t.binary)),
         );
     for (target, binary) in tools {
-        for library in ctx.libraries.get(binary).into_iter().flatten() {
-            if !mounts.iter().any(|m| &m.target == library) {
-                mounts.push(Mount {
-                    target: library.clone(),
-                    source: MountSource::Bind {
-                        source: library.clone(),
-                        read_only: true,
-                    },
-                });
-            }
-        }
-        mounts.push(Mount {
-            target,
-            source: MountSource::Bind {
-                source: binary.clone(),
-                read_only: true,
-            },
-        });
+        bind_binary(&mut mounts, ctx.libraries.get(binary), target, binary.clone());
     }
     let container_dir = ctx.pod_dir.join("containers").join(name);
     let rootfs = container_dir.join("rootfs");
@@ -1261,6 +1229,27 @@ fn probe_spec(probe: &Probe, container: &Container, pod_ip: &str) -> Result<Prob
         success_threshold: probe.success_threshold.unwrap_or(1).max(1) as u32,
         failure_threshold: probe.failure_threshold.unwrap_or(3).max(1) as u32,
     })
+}
+
+/// Read-only binds of `binary` at `target` and of its shared `libraries` (each once: a
+/// library another binary of the container needs is bound already).
+fn bind_binary(mounts: &mut Vec<Mount>, libraries: Option<&Vec<PathBuf>>, target: PathBuf, binary: PathBuf) {
+    let read_only = |source: PathBuf| MountSource::Bind {
+        source,
+        read_only: true,
+    };
+    for library in libraries.into_iter().flatten() {
+        if !mounts.iter().any(|m| &m.target == library) {
+            mounts.push(Mount {
+                target: library.clone(),
+                source: read_only(library.clone()),
+            });
+        }
+    }
+    mounts.push(Mount {
+        target,
+        source: read_only(binary),
+    });
 }
 
 /// `/bin/<applet>` → `busybox` in `rootfs` for each applet of `busybox` (the entries of
