@@ -18,12 +18,13 @@ use super::lazy_watch::{LazyWatch, Watched};
 use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::trust_bundle::Bundle;
 
-/// ClusterTrustBundles: their group, versions (the newest first, the kubelet's order) and
-/// resource.
+/// The group of ClusterTrustBundles and PodCertificateRequests, its versions (the newest
+/// first, the kubelet's order), and the two resources.
 const GROUP: &str = "certificates.k8s.io";
 const VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha1"];
-const RESOURCE: &str = "clustertrustbundles";
-/// How long a ConfigMap this worker just wrote vouches for itself before the cache shows it
+const BUNDLES: &str = "clustertrustbundles";
+const REQUESTS: &str = "podcertificaterequests";
+/// How long an object this worker just wrote vouches for itself before the cache shows it
 /// (the token Secrets' rule, `tokens::CACHE_LAG`).
 const CACHE_LAG: Duration = Duration::from_secs(30);
 
@@ -39,7 +40,7 @@ impl TrustBundleCache {
     /// A cache that watches nothing yet and reports changes to `changes`.
     pub fn new(changes: UnboundedSender<()>) -> Self {
         Self {
-            watch: LazyWatch::new(GROUP, VERSIONS, RESOURCE, changes),
+            watch: LazyWatch::new(GROUP, VERSIONS, BUNDLES, changes),
             written: Default::default(),
         }
     }
@@ -83,13 +84,6 @@ fn bundle(object: &DynamicObject) -> Bundle {
     }
 }
 
-/// PodCertificateRequests: their group, versions (the newest first) and resource.
-const REQUEST_GROUP: &str = "certificates.k8s.io";
-const REQUEST_VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha1"];
-const REQUEST_RESOURCE: &str = "podcertificaterequests";
-/// How long a Secret this worker just wrote vouches for itself before the cache shows it
-/// (the token Secrets' rule).
-const CERTIFICATE_CACHE_LAG: Duration = Duration::from_secs(30);
 /// One tenant's PodCertificateRequests, watched from the first pod that needs them, and
 /// the requests in flight.
 pub(super) struct PodCertificateState {
@@ -128,16 +122,16 @@ impl PodCertificateState {
     /// A state that watches nothing yet and reports changes of requests to `changes`.
     pub fn new(changes: UnboundedSender<()>) -> Self {
         Self {
-            watch: LazyWatch::new(REQUEST_GROUP, REQUEST_VERSIONS, REQUEST_RESOURCE, changes),
+            watch: LazyWatch::new(GROUP, VERSIONS, REQUESTS, changes),
             pending: Default::default(),
             written: Default::default(),
         }
     }
 
-    /// The Secret `name` as this worker wrote it for `owner` less than [`CERTIFICATE_CACHE_LAG`] ago.
+    /// The Secret `name` as this worker wrote it for `owner` less than [`CACHE_LAG`] ago.
     pub fn written_lately(&self, name: &str, owner: &str) -> Option<Written> {
         let mut written = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.retain(|_, w| w.at.elapsed() < CERTIFICATE_CACHE_LAG);
+        written.retain(|_, w| w.at.elapsed() < CACHE_LAG);
         written.get(name).filter(|w| w.owner == owner).cloned()
     }
 
