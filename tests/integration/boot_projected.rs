@@ -201,6 +201,30 @@ async fn tenant_pods_mount_the_tenants_cluster_trust_bundles() {
         let owner = &map.owner_references()[0];
         assert_eq!(owner.kind, "Pod", "{}", map.name_any());
     }
+    // A changed bundle reaches the ConfigMap of the pod that projects it (the watch of the
+    // tenant's bundles wakes it), as a kubelet refreshes a mounted bundle.
+    let (replaced, replaced_der) = ca("no signer, replaced");
+    let patch = kube::api::Patch::Merge(json!({"spec": {"trustBundle": replaced}}));
+    bundles_api(&tenant)
+        .patch("plain", &kube::api::PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for(
+            "the changed bundle reaches its pod's ConfigMap",
+            BOOTED_STEP,
+            || async {
+                let maps = super_config_maps.list(&ListParams::default()).await.ok()?;
+                maps.items
+                    .iter()
+                    .filter(|c| c.name_any().contains("-trust-bundles"))
+                    .flat_map(|c| c.data.iter().flatten())
+                    .any(|(_, pem)| certificates(pem).contains(&replaced_der))
+                    .then_some(())
+            },
+        )
+        .await;
 
     // A bundle that does not exist yet keeps the pod from starting, as a kubelet would: it
     // waits, not ready, and hears why; once the bundle is made, it runs with it.
