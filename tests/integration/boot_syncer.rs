@@ -989,7 +989,9 @@ const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
 /// (a count needs no clock). Per pod: one apply of the super pod and one of its token Secret;
 /// once per tenant namespace the `kube-root-ca.crt` copy (applied at most once per reconcile
 /// running at once); a read of the super node for the tenant Node. Status comes from the
-/// shared watches. Measured (2026-12-06): 14 to 16 for 6 pods; the budget is 3 per pod.
+/// shared watches. A pass that runs before the cache shows a pod the syncer just made takes
+/// it as made (`written_lately`): without that, 6 to 9 pod applies for 6 pods by timing.
+/// Measured (2026-12-06): 14 to 16 for 6 pods, 6 pod applies each run; the budget is 3 per pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_syncers_super_cluster_requests_per_pod_stay_within_budget() {
     let _ = tracing_subscriber::fmt()
@@ -1050,7 +1052,10 @@ async fn the_syncers_super_cluster_requests_per_pod_stay_within_budget() {
         spent.count("patch", "secrets") <= BUDGET_PODS,
         "one token Secret per pod: {report}"
     );
-    assert!(spent.count("patch", "pods") <= BUDGET_PODS + 1, "{report}");
+    assert!(
+        spent.count("patch", "pods") <= BUDGET_PODS,
+        "one apply per pod: {report}"
+    );
     assert!(total <= 3 * BUDGET_PODS, "issue 35's goal is 6 per pod: {report}");
     booted.stop().await;
 }

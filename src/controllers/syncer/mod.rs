@@ -32,6 +32,7 @@ mod trust_bundles;
 mod volumes;
 mod worker;
 pub mod workload_namespace;
+mod written_lately;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

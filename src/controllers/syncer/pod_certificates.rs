@@ -177,12 +177,7 @@ pub(super) async fn sync(
     }
     if changed {
         write_secret(tenant, pod, certificates, live, data.clone(), &refresh).await?;
-        let written = Written {
-            owner,
-            data,
-            refresh,
-            at: Instant::now(),
-        };
+        let written = Written { owner, data, refresh };
         state.record(&certificates.name, written);
     }
     Ok(next)

@@ -16,6 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::caches::in_namespace;
 use super::scope::{FIELD_MANAGER, Tenant, typed};
+use super::written_lately::CACHE_LAG;
 use super::{nodes, pod_certificates, references, tokens, trust_bundles};
 use crate::syncer::diff::{Ownership, ownership, pod_drift};
 use crate::syncer::names::NameLimit;
@@ -84,9 +85,22 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     let super_name = tenant
         .control_plane()
         .super_name(NameLimit::Subdomain, &identity.namespace, &identity.name);
-    let live = tenant
+    // A super pod made by an earlier pass that the cache does not show yet is taken as
+    // made (`written_lately`), not made again; it is looked at again once the record lapses.
+    let cached = tenant
         .super_pods
         .get(&ObjectRef::new(&super_name).within(&tenant.namespace));
+    let made_lately = if cached.is_some() {
+        tenant.pods_made.forget(&super_name);
+        None
+    } else {
+        tenant.pods_made.get(&super_name)
+    };
+    let mut next = match made_lately {
+        Some(_) => Action::requeue(CACHE_LAG),
+        None => Action::await_change(),
+    };
+    let live = cached.or(made_lately);
     match live
         .as_ref()
         .map(|l| ownership(tenant.control_plane(), NameLimit::Subdomain, &identity, &l.metadata))
@@ -112,7 +126,6 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     if is_finished(&pod) && live.is_none() {
         return Ok(Action::await_change());
     }
-    let mut next = Action::await_change();
     // A pod the syncer bound is translated as it was before binding (its `nodeName` is the
     // syncer's, not the tenant's).
     let bound_to = pod
@@ -179,7 +192,13 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     let live = match live {
         Some(live) if pod_drift(&translation.pod, &live).is_empty() => live,
         _ => match apply_super(tenant, &super_name, &translation.pod).await {
-            Ok(applied) => Arc::new(applied),
+            Ok(applied) => {
+                let applied = Arc::new(applied);
+                if created {
+                    tenant.pods_made.record(&super_name, applied.clone());
+                }
+                applied
+            }
             // The super cluster's admission said no to a new super pod (its ResourceQuota is
             // used up, a policy of its own): the tenant hears why, and the pod is tried
             // again, as the quota may free. (A refused update of a running one is retried.)
@@ -288,6 +307,7 @@ async fn apply_super(tenant: &Tenant, name: &str, pod: &Pod) -> Result<Pod, kube
 /// Deletes the super pod `name` with `grace` seconds (its own when `None`); gone already is
 /// no error.
 async fn delete_super(tenant: &Tenant, name: &str, grace: Option<i64>) -> Result<(), kube::Error> {
+    tenant.pods_made.forget(name);
     let params = DeleteParams {
         grace_period_seconds: grace.and_then(|g| u32::try_from(g).ok()),
         ..DeleteParams::default()

@@ -4,7 +4,7 @@
 //! `trust_bundles` and `pod_certificates` act on them.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Pod;
@@ -15,6 +15,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::lazy_watch::{LazyWatch, Watched};
+use super::written_lately::WrittenLately;
 use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::trust_bundle::Bundle;
 
@@ -24,16 +25,13 @@ const GROUP: &str = "certificates.k8s.io";
 const VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha1"];
 const BUNDLES: &str = "clustertrustbundles";
 const REQUESTS: &str = "podcertificaterequests";
-/// How long an object this worker just wrote vouches for itself before the cache shows it
-/// (the token Secrets' rule, `tokens::CACHE_LAG`).
-const CACHE_LAG: Duration = Duration::from_secs(30);
 
 /// One tenant's ClusterTrustBundles, watched from the first pod that needs them, and the
 /// ConfigMaps written lately.
 pub(super) struct TrustBundleCache {
     watch: LazyWatch,
-    /// name → (owner uid, digest of the data, when).
-    written: std::sync::Mutex<HashMap<String, (String, u64, Instant)>>,
+    /// name → (owner uid, digest of the data).
+    written: WrittenLately<(String, u64)>,
 }
 
 impl TrustBundleCache {
@@ -58,17 +56,14 @@ impl TrustBundleCache {
         })
     }
 
-    /// Whether this worker wrote `name` with `digest` for `owner` less than [`CACHE_LAG`]
-    /// ago.
+    /// Whether this worker wrote `name` with `digest` for `owner` lately
+    /// (`written_lately`).
     pub fn written_lately(&self, name: &str, owner: &str, digest: u64) -> bool {
-        let mut written = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.retain(|_, (_, _, at)| at.elapsed() < CACHE_LAG);
-        written.get(name).is_some_and(|(o, d, _)| o == owner && *d == digest)
+        self.written.get(name).is_some_and(|(o, d)| o == owner && d == digest)
     }
 
     pub fn record(&self, name: &str, owner: &str, digest: u64) {
-        let mut written = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.insert(name.to_owned(), (owner.to_owned(), digest, Instant::now()));
+        self.written.record(name, (owner.to_owned(), digest));
     }
 }
 
@@ -92,16 +87,15 @@ pub(super) struct PodCertificateState {
     pending: std::sync::Mutex<HashMap<(String, String), Pending>>,
     /// The Secrets written lately, by name: what the next passes start from until the cache
     /// shows them (else they would find no certificate and ask again).
-    written: std::sync::Mutex<HashMap<String, Written>>,
+    written: WrittenLately<Written>,
 }
 
-/// A Secret this worker wrote: for the super pod `owner`, its data and refresh times, when.
+/// A Secret this worker wrote: for the super pod `owner`, its data and refresh times.
 #[derive(Clone)]
 pub(super) struct Written {
     pub owner: String,
     pub data: BTreeMap<String, ByteString>,
     pub refresh: BTreeMap<String, Timestamp>,
-    pub at: Instant,
 }
 
 /// A request in flight: the tenant pod, the request's name, the key it is for (PEM, in
@@ -128,16 +122,13 @@ impl PodCertificateState {
         }
     }
 
-    /// The Secret `name` as this worker wrote it for `owner` less than [`CACHE_LAG`] ago.
+    /// The Secret `name` as this worker wrote it for `owner` lately (`written_lately`).
     pub fn written_lately(&self, name: &str, owner: &str) -> Option<Written> {
-        let mut written = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        written.retain(|_, w| w.at.elapsed() < CACHE_LAG);
-        written.get(name).filter(|w| w.owner == owner).cloned()
+        self.written.get(name).filter(|w| w.owner == owner)
     }
 
     pub fn record(&self, name: &str, written: Written) {
-        let mut all = self.written.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        all.insert(name.to_owned(), written);
+        self.written.record(name, written);
     }
 
     /// Drops the requests of tenant pods that are gone (or made again under a new uid).

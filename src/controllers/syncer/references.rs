@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -16,6 +16,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::scope::{CopyRecord, FIELD_MANAGER, Tenant, typed};
 use super::volumes::ensure_copy;
+use super::written_lately::CACHE_LAG;
 use crate::syncer::diff::metadata_drift;
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::super_metadata;
@@ -211,9 +212,6 @@ where
         }
     }
 }
-
-/// How long an apply vouches for a copy the cache does not show yet.
-const CACHE_LAG: Duration = Duration::from_secs(30);
 
 /// Whether this pass applies the copy `name`, given whether the cached copy is the same
 /// (`None`: not in the cache) and the tenant object's `resourceVersion`. A cached copy that

@@ -10,6 +10,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource};
 
+use super::written_lately::WrittenLately;
 use crate::controllers::events::{Occurrence, Recorder};
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::pod::Target;
@@ -83,8 +84,11 @@ pub(super) struct Tenant {
     /// The tenant's PodCertificateRequests, watched from the first pod that projects a
     /// certificate, and the requests in flight.
     pub pod_certificates: super::projection_state::PodCertificateState,
+    /// The super pods this worker made lately, as the super cluster returned them, until
+    /// its cache shows them (a pass in between would make them again).
+    pub pods_made: WrittenLately<Arc<Pod>>,
     /// The token Secrets written lately, by name (see [`Issued`]).
-    pub tokens_issued: std::sync::Mutex<std::collections::HashMap<String, Issued>>,
+    pub tokens_issued: WrittenLately<Issued>,
     /// The copies applied or found current, by super name (see [`CopyRecord`]).
     pub applied_copies: std::sync::Mutex<std::collections::HashMap<String, CopyRecord>>,
     pub metrics: Arc<Metrics>,
@@ -105,12 +109,11 @@ pub(super) struct CopyRecord {
 }
 
 /// A token Secret this worker wrote: for the super pod of uid `owner`, due for refresh at
-/// `refresh_at`, written `at`.
+/// `refresh_at`.
 #[derive(Clone, Debug)]
 pub(super) struct Issued {
     pub owner: String,
     pub refresh_at: k8s_openapi::jiff::Timestamp,
-    pub at: std::time::Instant,
 }
 
 impl Tenant {

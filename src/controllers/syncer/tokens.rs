@@ -5,7 +5,7 @@
 //! passed, and at the latest after 24 hours.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -103,33 +103,15 @@ pub(super) async fn sync(
             &Patch::Apply(typed(&copy)),
         )
         .await?;
-    issued(tenant).insert(
-        secret.name.clone(),
-        Issued {
-            owner,
-            refresh_at,
-            at: Instant::now(),
-        },
-    );
+    tenant.tokens_issued.record(&secret.name, Issued { owner, refresh_at });
     Ok(Some(pod_owned::until(now, refresh_at)))
 }
 
-/// How long a Secret this worker just wrote vouches for itself before the cache shows it.
-const CACHE_LAG: Duration = Duration::from_secs(30);
-
 /// When the token Secret `name` of the super pod `owner` is due, if this worker wrote it
-/// less than [`CACHE_LAG`] ago: the pod's next passes (its status changing as it starts)
+/// lately (`written_lately`): the pod's next passes (its status changing as it starts)
 /// come before the cache shows the Secret, and would otherwise ask the tenant for tokens
 /// again.
 fn issued_lately(tenant: &Tenant, name: &str, owner: &str) -> Option<Timestamp> {
-    let mut issued = issued(tenant);
-    issued.retain(|_, i| i.at.elapsed() < CACHE_LAG);
-    issued.get(name).filter(|i| i.owner == owner).map(|i| i.refresh_at)
-}
-
-fn issued(tenant: &Tenant) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Issued>> {
-    tenant
-        .tokens_issued
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    let issued = tenant.tokens_issued.get(name)?;
+    (issued.owner == owner).then_some(issued.refresh_at)
 }

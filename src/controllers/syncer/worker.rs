@@ -145,6 +145,7 @@ pub(super) async fn run(start: Start) {
         tenant_secrets,
         patrol_every: start.patrol_every,
         applied_copies: Default::default(),
+        pods_made: Default::default(),
         tokens_issued: Default::default(),
         trust_bundles: super::projection_state::TrustBundleCache::new(projection_changes.clone()),
         pod_certificates: super::projection_state::PodCertificateState::new(projection_changes),
