@@ -13,7 +13,8 @@
 //!   patches, extraArgs) · [`pki`] (certificates and kubeconfigs as data) · [`plan`] (the
 //!   pure desired state of one component);
 //! - [`upgrade`] (stepped upgrades: path, preflight, progress) · [`backup`] (snapshot
-//!   naming, schedules, retention, object storage) · [`etcd`] (the tenant etcd client);
+//!   naming, schedules, retention, object storage) · [`etcd`] (the tenant etcd client) ·
+//!   [`reach`] (dialling tenants directly or through the super cluster's port-forward);
 //! - [`apply`] (server-side apply, ApplySets, readiness) · [`status`] (condition types and
 //!   reasons) · [`client`] (the super cluster's client) · [`telemetry`];
 //! - [`syncer`]: the pure core of tenant workloads (names, pod translation, admission,
@@ -37,6 +38,7 @@ pub mod manifests;
 pub mod patch;
 pub mod pki;
 pub mod plan;
+pub mod reach;
 pub mod render;
 pub mod status;
 pub mod syncer;

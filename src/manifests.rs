@@ -144,7 +144,8 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
             rule(&[""], &["persistentvolumes"], READ),
             // The tenant Nodes' kubelet API answers `kubectl logs`, `exec`, `attach` and
             // `port-forward` from the super pods' (a stream is `create`, or `get` over
-            // WebSockets).
+            // WebSockets); capn run outside the super cluster reaches the control planes'
+            // pods by `port-forward` (`crate::reach`).
             rule(&[""], &["pods/log"], &["get"]),
             rule(
                 &[""],

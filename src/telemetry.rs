@@ -4,7 +4,9 @@
 //! - Metrics (Prometheus text format on `/metrics`): `capn_reconcile_total`,
 //!   `capn_reconcile_errors_total` (by controller and reason),
 //!   `capn_reconcile_duration_seconds` (histogram, seconds, by controller) and
-//!   `capn_managed_objects` (objects capn applied for its component resources, by controller).
+//!   `capn_managed_objects` (objects capn applied for its component resources, by controller),
+//!   `capn_tenant_connections_total` (connections to tenants through the super cluster's
+//!   port-forward, by `path` and `result`: `opened` or `failed`; see [`crate::reach`]).
 //! - Probes: `/healthz` answers while the process serves; `/readyz` once the controllers (or,
 //!   with leader election, the standby loop) are running.
 
@@ -54,6 +56,12 @@ struct ControllerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionLabels {
+    path: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     controller: String,
     reason: String,
@@ -67,6 +75,7 @@ pub struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     durations: Family<ControllerLabel, Histogram>,
     managed: Family<ControllerLabel, Gauge>,
+    tenant_connections: Family<ConnectionLabels, Counter>,
     /// Objects per component resource, so the gauge is a sum that stays right on updates.
     inventory: Mutex<HashMap<(String, String), i64>>,
     ready: AtomicBool,
@@ -98,12 +107,19 @@ impl Default for Metrics {
             "Objects capn applied for its component resources",
             managed.clone(),
         );
+        let tenant_connections = Family::<ConnectionLabels, Counter>::default();
+        registry.register(
+            "tenant_connections",
+            "Connections capn opened to tenants by a path other than dialling their names, by path and result",
+            tenant_connections.clone(),
+        );
         Self {
             registry,
             reconciles,
             errors,
             durations,
             managed,
+            tenant_connections,
             inventory: Mutex::default(),
             ready: AtomicBool::new(false),
         }
@@ -148,6 +164,17 @@ impl Metrics {
                 controller: controller.to_string(),
             })
             .set(total);
+    }
+
+    /// Counts one connection to a tenant through `path` (`port-forward`) that `opened` or
+    /// failed.
+    pub fn count_tenant_connection(&self, path: &str, opened: bool) {
+        self.tenant_connections
+            .get_or_create(&ConnectionLabels {
+                path: path.to_owned(),
+                result: if opened { "opened" } else { "failed" }.to_owned(),
+            })
+            .inc();
     }
 
     /// Marks the process ready (`/readyz` answers 200).

@@ -132,13 +132,20 @@ pub struct RunArgs {
     #[arg(long, env = "CAPN_IMAGE", default_value = crate::controllers::DEFAULT_CAPN_IMAGE, value_name = "IMAGE")]
     pub capn_image: String,
     /// A file in `/etc/hosts` format mapping the tenants' in-cluster names (etcd members
-    /// `<c>-etcd-<i>.<c>-etcd.<ns>.svc`, apiservers `<c>-apiserver.<ns>.svc`) to addresses,
-    /// for running capn outside the pod network (tests, development): etcd membership and
-    /// backups, the upgrade preflight, the public CRD sync and the syncer dial through it.
-    /// Read again when it changes; TLS still verifies the name. Not needed in a super
-    /// cluster, where cluster DNS answers those names.
+    /// `<c>-etcd-<i>.<c>-etcd.<ns>.svc`, apiservers `<c>-apiserver.<ns>.svc`) to addresses
+    /// that override `--tenant-connection` for those names: etcd membership and backups,
+    /// the upgrade preflight, the public CRD sync and the syncer dial through it. Read
+    /// again when it changes; TLS still verifies the name. Needed by nothing since
+    /// `--tenant-connection` (the tests use it to stand in for cluster DNS).
     #[arg(long, value_name = "FILE")]
     pub etcd_hosts_file: Option<std::path::PathBuf>,
+    /// How capn connects to tenant apiservers and etcd members: `auto` dials their
+    /// in-cluster names where those resolve (in a super cluster) and goes through the super
+    /// cluster's `pods/portforward` where they do not (a laptop, CI, another cluster);
+    /// `direct` and `port-forward` force one path. TLS is verified for the in-cluster
+    /// name on both.
+    #[arg(long, env = "CAPN_TENANT_CONNECTION", value_enum, default_value = "auto")]
+    pub tenant_connection: crate::reach::TenantConnection,
     /// How often the syncer's patrol removes what outlived its tenant object (super pods of
     /// deleted tenant pods, unused copies) and the workloads of deleted control planes, as
     /// a Go duration.
@@ -368,16 +375,12 @@ pub async fn main() -> anyhow::Result<()> {
             crate::telemetry::init(matches!(args.log_format, LogFormat::Json));
             let channels = Arc::new(ChannelRegistry::load(&args.channels.channels_dirs)?);
             let capn_pods = args.capn_pods()?;
-            // The kubelet API's streams need HTTP/1.1 upgrades: a client of their own, from
-            // the same configuration as capn's.
-            let streams = match args.kubelet_advertise_address {
-                Some(_) => Some(
-                    kube::Config::infer()
-                        .await
-                        .context("reading the super cluster's configuration for the kubelet API's streams")?,
-                ),
-                None => None,
-            };
+            // The kubelet API's streams and the port-forwards to tenants need HTTP/1.1
+            // upgrades: clients of their own, from the same configuration as capn's.
+            let super_config = kube::Config::infer()
+                .await
+                .context("reading the super cluster's configuration")?;
+            let streams = args.kubelet_advertise_address.map(|_| super_config.clone());
             let dns = dns_endpoint(&args);
             let settings = Settings {
                 super_dns_domain: args.super_cluster_dns_domain,
@@ -390,6 +393,8 @@ pub async fn main() -> anyhow::Result<()> {
                 capn_pods,
                 capn_image: args.capn_image,
                 etcd_hosts_file: args.etcd_hosts_file,
+                tenant_connection: args.tenant_connection,
+                super_config: Some(super_config),
                 syncer_patrol: args.syncer_patrol_interval,
                 dns,
                 kubelet: args

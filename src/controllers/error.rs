@@ -25,6 +25,9 @@ pub enum ReconcileError {
     InvalidSpec(String),
     #[error("object has no namespace")]
     NoNamespace,
+    /// A tenant cannot be reached by any path capn has (`crate::reach`): transient.
+    #[error(transparent)]
+    Unreachable(#[from] crate::reach::ReachError),
 }
 
 impl ReconcileError {
@@ -37,6 +40,7 @@ impl ReconcileError {
             Self::CertificateAuthorityMissing(_) => "CertificateAuthorityMissing",
             Self::InvalidSpec(_) => "InvalidSpec",
             Self::NoNamespace => "NoNamespace",
+            Self::Unreachable(_) => "TenantUnreachable",
         }
     }
 }

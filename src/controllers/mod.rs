@@ -97,6 +97,11 @@ pub struct Settings {
     /// --etcd-hosts-file`, [`crate::etcd::HostsFile`]); `None` dials the names, which cluster
     /// DNS answers in a super cluster.
     pub etcd_hosts_file: Option<std::path::PathBuf>,
+    /// How capn connects to tenants (`capn run --tenant-connection`, [`crate::reach`]).
+    pub tenant_connection: crate::reach::TenantConnection,
+    /// The super cluster's client configuration for port-forwards to tenants (HTTP/1.1
+    /// upgrades); `None` allows none, so a tenant name that does not resolve is an error.
+    pub super_config: Option<kube::Config>,
     /// How often the syncer's patrol runs (`capn run --syncer-patrol-interval`, default
     /// [`syncer::DEFAULT_PATROL`]).
     pub syncer_patrol: std::time::Duration,
@@ -143,6 +148,8 @@ impl Default for Settings {
             upgrade_step_timeout: DEFAULT_UPGRADE_STEP_TIMEOUT,
             capn_image: DEFAULT_CAPN_IMAGE.to_string(),
             etcd_hosts_file: None,
+            tenant_connection: crate::reach::TenantConnection::Auto,
+            super_config: None,
             dns: None,
             syncer_patrol: syncer::DEFAULT_PATROL,
             kubelet: None,
@@ -168,6 +175,8 @@ pub struct Context {
     pub status_memo: status_memo::StatusMemo,
     /// Clients of the tenants' etcd, cached per cluster ([`crate::etcd`]).
     pub etcd: crate::etcd::EtcdClients,
+    /// How tenants are dialled ([`crate::reach`]); the etcd clients share it.
+    pub reach: Arc<crate::reach::Reach>,
     /// Snapshot jobs running in the background ([`backup::Backups`]).
     pub backups: backup::Backups,
 }
@@ -180,8 +189,14 @@ impl Context {
         metrics: Arc<Metrics>,
         caches: Arc<cache::Caches>,
     ) -> Self {
-        let etcd = crate::etcd::EtcdClients::new(settings.etcd_hosts_file.clone());
+        let reach = Arc::new(crate::reach::Reach::new(
+            settings.tenant_connection,
+            settings.super_config.clone(),
+            metrics.clone(),
+        ));
+        let etcd = crate::etcd::EtcdClients::new(settings.etcd_hosts_file.clone()).with_reach(reach.clone());
         Self {
+            reach,
             applier: Applier::new(client.clone()),
             recorder: events::Recorder::new(client.clone(), "capn", std::env::var("POD_NAME").ok()),
             client,

@@ -5,17 +5,19 @@
 //! docs/reference.md "Names clients dial"). In a super cluster the headless Service `<c>-etcd`
 //! (with `publishNotReadyAddresses`) makes cluster DNS answer those names, and the tenant's
 //! etcd NetworkPolicy admits capn's pods to port 2379 (`--self-namespace`/`--self-labels`).
-//! Outside the pod network a [`HostsFile`] maps the names to addresses; TLS still verifies
-//! the name.
+//! Outside the pod network the names do not resolve: a [`HostsFile`] maps them to addresses
+//! when given, and otherwise [`crate::reach`] dials the member's pod through the super
+//! cluster's `pods/portforward`; TLS verifies the name on every path.
 //!
 //! Connections are made lazily (tonic connects on the first call and reconnects by itself)
 //! and kept per cluster and member while its membership is in flux, so a reconcile costs no
 //! new TLS handshake; a settled cluster's clients are forgotten. At most
 //! [`MAX_CACHED_CLUSTERS`] clusters are kept; the least recently used goes first. A member is
-//! dialed anew when its address in the hosts file changes or capn's identity is renewed.
+//! dialed anew when the address it is dialled at changes (hosts file, port-forward listener)
+//! or capn's identity is renewed.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -118,6 +120,8 @@ pub struct MemberStatus {
 #[derive(Debug)]
 pub struct EtcdClients {
     hosts: Option<HostsFile>,
+    /// How members the hosts file does not name are dialled (`None`: by name).
+    reach: Option<std::sync::Arc<crate::reach::Reach>>,
     clusters: Mutex<HashMap<ClusterKey, Cached>>,
 }
 
@@ -131,8 +135,9 @@ struct ClusterKey {
 #[derive(Debug)]
 struct Cached {
     identity: ClientIdentity,
-    /// By client URL: the address dialed (from the hosts file, if any) and the client.
-    members: HashMap<String, (Option<IpAddr>, ClientHandle)>,
+    /// By client URL: the address dialed (from the hosts file or a port-forward, if any)
+    /// and the client.
+    members: HashMap<String, (Option<SocketAddr>, ClientHandle)>,
     used: Instant,
 }
 
@@ -152,8 +157,17 @@ impl EtcdClients {
     pub fn new(hosts_file: Option<PathBuf>) -> Self {
         Self {
             hosts: hosts_file.map(HostsFile::new),
+            reach: None,
             clusters: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// These clients, dialling the members the hosts file does not name as `reach` says
+    /// (directly, or through the super cluster's port-forward).
+    #[must_use]
+    pub fn with_reach(mut self, reach: std::sync::Arc<crate::reach::Reach>) -> Self {
+        self.reach = Some(reach);
+        self
     }
 
     /// The clients of cluster `cluster` in `namespace`, authenticating with capn's identity
@@ -246,7 +260,17 @@ impl EtcdCluster<'_> {
     /// be built.
     pub async fn client(&self, client_url: &str) -> Result<Client, EtcdError> {
         let (host, port) = host_port(client_url).ok_or_else(|| EtcdError::BadUrl(client_url.to_string()))?;
-        let address = self.clients.hosts.as_ref().and_then(|h| h.lookup(host));
+        let unreachable = |message: String| EtcdError::Unreachable {
+            url: client_url.to_string(),
+            message,
+        };
+        let address = match self.clients.hosts.as_ref().and_then(|h| h.lookup(host)) {
+            Some(ip) => Some(SocketAddr::new(ip, port)),
+            None => match &self.clients.reach {
+                Some(reach) => reach.dial(host, port).await.map_err(|e| unreachable(e.to_string()))?,
+                None => None,
+            },
+        };
         {
             let clusters = self.clients.lock();
             if let Some((dialed, client)) = clusters.get(&self.key).and_then(|c| c.members.get(client_url))
@@ -256,17 +280,12 @@ impl EtcdCluster<'_> {
             }
         }
         let target = match address {
-            Some(IpAddr::V6(ip)) => format!("https://[{ip}]:{port}"),
-            Some(IpAddr::V4(ip)) => format!("https://{ip}:{port}"),
+            Some(address) => format!("https://{address}"),
             None => client_url.to_string(),
         };
         let reached = match address {
-            Some(ip) => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect((ip, port))).await,
+            Some(address) => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect(address)).await,
             None => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await,
-        };
-        let unreachable = |message: String| EtcdError::Unreachable {
-            url: client_url.to_string(),
-            message,
         };
         match reached {
             Ok(Ok(_probe)) => {}

@@ -91,11 +91,11 @@
 //!    Projected and downwardAPI volumes are written once, when the pod starts, and not
 //!    refreshed; projected `serviceAccountToken`, `clusterTrustBundle` and `podCertificate`
 //!    sources, and `resourceFieldRef` items, are refused.
-//! 6. **Not emulated:** Pod and Endpoints objects in the super cluster (claims: item 9),
-//!    PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
+//! 6. **Not emulated:** Endpoints objects (the super cluster's EndpointSlice controller makes
+//!    slices from the Pod objects of item 12), PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
 //!    and resource limits, seccomp profiles, capability sets (the processes simply run as
 //!    their non-root user), Service environment variables, `minReadySeconds`; a runner pod
-//!    has no object, so the downward API's `metadata.uid` reads empty. Refused loudly:
+//!    is not made from its object, so the downward API's `metadata.uid` reads empty. Refused loudly:
 //!    sidecar init containers (`restartPolicy: Always`), exec/gRPC probes, host namespaces,
 //!    privileged containers, other volume kinds, `valueFrom` other than `fieldRef`,
 //!    `configMapKeyRef` and `secretKeyRef`.
@@ -113,9 +113,9 @@
 //!    StatefulSet controller would. Deleting one stands for losing the disk: the pod's
 //!    containers stop, the directory is emptied, the object is released (its
 //!    `kubernetes.io/pvc-protection` finalizer removed, which no controller here does) and
-//!    created again, and the containers start on the empty claim. Pods have no objects, so
-//!    deleting a Pod (as capn does after deleting a claim) is answered NotFound and changes
-//!    nothing.
+//!    created again, and the containers start on the empty claim. Deleting the pod's
+//!    object (as capn does after deleting a claim) changes nothing but the object, which
+//!    item 12 makes again.
 //! 10. **Init containers** run as the kubelet runs them: in order, each in its own mount
 //!     namespace like a container, each to completion (exit 0) before the next and before
 //!     the containers start; one that fails is restarted with the crash back-off (the pod's
@@ -131,6 +131,15 @@
 //!     [`forward::host_kubeconfig`], the same kubeconfig with its server set to the forwarder and
 //!     `tls-server-name` to the in-cluster name. TLS stays end to end. These are the only
 //!     places a kubeconfig is not used exactly as capn wrote it.
+//! 12. **Pod objects and a kubelet API** ([`pod_objects`]). Each pod that runs and has an
+//!     address gets a Pod object as the StatefulSet controller would make it, bound to the
+//!     runner's unschedulable Node `capn-runner-<host link>`, whose kubelet API is the
+//!     node's (logs, exec, port-forward; node adaptation 6) on the runner's host-side
+//!     address, with the status the kubelet would write (Running, its IP, Ready as its
+//!     containers are). So a client outside the pod network reaches the control plane
+//!     through the super cluster's `pods/portforward`, as capn does where the in-cluster
+//!     names do not resolve. Differences: `terminationGracePeriodSeconds: 0` and no
+//!     `priorityClassName` (see [`pod_objects`]); the objects do not drive the runner.
 //!
 //! The runner needs root (namespaces, mounts, veth pairs) and iproute2's `ip`. Every process it
 //! starts gets `PR_SET_PDEATHSIG(SIGKILL)`, and namespaces are held only by descriptors, so no
@@ -142,6 +151,7 @@ mod dns;
 pub mod forward;
 pub mod node;
 mod pod;
+mod pod_objects;
 mod probe;
 mod projected;
 mod sandbox;
@@ -511,6 +521,26 @@ impl Runner {
             (Api::namespaced(client.clone(), namespace), secrets_writer),
             (Api::namespaced(client.clone(), namespace), config_maps_writer),
         ));
+        // Adaptation 12: the pods' objects, on a Node of the runner's whose kubelet API
+        // serves them.
+        let node = pod_objects::node_name(&shared.host_link);
+        pod_objects::ensure_service_account(client, namespace).await?;
+        pod_objects::register_node(client, &node, shared.host_ip, namespace).await?;
+        let kubelet = std::net::SocketAddr::new(shared.host_ip.into(), node::objects::KUBELET_PORT);
+        tasks.push(node::kubelet::start(kubelet, shared.clone()).await?);
+        let (objects, objects_writer) = reflector::store();
+        let objects_api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+        let watch_objects = reflector::reflector(
+            objects_writer,
+            watcher(objects_api, watcher::Config::default().labels(pod_objects::LABEL)),
+        )
+        .default_backoff();
+        let wake_shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            watch_objects
+                .for_each(|_| async { wake_shared.wake.notify_one() })
+                .await;
+        }));
         let loop_shared = shared.clone();
         tasks.push(tokio::spawn(async move {
             let _ = sets.wait_until_ready().await;
@@ -518,8 +548,28 @@ impl Runner {
             // Pods read their Secret and ConfigMap volumes from these caches.
             let _ = loop_shared.secrets.wait_until_ready().await;
             let _ = loop_shared.config_maps.wait_until_ready().await;
+            let _ = objects.wait_until_ready().await;
+            let mut failing = Vec::new();
             loop {
-                reconcile(&loop_shared, &sets.state()).await;
+                let sets = sets.state();
+                reconcile(&loop_shared, &sets).await;
+                let desired = desired_objects(&loop_shared);
+                let shared = &loop_shared;
+                let failures = pod_objects::sync(
+                    &shared.client,
+                    &shared.namespace,
+                    &node,
+                    shared.host_ip,
+                    &desired,
+                    &sets,
+                    &objects,
+                )
+                .await;
+                // Each failure is told once, not at every pass.
+                for failure in failures.iter().filter(|f| !failing.contains(*f)) {
+                    shared.event(failure.clone());
+                }
+                failing = failures;
                 tokio::select! {
                     () = loop_shared.wake.notified() => {}
                     () = tokio::time::sleep(RESYNC) => {}
@@ -1004,6 +1054,16 @@ impl Shared {
         })
     }
 
+    /// How the pods of this runner or node are keyed ([`PodShared::name`]): the key of the
+    /// pod `namespace/pod` here (for another namespace than a runner's, one no pod has).
+    fn pod_key(&self, namespace: &str, pod: &str) -> String {
+        match self.hosts {
+            HostsScope::Own if namespace == self.namespace => pod.to_owned(),
+            HostsScope::Own => format!("{namespace}/{pod} (not this runner's namespace)"),
+            HostsScope::AllRunners => format!("{namespace}/{pod}"),
+        }
+    }
+
     /// The address of the pod named `pod`.
     fn pod_address(&self, pod: &str) -> Option<Ipv4Addr> {
         self.with_pod(pod, |p| *lock(&p.shared.ip))
@@ -1113,6 +1173,30 @@ fn humantime(t: std::time::SystemTime) -> String {
 fn pod_ready(pod: &PodShared) -> bool {
     let containers = lock(&pod.containers);
     !containers.is_empty() && containers.values().all(|c| c.ready)
+}
+
+/// The objects of the pods that run and have an address (adaptation 12).
+fn desired_objects(shared: &Shared) -> Vec<pod_objects::Desired> {
+    let state = lock(&shared.state);
+    let mut out = Vec::new();
+    for (uid, set) in state.sets.iter().filter(|(_, s)| !s.gone) {
+        for pod in set.pods.values() {
+            if pod.deleting || pod.shared.done.load(Ordering::SeqCst) {
+                continue;
+            }
+            let Some(ip) = *lock(&pod.shared.ip) else { continue };
+            out.push(pod_objects::Desired {
+                name: pod.name.clone(),
+                revision: pod.revision.clone(),
+                labels: pod.labels.clone(),
+                subdomain: pod.subdomain.clone(),
+                set: (set.name.clone(), uid.clone()),
+                ip,
+                ready: pod_ready(&pod.shared),
+            });
+        }
+    }
+    out
 }
 
 /// One pass: every StatefulSet's pods and status, then DNS.

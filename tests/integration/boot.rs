@@ -124,6 +124,9 @@ pub(crate) enum StartCapn {
     /// carry its label).
     InProcessWithWatchFilter(String),
     Process(Vec<String>),
+    /// `capn run` with these arguments only: no hosts file, so the tenants' in-cluster
+    /// names do not resolve for it (capn outside a super cluster).
+    ProcessOutside(Vec<String>),
 }
 
 /// A client of the super cluster that impersonates a user bound to a copy of the
@@ -166,7 +169,10 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     let capn_client = match &start {
         StartCapn::InProcessWithShippedRbac => shipped_rbac_client(&client, &ns).await,
         StartCapn::InProcessCounted(counter) => counter.client(cluster().config()),
-        StartCapn::InProcess | StartCapn::InProcessWithWatchFilter(_) | StartCapn::Process(_) => client.clone(),
+        StartCapn::InProcess
+        | StartCapn::InProcessWithWatchFilter(_)
+        | StartCapn::Process(_)
+        | StartCapn::ProcessOutside(_) => client.clone(),
     };
     let watch_filter = match &start {
         StartCapn::InProcessWithWatchFilter(value) => Some(value.clone()),
@@ -177,6 +183,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
             args.extend(["--etcd-hosts-file".to_string(), hosts.display().to_string()]);
             Running::Process(start_capn_process(&ns, &args), args)
         }
+        StartCapn::ProcessOutside(args) => Running::Process(start_capn_process(&ns, &args), args),
         _ => Running::InProcess(Capn::start_with_settings(
             &capn_client,
             in_process_settings(&ns, &runner, watch_filter.as_deref()),

@@ -121,7 +121,7 @@ async fn listed_members(booted: &Booted) -> Vec<(String, bool)> {
 
 /// The NestedEtcd's status once its membership is settled at `count` voting members, all
 /// healthy, with the apiserver ready again (it rolls once with the new member list).
-async fn settled(booted: &Booted, count: usize, timeout: Duration) -> capn::api::ComponentStatus {
+pub(crate) async fn settled(booted: &Booted, count: usize, timeout: Duration) -> capn::api::ComponentStatus {
     let etcds: Api<NestedEtcd> = Api::namespaced(booted.client.clone(), &booted.ns);
     let apiservers: Api<NestedAPIServer> = Api::namespaced(booted.client.clone(), &booted.ns);
     let statefulsets: Api<StatefulSet> = Api::namespaced(booted.client.clone(), &booted.ns);

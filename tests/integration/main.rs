@@ -8,6 +8,7 @@ mod boot_backup;
 mod boot_certificates;
 mod boot_members;
 mod boot_projected;
+mod boot_reach;
 mod boot_services;
 mod boot_syncer;
 mod boot_upgrade;

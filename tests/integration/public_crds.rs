@@ -20,7 +20,7 @@ use crate::harness::{Capn, apply_example, capn_binary, secret, secret_value};
 const BOOT: Duration = Duration::from_secs(420);
 /// One sync step.
 const SYNC: Duration = Duration::from_secs(90);
-const PUBLIC_LABEL: &str = "tenancy.x-k8s.io/super.public";
+pub(crate) const PUBLIC_LABEL: &str = "tenancy.x-k8s.io/super.public";
 
 /// One booted tenant: the runner plays its kubelet, capn (with the public CRD sync) reaches
 /// its apiserver at the pod address the runner gave it, verifying the certificate for the
@@ -107,7 +107,7 @@ impl Tenant {
     }
 }
 
-fn crd(name: &str, plural: &str, kind: &str, public: bool, versions: &[&str]) -> serde_json::Value {
+pub(crate) fn crd(name: &str, plural: &str, kind: &str, public: bool, versions: &[&str]) -> serde_json::Value {
     let (group, _) = name.split_once('.').map(|(_, g)| (g, ())).unwrap();
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

@@ -526,22 +526,44 @@ async fn tenant_metrics(round: &Round<'_>) -> Result<Vec<String>, String> {
         }
     }
     if addresses.is_empty() {
-        return Ok(vec![get(client).await?]);
+        let server = tenant_server(&config);
+        return Ok(vec![get(client).await.map_err(|e| format!("{server}/metrics: {e}"))?]);
     }
     let host = config.cluster_url.host().map(str::to_string);
     let mut texts = Vec::with_capacity(addresses.len());
     for (address, port) in addresses {
         let mut one = config.clone();
         one.tls_server_name = one.tls_server_name.clone().or_else(|| host.clone());
-        let ip = match address.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V6(v6)) => format!("[{v6}]"),
-            _ => address.clone(),
-        };
-        one.cluster_url = format!("https://{ip}:{port}")
+        let ip: std::net::IpAddr = address.parse().map_err(|e| format!("apiserver {address}: {e}"))?;
+        let port = u16::try_from(port).map_err(|e| format!("apiserver {address} port {port}: {e}"))?;
+        let tenant_host = one.tls_server_name.clone().unwrap_or_default();
+        let dialled = round
+            .ctx
+            .reach
+            .dial_pod_ip(&tenant_host, round.ns, ip, port)
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or(std::net::SocketAddr::new(ip, port));
+        one.cluster_url = format!("https://{dialled}")
             .parse()
             .map_err(|e| format!("apiserver {address}: {e}"))?;
+        let server = tenant_server(&one);
         let client = kube::Client::try_from(one).map_err(|e| format!("apiserver {address}: {e}"))?;
-        texts.push(get(client).await.map_err(|e| format!("apiserver {address}: {e}"))?);
+        texts.push(
+            get(client)
+                .await
+                .map_err(|e| format!("apiserver {address} ({server}/metrics): {e}"))?,
+        );
     }
     Ok(texts)
+}
+
+/// The server a tenant client dials, as errors name it: the in-cluster name it verifies,
+/// and the address it dials when that differs (a port-forward's local end).
+fn tenant_server(config: &kube::Config) -> String {
+    let url = config.cluster_url.to_string();
+    match &config.tls_server_name {
+        Some(name) => format!("https://{name} (dialled at {})", url.trim_end_matches('/')),
+        None => url.trim_end_matches('/').to_owned(),
+    }
 }

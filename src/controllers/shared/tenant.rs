@@ -53,9 +53,29 @@ pub(crate) async fn tenant_config(
     if let Some(hook) = &ctx.settings.tenant_config_hook {
         (hook.0)(ncp, &mut config);
     }
+    dial_through_reach(&mut config, &ctx.reach).await?;
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(15));
     Ok(config)
+}
+
+/// When the server is an in-cluster name that capn reaches through a port-forward
+/// ([`crate::reach`]), dials its local end and still verifies the certificate for the name.
+///
+/// # Errors
+/// The port-forward is needed and cannot be set up.
+async fn dial_through_reach(config: &mut kube::Config, reach: &crate::reach::Reach) -> Result<(), ReconcileError> {
+    let url = config.cluster_url.clone();
+    let Some(host) = url.host().filter(|h| h.parse::<std::net::IpAddr>().is_err()) else {
+        return Ok(());
+    };
+    let port = url.port_u16().unwrap_or(443);
+    let address = reach.dial(host, port).await?;
+    if let Some(dialled) = address.and_then(|a| format!("https://{a}").parse().ok()) {
+        config.tls_server_name.get_or_insert_with(|| host.to_owned());
+        config.cluster_url = dialled;
+    }
+    Ok(())
 }
 
 /// When the hosts file (`capn run --etcd-hosts-file`) names the server's host, dials that

@@ -161,7 +161,9 @@ pub(super) struct Zone {
 impl Zone {
     /// Keeps [`Zone::apiserver`] current: the address of `controlPlaneEndpoint` (the host of
     /// `KUBERNETES_SERVICE_HOST`), looked up every [`APISERVER_LOOKUP`] when it is a name
-    /// (one lookup at a time, never on a query's path).
+    /// (one lookup at a time, never on a query's path). Where capn runs outside the super
+    /// cluster its in-cluster name does not resolve: then the ClusterIP of the Service it
+    /// names, read from the super cluster, which is what cluster DNS would answer pods.
     pub async fn look_up_apiserver(&self) {
         let host = self.tenant.target.apiserver.host.clone();
         loop {
@@ -174,13 +176,29 @@ impl Zone {
                     Ok(found) => found.map(|a| a.ip()).collect(),
                     Err(error) => {
                         tracing::debug!(%error, %host, "tenant DNS: the apiserver's name did not resolve");
-                        Vec::new()
+                        self.service_address(&host).await.into_iter().collect()
                     }
                 }
             };
             *self.apiserver.lock().unwrap_or_else(|p| p.into_inner()) = found;
             tokio::time::sleep(APISERVER_LOOKUP).await;
         }
+    }
+}
+
+impl Zone {
+    /// The ClusterIP of the super cluster's Service that the in-cluster name `host` names.
+    async fn service_address(&self, host: &str) -> Option<IpAddr> {
+        let crate::reach::Target::Service { namespace, name } = crate::reach::Target::of_name(host)? else {
+            return None;
+        };
+        let service =
+            kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(self.tenant.super_client.clone(), &namespace)
+                .get_opt(&name)
+                .await
+                .ok()
+                .flatten()?;
+        service.spec?.cluster_ip?.parse().ok()
     }
 }
 

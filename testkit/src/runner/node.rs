@@ -73,7 +73,8 @@
 //!    `capn-test-kubelet` (hack/test-kubelet: the kubelet's own streaming code; exec runs the
 //!    command with nsenter in the container's namespaces and root, without a terminal), with a
 //!    self-signed certificate and no client authentication; see `kubelet.rs`. No attach, no
-//!    metrics. Tests also read a container's output with [`Node::container_log`]. No node lifecycle controller runs, so the node is never
+//!    metrics. The same API serves each runner's pods on its own Node (runner adaptation
+//!    12), all relayed to one `capn-test-kubelet` per test process. Tests also read a container's output with [`Node::container_log`]. No node lifecycle controller runs, so the node is never
 //!    tainted; the heartbeat keeps it Ready should one run.
 //! 7. **One process.** The node lives as long as the test process; its pods are killed when
 //!    it exits (its directory is removed then). Pods it finds already Succeeded or Failed
@@ -89,8 +90,8 @@
 //!    on the node namespace's address ([`Node::node_port_address`]), not on the Node's
 //!    InternalIP (the host's side of the pod network). See `proxy.rs`.
 
-mod kubelet;
-mod objects;
+pub(super) mod kubelet;
+pub(super) mod objects;
 mod proxy;
 pub use objects::MAX_PODS_VARIABLE;
 mod status;
@@ -375,7 +376,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
         }
     }));
     let kubelet = std::net::SocketAddr::new(shared.host_ip.into(), objects::KUBELET_PORT);
-    kubelet::start(kubelet, shared.clone()).await?;
+    tasks.push(kubelet::start(kubelet, shared.clone()).await?);
     shared.event(format!(
         "node {name} registered at {} ({}); kube-scheduler pid {}, kube-proxy pid {}",
         shared.host_ip,

@@ -33,12 +33,16 @@ use crate::runner::Shared;
 /// How often a followed log is read again.
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 
-/// Listens on `address` and serves the node's pods' logs until the process ends.
+/// Listens on `address` and serves the pods of `shared` (the node's, or a runner's: runner
+/// adaptation 12) until the returned task is aborted.
 ///
 /// # Errors
 /// The address cannot be bound or the certificate made.
-pub(super) async fn start(address: SocketAddr, shared: Arc<Shared>) -> Result<(), String> {
-    let streams = start_streams(&shared.dir)?;
+pub(in crate::runner) async fn start(
+    address: SocketAddr,
+    shared: Arc<Shared>,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let streams = streams(&shared.dir)?;
     let certified = rcgen::generate_simple_self_signed(vec![address.ip().to_string()])
         .map_err(|e| format!("kubelet API certificate: {e}"))?;
     let chain = vec![CertificateDer::from(certified.cert.der().to_vec())];
@@ -58,7 +62,7 @@ pub(super) async fn start(address: SocketAddr, shared: Arc<Shared>) -> Result<()
         .route("/exec/{namespace}/{pod}/{container}", any(exec))
         .route("/portForward/{namespace}/{pod}", any(port_forward))
         .with_state(Kubelet { shared, streams });
-    tokio::spawn(async move {
+    Ok(tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -72,8 +76,7 @@ pub(super) async fn start(address: SocketAddr, shared: Arc<Shared>) -> Result<()
                     .await;
             });
         }
-    });
-    Ok(())
+    }))
 }
 
 /// What the handlers share: the node's pods, and where `capn-test-kubelet` listens.
@@ -97,8 +100,37 @@ fn streams_binary() -> std::path::PathBuf {
         .join("capn-test-kubelet")
 }
 
+/// The address of this process's one `capn-test-kubelet`, started on first use (with its
+/// log in `dir`); it serves the node and every runner, as what it needs of a pod comes with
+/// each request. It is started from a thread that lives as long as the test process: a
+/// child gets `PR_SET_PDEATHSIG` from the thread that starts it, and a test's runtime
+/// threads end with the test.
+fn streams(dir: &std::path::Path) -> Result<SocketAddr, String> {
+    static STREAMS: std::sync::Mutex<Option<SocketAddr>> = std::sync::Mutex::new(None);
+    let mut started = STREAMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(address) = *started {
+        return Ok(address);
+    }
+    let (tell, told) = std::sync::mpsc::channel();
+    let dir = dir.to_owned();
+    std::thread::Builder::new()
+        .name("capn-test-kubelet".to_owned())
+        .spawn(move || {
+            let _ = tell.send(start_streams(&dir));
+            loop {
+                std::thread::park();
+            }
+        })
+        .map_err(|e| format!("cannot start the thread of capn-test-kubelet: {e}"))?;
+    let address = told
+        .recv()
+        .map_err(|_| "capn-test-kubelet's thread ended before it started".to_owned())??;
+    *started = Some(address);
+    Ok(address)
+}
+
 /// Starts `capn-test-kubelet` on a free loopback port and returns its address (the first
-/// line it prints). It lives as long as the node's thread, which is the test process's.
+/// line it prints). It lives as long as the test process.
 fn start_streams(dir: &std::path::Path) -> Result<SocketAddr, String> {
     let binary = streams_binary();
     if !binary.is_file() {
@@ -129,7 +161,7 @@ async fn exec(
     Path((namespace, pod, container)): Path<(String, String, String)>,
     request: Request,
 ) -> Response {
-    let key = format!("{namespace}/{pod}");
+    let key = kubelet.shared.pod_key(&namespace, &pod);
     let Some(pid) = kubelet.shared.container(&key, &container).and_then(|c| c.pid) else {
         let message = format!("container {container} of pod {key} is not running on this node");
         return (StatusCode::NOT_FOUND, message).into_response();
@@ -143,7 +175,7 @@ async fn port_forward(
     Path((namespace, pod)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let key = format!("{namespace}/{pod}");
+    let key = kubelet.shared.pod_key(&namespace, &pod);
     let Some(ip) = kubelet.shared.pod_address(&key) else {
         return (StatusCode::NOT_FOUND, format!("pod {key} has no address on this node")).into_response();
     };
@@ -214,7 +246,7 @@ async fn container_logs(
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let shared = kubelet.shared;
-    let key = format!("{namespace}/{pod}");
+    let key = shared.pod_key(&namespace, &pod);
     let Some(report) = shared.container(&key, &container) else {
         let message = format!("container {container} of pod {key} is not on this node");
         return (StatusCode::NOT_FOUND, message).into_response();

@@ -17,7 +17,7 @@ use crate::process::Process;
 pub(super) const MANAGER: &str = "capn-node";
 /// The kubelet's default port, announced as `daemonEndpoints.kubeletEndpoint`, where the
 /// node serves its logs (node adaptation 6).
-pub(super) const KUBELET_PORT: u16 = 10250;
+pub(in crate::runner) const KUBELET_PORT: u16 = 10250;
 /// The kubelet's Lease duration (`nodeLeaseDurationSeconds` default).
 const LEASE_SECONDS: i32 = 40;
 /// How long the scheduler may take to answer `/healthz`: generous, on two busy cores.

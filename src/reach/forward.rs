@@ -1,0 +1,127 @@
+//! One port-forward listener: each connection to it is one `pods/portforward` stream to a
+//! pod serving the target, chosen when the connection opens.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, ListParams};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::target::{Target, pod_port};
+use crate::telemetry::Metrics;
+
+/// Opens a listener on `127.0.0.1` for `target`'s `port` and serves it until the returned
+/// task is aborted.
+///
+/// # Errors
+/// The listener cannot be bound.
+pub(super) async fn listen(
+    client: kube::Client,
+    target: Target,
+    port: u16,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    let address = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((socket, _)) => {
+                    let (client, target, metrics) = (client.clone(), target.clone(), metrics.clone());
+                    tokio::spawn(async move { relay(client, target, port, socket, &metrics).await });
+                }
+                Err(error) => tracing::warn!(%error, %target, port, "port-forward listener: accept failed"),
+            }
+        }
+    });
+    Ok((address, task))
+}
+
+/// Copies `socket` both ways through a new port-forward; a failure closes the socket (the
+/// client sees its connection end) and is logged with the target, pod and port.
+async fn relay(client: kube::Client, target: Target, port: u16, mut socket: TcpStream, metrics: &Metrics) {
+    let pods = Api::<Pod>::namespaced(client.clone(), target.namespace());
+    let opened = async {
+        let (pod, pod_port) = pick(&client, &target, port).await?;
+        let mut forwarder = pods
+            .portforward(&pod, &[pod_port])
+            .await
+            .map_err(|e| format!("pods/portforward of {}/{pod} port {pod_port}: {e}", target.namespace()))?;
+        let stream = forwarder.take_stream(pod_port).ok_or_else(|| {
+            format!(
+                "pods/portforward of {}/{pod}: no stream for port {pod_port}",
+                target.namespace()
+            )
+        })?;
+        Ok::<_, String>((forwarder, stream))
+    };
+    match opened.await {
+        Ok((forwarder, mut stream)) => {
+            metrics.count_tenant_connection("port-forward", true);
+            let _ = tokio::io::copy_bidirectional(&mut socket, &mut stream).await;
+            drop(stream);
+            let _ = forwarder.join().await;
+        }
+        Err(error) => {
+            metrics.count_tenant_connection("port-forward", false);
+            tracing::warn!(%target, port, %error, "could not reach a tenant through the super cluster");
+        }
+    }
+}
+
+/// The pod that serves `target`'s `port` now, and the pod's port for it.
+async fn pick(client: &kube::Client, target: &Target, port: u16) -> Result<(String, u16), String> {
+    let pods = Api::<Pod>::namespaced(client.clone(), target.namespace());
+    match target {
+        Target::Pod { name, .. } => Ok((name.clone(), port)),
+        Target::PodIp { ip, .. } => {
+            let found = pods
+                .list(&ListParams::default().fields(&format!("status.podIP={ip}")))
+                .await
+                .map_err(|e| format!("listing the pods of {target}: {e}"))?;
+            let pod = found
+                .items
+                .into_iter()
+                .find(serves)
+                .ok_or_else(|| format!("no running pod is {target}"))?;
+            Ok((pod.metadata.name.unwrap_or_default(), port))
+        }
+        Target::Service { namespace, name } => {
+            let service = Api::<Service>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .map_err(|e| format!("reading {target}: {e}"))?;
+            let selector = service
+                .spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .filter(|s| !s.is_empty())
+                .map(|s| s.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+                .ok_or_else(|| format!("{target} has no selector: no pod to forward to"))?;
+            let found = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(|e| format!("listing the pods of {target}: {e}"))?;
+            let pod = found
+                .items
+                .into_iter()
+                .find(serves)
+                .ok_or_else(|| format!("no ready pod behind {target} (selector {selector})"))?;
+            let pod_port = pod_port(&service, &pod, port).map_err(|e| format!("{target}: {e}"))?;
+            Ok((pod.metadata.name.unwrap_or_default(), pod_port))
+        }
+    }
+}
+
+/// Whether `pod` serves: running, ready and not going away.
+fn serves(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    pod.metadata.deletion_timestamp.is_none()
+        && status.and_then(|s| s.phase.as_deref()) == Some("Running")
+        && status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+}
