@@ -122,7 +122,8 @@ impl Reach {
 
     /// Where to dial the pod address `ip:port` in `namespace`, which capn learnt from the
     /// tenant reached at `host` (an apiserver replica's advertised address): forwarded when
-    /// `host` is.
+    /// `host` is and a port-forward is possible, else the address itself (a pod address
+    /// needs no name to be dialled, and may well be routed where capn runs).
     ///
     /// # Errors
     /// As [`Reach::dial`].
@@ -133,7 +134,7 @@ impl Reach {
         ip: IpAddr,
         port: u16,
     ) -> Result<Option<SocketAddr>, ReachError> {
-        if Target::of_name(host).is_none() || !self.forwarded(host).await {
+        if self.client.is_none() || Target::of_name(host).is_none() || !self.forwarded(host).await {
             return Ok(None);
         }
         let target = Target::PodIp {
