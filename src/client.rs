@@ -142,16 +142,6 @@ pub fn upgrade_client(config: Config) -> kube::Result<Client> {
     Ok(stack(config, false)?.build())
 }
 
-/// A client for the super cluster the environment points at (in-cluster service account,
-/// `KUBECONFIG` or `~/.kube/config`, as [`Config::infer`] reads them).
-///
-/// # Errors
-/// No configuration can be inferred, or [`builder`] fails.
-pub async fn infer() -> anyhow::Result<Client> {
-    let config = Config::infer().await?;
-    Ok(client(config)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -394,7 +394,7 @@ pub async fn main() -> anyhow::Result<()> {
                 capn_image: args.capn_image,
                 etcd_hosts_file: args.etcd_hosts_file,
                 tenant_connection: args.tenant_connection,
-                super_config: Some(super_config),
+                super_config: Some(super_config.clone()),
                 syncer_patrol: args.syncer_patrol_interval,
                 dns,
                 kubelet: args
@@ -405,9 +405,7 @@ pub async fn main() -> anyhow::Result<()> {
                         streams,
                     }),
             };
-            let client = crate::client::infer()
-                .await
-                .context("connecting to the super cluster")?;
+            let client = crate::client::client(super_config.clone()).context("connecting to the super cluster")?;
             tracing::info!(namespace = ?settings.namespace, controllers = ?settings.enabled, "starting capn");
             let election = args.leader_elect.then(|| LeaderElection {
                 lease: args.leader_election_id.clone(),

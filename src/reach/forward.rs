@@ -76,14 +76,9 @@ async fn pick(client: &kube::Client, target: &Target, port: u16) -> Result<(Stri
     match target {
         Target::Pod { name, .. } => Ok((name.clone(), port)),
         Target::PodIp { ip, .. } => {
-            let found = pods
-                .list(&ListParams::default().fields(&format!("status.podIP={ip}")))
-                .await
-                .map_err(|e| format!("listing the pods of {target}: {e}"))?;
-            let pod = found
-                .items
-                .into_iter()
-                .find(serves)
+            let params = ListParams::default().fields(&format!("status.podIP={ip}"));
+            let pod = first_serving(&pods, &params, target)
+                .await?
                 .ok_or_else(|| format!("no running pod is {target}"))?;
             Ok((pod.metadata.name.unwrap_or_default(), port))
         }
@@ -99,19 +94,22 @@ async fn pick(client: &kube::Client, target: &Target, port: u16) -> Result<(Stri
                 .filter(|s| !s.is_empty())
                 .map(|s| s.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
                 .ok_or_else(|| format!("{target} has no selector: no pod to forward to"))?;
-            let found = pods
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .map_err(|e| format!("listing the pods of {target}: {e}"))?;
-            let pod = found
-                .items
-                .into_iter()
-                .find(serves)
+            let pod = first_serving(&pods, &ListParams::default().labels(&selector), target)
+                .await?
                 .ok_or_else(|| format!("no ready pod behind {target} (selector {selector})"))?;
             let pod_port = pod_port(&service, &pod, port).map_err(|e| format!("{target}: {e}"))?;
             Ok((pod.metadata.name.unwrap_or_default(), pod_port))
         }
     }
+}
+
+/// The first pod `params` lists that [`serves`].
+async fn first_serving(pods: &Api<Pod>, params: &ListParams, target: &Target) -> Result<Option<Pod>, String> {
+    let found = pods
+        .list(params)
+        .await
+        .map_err(|e| format!("listing the pods of {target}: {e}"))?;
+    Ok(found.items.into_iter().find(serves))
 }
 
 /// Whether `pod` serves: running, ready and not going away.
