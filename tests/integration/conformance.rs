@@ -329,7 +329,8 @@ fn summarize(report: &str) -> Result<Summary, String> {
                 }
                 _ => {
                     let message = spec["Failure"]["Message"].as_str().unwrap_or_default().to_owned();
-                    let why = explain(&message);
+                    let output = spec["CapturedGinkgoWriterOutput"].as_str().unwrap_or_default();
+                    let why = explain(&message).or_else(|| refused_by_design(output));
                     summary.failed.push((name, message, why));
                 }
             }
@@ -350,7 +351,8 @@ fn summarize(report: &str) -> Result<Summary, String> {
 /// - a node port dialled at a tenant Node's address ("not reachable … on endpoint
 ///   <address>:<30000-32767>"): a tenant Node's InternalIP is capn's kubelet API, where the
 ///   tenant apiserver asks for logs and exec, not the super node's address that serves node
-///   ports (docs/design.md §11).
+///   ports (docs/design.md §11);
+/// - see also [`refused_by_design`].
 fn explain(message: &str) -> Option<&'static str> {
     const IMAGE: &str = "needs an image the test node does not run (node adaptation 1)";
     const NODES: &str =
@@ -367,6 +369,16 @@ fn explain(message: &str) -> Option<&'static str> {
         return Some(NODE_PORT);
     }
     None
+}
+
+/// Why a spec fails when its pods were refused on purpose: the spec's output (the framework's
+/// dump of the namespace's Events) holds capn's refusal of a pod the tenant's workload Pod
+/// Security level forbids ("not run by the super cluster: refused: … (Pod Security
+/// Standards, baseline)": privileged containers, host networking, host ports). capn never
+/// runs those in the super cluster, whatever the tenant asks (docs/design.md §11).
+fn refused_by_design(output: &str) -> Option<&'static str> {
+    (output.contains("not run by the super cluster: refused:") && output.contains("Pod Security Standards"))
+        .then_some("needs a pod the workload Pod Security level refuses (privileged, host network or host port): capn never runs one in the super cluster")
 }
 
 /// Whether `message` says an endpoint in the node-port range was not reachable.
@@ -404,6 +416,11 @@ mod tests {
             None
         );
         assert_eq!(explain("unexpected 403"), None);
+        let refused = "At 0001-01-01 - event for pod-x: { } HostNetworkForbidden: not run by the super cluster: refused: spec.hostNetwork: must be false or unset (Pod Security Standards, baseline)";
+        assert!(refused_by_design(refused).is_some_and(|w| w.contains("Pod Security")));
+        let other =
+            "event for pod-x: { } ImageRefused: not run by the super cluster: refused: an image the policy forbids";
+        assert_eq!(refused_by_design(other), None);
     }
 
     #[test]
