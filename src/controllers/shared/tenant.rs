@@ -47,55 +47,45 @@ pub(crate) async fn tenant_config(
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .map_err(|e| ReconcileError::Kube(kube::Error::InferKubeconfig(e)))?;
-    if let Some(hosts) = &ctx.settings.etcd_hosts_file {
-        dial_through_hosts_file(&mut config, &crate::etcd::HostsFile::new(hosts));
+    // Outside the pod network the in-cluster names do not resolve: the hosts file
+    // (`capn run --etcd-hosts-file`) maps them, or capn reaches them through the super cluster.
+    if let Some((host, port)) = server_name(&config) {
+        let mapped = ctx.settings.etcd_hosts_file.as_ref().and_then(|hosts| {
+            crate::etcd::HostsFile::new(hosts)
+                .lookup(&host)
+                .map(|ip| std::net::SocketAddr::new(ip, port))
+        });
+        if let Some(address) = mapped {
+            dial_at(&mut config, &host, address);
+        }
     }
     if let Some(hook) = &ctx.settings.tenant_config_hook {
         (hook.0)(ncp, &mut config);
     }
-    dial_through_reach(&mut config, &ctx.reach).await?;
+    if let Some((host, port)) = server_name(&config)
+        && let Some(address) = ctx.reach.dial(&host, port).await?
+    {
+        dial_at(&mut config, &host, address);
+    }
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(15));
     Ok(config)
 }
 
-/// When the server is an in-cluster name that capn reaches through a port-forward
-/// ([`crate::reach`]), dials its local end and still verifies the certificate for the name.
-///
-/// # Errors
-/// The port-forward is needed and cannot be set up.
-async fn dial_through_reach(config: &mut kube::Config, reach: &crate::reach::Reach) -> Result<(), ReconcileError> {
-    let url = config.cluster_url.clone();
-    let Some(host) = url.host().filter(|h| h.parse::<std::net::IpAddr>().is_err()) else {
-        return Ok(());
-    };
-    let port = url.port_u16().unwrap_or(443);
-    let address = reach.dial(host, port).await?;
-    if let Some(dialled) = address.and_then(|a| format!("https://{a}").parse().ok()) {
-        config.tls_server_name.get_or_insert_with(|| host.to_owned());
-        config.cluster_url = dialled;
-    }
-    Ok(())
+/// The server's host name and port (443 when the URL has none), or `None` when the server
+/// is an IP address, which needs no mapping.
+fn server_name(config: &kube::Config) -> Option<(String, u16)> {
+    let host = config
+        .cluster_url
+        .host()
+        .filter(|h| h.parse::<std::net::IpAddr>().is_err())?;
+    Some((host.to_owned(), config.cluster_url.port_u16().unwrap_or(443)))
 }
 
-/// When the hosts file (`capn run --etcd-hosts-file`) names the server's host, dials that
-/// address and still verifies the certificate for the name (kube's `tls_server_name`), as
-/// for the tenant's etcd members: outside the pod network the in-cluster names of the tenant
-/// apiservers do not resolve.
-fn dial_through_hosts_file(config: &mut kube::Config, hosts: &crate::etcd::HostsFile) {
-    let url = config.cluster_url.clone();
-    let Some(host) = url.host().filter(|h| h.parse::<std::net::IpAddr>().is_err()) else {
-        return;
-    };
-    let Some(address) = hosts.lookup(host) else {
-        return;
-    };
-    let port = url.port_u16().unwrap_or(443);
-    let dialled = match address {
-        std::net::IpAddr::V4(a) => format!("https://{a}:{port}"),
-        std::net::IpAddr::V6(a) => format!("https://[{a}]:{port}"),
-    };
-    if let Ok(dialled) = dialled.parse() {
+/// Dials `address` for the server named `host` and still verifies its certificate for the
+/// name (kube's `tls_server_name`).
+fn dial_at(config: &mut kube::Config, host: &str, address: std::net::SocketAddr) {
+    if let Ok(dialled) = format!("https://{address}").parse() {
         config.tls_server_name.get_or_insert_with(|| host.to_owned());
         config.cluster_url = dialled;
     }
@@ -106,19 +96,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_name_the_hosts_file_maps_is_dialled_at_its_address_and_verified_for_the_name() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("hosts");
-        std::fs::write(&path, "198.18.7.3 demo-apiserver.tenant-a.svc\n").unwrap();
-        let hosts = crate::etcd::HostsFile::new(&path);
+    fn a_named_server_is_dialled_at_an_address_and_verified_for_the_name() {
         let mut config = kube::Config::new("https://demo-apiserver.tenant-a.svc:6443".parse().unwrap());
-        dial_through_hosts_file(&mut config, &hosts);
+        let (host, port) = server_name(&config).unwrap();
+        assert_eq!((host.as_str(), port), ("demo-apiserver.tenant-a.svc", 6443));
+        dial_at(&mut config, &host, "198.18.7.3:6443".parse().unwrap());
         assert_eq!(config.cluster_url.to_string(), "https://198.18.7.3:6443/");
         assert_eq!(config.tls_server_name.as_deref(), Some("demo-apiserver.tenant-a.svc"));
-        // A name the file does not know is dialled as it is.
-        let mut other = kube::Config::new("https://other.tenant-a.svc:6443".parse().unwrap());
-        dial_through_hosts_file(&mut other, &hosts);
-        assert_eq!(other.cluster_url.host(), Some("other.tenant-a.svc"));
-        assert!(other.tls_server_name.is_none());
+        // IPv6 addresses are bracketed.
+        dial_at(&mut config, &host, "[fd00::7]:6443".parse().unwrap());
+        assert_eq!(config.cluster_url.to_string(), "https://[fd00::7]:6443/");
+        // A server given by address needs no mapping; a URL without a port means 443.
+        assert_eq!(
+            server_name(&kube::Config::new("https://198.18.7.3".parse().unwrap())),
+            None
+        );
+        let named = kube::Config::new("https://demo.tenant-a.svc".parse().unwrap());
+        assert_eq!(server_name(&named), Some(("demo.tenant-a.svc".to_owned(), 443)));
     }
 }
