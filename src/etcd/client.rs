@@ -256,19 +256,24 @@ impl EtcdCluster<'_> {
     ///
     /// # Errors
     /// [`EtcdError::BadUrl`]; [`EtcdError::Unreachable`] when a new client's member does not
-    /// accept a connection (see [`REACH_TIMEOUT`]); [`EtcdError::Call`] when the client cannot
-    /// be built.
+    /// accept a connection (see [`REACH_TIMEOUT`]; not probed through a port-forward, whose
+    /// failures show in the first call) or the forward cannot be set up;
+    /// [`EtcdError::Call`] when the client cannot be built.
     pub async fn client(&self, client_url: &str) -> Result<Client, EtcdError> {
         let (host, port) = host_port(client_url).ok_or_else(|| EtcdError::BadUrl(client_url.to_string()))?;
         let unreachable = |message: String| EtcdError::Unreachable {
             url: client_url.to_string(),
             message,
         };
-        let address = match self.clients.hosts.as_ref().and_then(|h| h.lookup(host)) {
-            Some(ip) => Some(SocketAddr::new(ip, port)),
+        // `forwarded`: the address is a local port-forward listener, which always accepts.
+        let (address, forwarded) = match self.clients.hosts.as_ref().and_then(|h| h.lookup(host)) {
+            Some(ip) => (Some(SocketAddr::new(ip, port)), false),
             None => match &self.clients.reach {
-                Some(reach) => reach.dial(host, port).await.map_err(|e| unreachable(e.to_string()))?,
-                None => None,
+                Some(reach) => {
+                    let address = reach.dial(host, port).await.map_err(|e| unreachable(e.to_string()))?;
+                    (address, address.is_some())
+                }
+                None => (None, false),
             },
         };
         {
@@ -283,14 +288,18 @@ impl EtcdCluster<'_> {
             Some(address) => format!("https://{address}"),
             None => client_url.to_string(),
         };
-        let reached = match address {
-            Some(address) => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect(address)).await,
-            None => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await,
-        };
-        match reached {
-            Ok(Ok(_probe)) => {}
-            Ok(Err(e)) => return Err(unreachable(e.to_string())),
-            Err(_) => return Err(unreachable(format!("no TCP connection within {REACH_TIMEOUT:?}"))),
+        // A TCP probe fails fast on a member that is not there; through a forward it would
+        // only open (and drop) one port-forward stream, and the listener accepts anyway.
+        if !forwarded {
+            let reached = match address {
+                Some(address) => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect(address)).await,
+                None => tokio::time::timeout(REACH_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await,
+            };
+            match reached {
+                Ok(Ok(_probe)) => {}
+                Ok(Err(e)) => return Err(unreachable(e.to_string())),
+                Err(_) => return Err(unreachable(format!("no TCP connection within {REACH_TIMEOUT:?}"))),
+            }
         }
         let tls = TlsOptions::new()
             .ca_certificate(Certificate::from_pem(self.identity.trust_pem.as_bytes()))
