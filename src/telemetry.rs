@@ -223,6 +223,8 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
         .route("/readyz", get(readyz))
         .with_state(metrics);
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    // The bound address, not the asked one: with port 0 the log is where the port shows.
+    let addr = listener.local_addr()?;
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     axum::serve(listener, app).await
 }

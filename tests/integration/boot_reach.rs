@@ -127,6 +127,40 @@ async fn capn_outside_the_pod_network_reaches_the_tenant_through_the_super_clust
         !chosen.iter().any(|l| l.contains("\"direct\"")),
         "a name resolved outside the pod network: {chosen:#?}"
     );
+    // And counted: the metric shows the forwards opened (each connection is one).
+    let metrics = served_metrics(&log).await;
+    let opened = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"capn_tenant_connections_total{path="port-forward",result="opened"} "#))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(
+        opened.is_some_and(|n| n >= 2.0),
+        "capn_tenant_connections_total does not count the forwards: {opened:?}\n{metrics}"
+    );
+    say(&format!(
+        "reach: {} port-forward connections opened",
+        opened.unwrap_or_default()
+    ));
     supers.delete(&name, &Default::default()).await.unwrap();
     booted.stop().await;
+}
+
+/// `/metrics` of the capn process whose JSON log is `log`, at the address it logged binding
+/// (the tests' capn binds port 0).
+async fn served_metrics(log: &str) -> String {
+    let address: std::net::SocketAddr = log
+        .lines()
+        .filter(|l| l.contains("serving /metrics"))
+        .find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).ok()?["fields"]["addr"]
+                .as_str()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("capn did not log where it serves /metrics"));
+    let (status, body) = capn_testkit::http_get(address, "/metrics")
+        .await
+        .expect("/metrics answers");
+    assert_eq!(status, 200, "{body}");
+    body
 }
