@@ -36,12 +36,17 @@ if [ -z "${CAPI_ASSETS:-}" ]; then
   CAPI_ASSETS="$(hack/capi-assets.sh)"
   export CAPI_ASSETS
 fi
+# helm and actionlint, for the chart and release workflow test (tests/integration/helm.rs).
+if [ -z "${HELM_ASSETS:-}" ]; then
+  HELM_ASSETS="$(hack/helm-assets.sh)"
+  export HELM_ASSETS
+fi
 # The S3-compatible server the backup tests upload to (s3s-fs, built from crates.io).
 if [ -z "${S3_SERVER:-}" ]; then
   S3_SERVER="$(hack/s3-assets.sh)"
   export S3_SERVER
 fi
-echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS CAPI_ASSETS=$CAPI_ASSETS S3_SERVER=$S3_SERVER" >&2
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS CAPI_ASSETS=$CAPI_ASSETS HELM_ASSETS=$HELM_ASSETS S3_SERVER=$S3_SERVER" >&2
 # The booted tests spend most of their time waiting (for renewals, rolls, rotations), so run
 # more of them at once than there are cores.
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
