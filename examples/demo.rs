@@ -147,7 +147,7 @@ fn main() -> ExitCode {
 }
 
 fn step(n: u32, what: &str) {
-    println!("\n[{n}/6] {what}");
+    println!("\n[{n}/7] {what}");
 }
 
 fn run_demo() -> ExitCode {
@@ -194,7 +194,13 @@ async fn demo() -> ExitCode {
     };
     println!("\nPress Ctrl-C to stop the demo; it removes everything it started.");
     stop.await;
-    let Running { runner, capn, dir } = running;
+    let Running {
+        runner,
+        capn,
+        connect,
+        dir,
+    } = running;
+    drop(connect);
     drop(runner);
     capn.stop().await;
     drop(dir);
@@ -207,6 +213,8 @@ struct Running {
     runner: Runner,
     /// `capn run`, as a user runs it.
     capn: CapnProcess,
+    /// `capn connect`, keeping the user's kubeconfig current (killed when dropped).
+    connect: tokio::process::Child,
     /// The kubeconfig files given to the user, and capn's log.
     dir: tempfile::TempDir,
 }
@@ -312,9 +320,6 @@ async fn boot() -> Result<Running, String> {
         .ok_or("Secret demo-kubeconfig has no `value`")?;
     let config = runner.client_config(&kubeconfig).await?;
     let server_name = config.tls_server_name.clone().unwrap_or_default();
-    let url = config.cluster_url.clone();
-    let host = url.host().unwrap_or_default().to_owned();
-    let address = url.to_string().trim_end_matches('/').to_owned();
     let nested = Client::try_from(config).map_err(|e| e.to_string())?;
     let namespaces = Api::<Namespace>::all(nested)
         .list(&ListParams::default())
@@ -343,15 +348,30 @@ async fn boot() -> Result<Running, String> {
     );
     run_web(&nested_for_workloads(&runner, &kubeconfig).await?).await?;
 
-    write_kubeconfigs(dir.path(), &kubeconfig, &address, &server_name)?;
+    step(
+        7,
+        &format!(
+            "`capn connect demo -n {NAMESPACE}`: a kubeconfig for this machine that follows apiserver rolls and CA rotations"
+        ),
+    );
+    write_kubeconfig(dir.path(), &kubeconfig)?;
     let verbatim = dir.path().join("demo.kubeconfig");
-    let local = dir.path().join("demo-local.kubeconfig");
+    let connected = dir.path().join("demo-connect.kubeconfig");
+    let connect = start_connect(
+        &binary,
+        cluster.kubeconfig_path(),
+        &connected,
+        &dir.path().join("connect.log"),
+    )
+    .await?;
     let super_kubeconfig = cluster.kubeconfig_path().display();
     let logs = runner.dir().display();
     let capn_log = dir.path().join("capn.log");
     let capn_log = capn_log.display();
     let verbatim = verbatim.display();
-    let local = local.display();
+    let connected = connected.display();
+    let connect_log = dir.path().join("connect.log");
+    let connect_log = connect_log.display();
     // `tenant-a` has a `-`, so the name is cut and hashed (docs/design.md §11, "Names").
     let workloads = capn::syncer::names::ControlPlaneRef::new(NAMESPACE, "demo").workload_namespace();
     println!(
@@ -359,14 +379,15 @@ async fn boot() -> Result<Running, String> {
 Use the nested control plane with kubectl
   The admin kubeconfig, exactly as capn wrote it (Secret {NAMESPACE}/demo-kubeconfig, key \"value\"):
       {verbatim}
-  Its server, https://{server_name}:6443, is the apiserver Service's in-cluster name: it resolves
-  inside the super cluster only. From this machine the apiserver pod answers at {host}
-  (the demo's pod network, routed to this host while the demo runs), so either tell kubectl:
-      kubectl --kubeconfig {verbatim} --server {address} --tls-server-name {server_name} get namespaces
-  or use the copy that already says so:
-      export KUBECONFIG={local}
+  Its server, https://{server_name}:6443, is the apiserver Service's in-cluster name: it
+  resolves inside the super cluster only. From this machine, use the copy `capn connect` keeps:
+      export KUBECONFIG={connected}
       kubectl get namespaces
-  Either way the apiserver's certificate is verified for {server_name}.
+  It points at a local endpoint that reaches the apiserver through the super cluster's
+  pods/portforward (a ready apiserver pod per connection, so it follows rolls), verifies the
+  certificate for {server_name}, and is rewritten when capn renews the certificates or rotates
+  the CA (log {connect_log}). Without the demo: `capn connect demo -n {NAMESPACE}` with your super
+  cluster's kubeconfig; `capn kubeconfig demo -n {NAMESPACE}` prints the kubeconfig as it is.
 
   capn's objects in the super cluster:
       kubectl --kubeconfig {super_kubeconfig} -n {NAMESPACE} get nestedcontrolplanes,nestedetcds,nestedapiservers,nestedcontrollermanagers,statefulsets,secrets
@@ -384,7 +405,12 @@ Use the nested control plane with kubectl
 Apply to ready: {boot_time:.1?} (the whole demo so far: {:.1?}).",
         started.elapsed(),
     );
-    Ok(Running { runner, capn, dir })
+    Ok(Running {
+        runner,
+        capn,
+        connect,
+        dir,
+    })
 }
 
 /// A client of the tenant from its kubeconfig, for the demo's own requests.
@@ -545,32 +571,80 @@ async fn wait_for_ready(client: &Client, runner: &Runner, applied: Instant) -> R
     }
 }
 
-/// Writes the kubeconfig verbatim, and a copy whose server is the pod address with the
-/// certificate verified for the in-cluster name; both readable by the user who ran sudo.
-fn write_kubeconfigs(dir: &Path, kubeconfig: &str, address: &str, server_name: &str) -> Result<(), String> {
-    let mut local: serde_json::Value =
-        serde_saphyr::from_str(kubeconfig).map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
-    for cluster in local["clusters"].as_array_mut().into_iter().flatten() {
-        cluster["cluster"]["server"] = address.into();
-        cluster["cluster"]["tls-server-name"] = server_name.into();
-    }
-    let files = [
-        ("demo.kubeconfig", kubeconfig.to_owned()),
-        (
-            "demo-local.kubeconfig",
-            // JSON is YAML: kubectl reads it as any kubeconfig.
-            serde_json::to_string_pretty(&local).map_err(|e| e.to_string())?,
-        ),
-    ];
-    for (name, text) in files {
-        let path = dir.join(name);
-        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        // An admin credential: readable by its owner only.
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
-        give_to_sudo_user(&path);
-    }
+/// Writes the kubeconfig as capn wrote it, readable by its owner only (an admin credential),
+/// the user who ran sudo.
+fn write_kubeconfig(dir: &Path, kubeconfig: &str) -> Result<(), String> {
+    let path = dir.join("demo.kubeconfig");
+    std::fs::write(&path, kubeconfig).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
+    give_to_sudo_user(&path);
     Ok(())
+}
+
+/// Starts `capn connect demo` with the super cluster's kubeconfig, writing `kubeconfig`
+/// (given to the user who ran sudo; capn connect keeps a file's owner when it rewrites it),
+/// and waits until the tenant answers through it.
+async fn start_connect(
+    binary: &Path,
+    super_kubeconfig: &Path,
+    kubeconfig: &Path,
+    log: &Path,
+) -> Result<tokio::process::Child, String> {
+    // Made first, so that the file is the user's from the start.
+    std::fs::write(kubeconfig, "").map_err(|e| format!("cannot write {}: {e}", kubeconfig.display()))?;
+    std::fs::set_permissions(kubeconfig, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| format!("cannot chmod {}: {e}", kubeconfig.display()))?;
+    give_to_sudo_user(kubeconfig);
+    let stderr = std::fs::File::create(log).map_err(|e| format!("cannot write {}: {e}", log.display()))?;
+    let mut child = tokio::process::Command::new(binary)
+        .args(["connect", "demo", "-n", NAMESPACE, "--kubeconfig-out"])
+        .arg(kubeconfig)
+        .env("KUBECONFIG", super_kubeconfig)
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start capn connect: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "capn connect exited ({status}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+        if let Some(answered) = namespaces_through(kubeconfig).await {
+            println!("      {} answers: {answered} namespaces", kubeconfig.display());
+            return Ok(child);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the tenant does not answer through {} within 60s; capn connect said: {}",
+                kubeconfig.display(),
+                std::fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How many namespaces the tenant lists through the kubeconfig file at `path`.
+async fn namespaces_through(path: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).ok()?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .ok()?;
+    let client = Client::try_from(config).ok()?;
+    Some(
+        Api::<Namespace>::all(client)
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len(),
+    )
 }
 
 /// Creates every document of an example file in the demo's namespace, like

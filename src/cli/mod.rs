@@ -1,5 +1,7 @@
-//! The `capn` command line: `run`, `render`, `crds`, `channels list`, `version`.
+//! The `capn` command line: `run`, `render`, `kubeconfig`, `connect`, `crds`, `channels`,
+//! `version`.
 
+pub mod connect;
 mod render;
 pub mod restore;
 mod run;
@@ -52,6 +54,13 @@ pub enum Command {
         #[command(subcommand)]
         command: ChannelsCommand,
     },
+    /// Print a tenant's admin kubeconfig (`<cluster>-kubeconfig`), read from the super
+    /// cluster, optionally pointed at a `--server` of yours.
+    Kubeconfig(connect::KubeconfigArgs),
+    /// Serve a local endpoint for a tenant's apiserver through the super cluster, write a
+    /// kubeconfig for it and keep that file current across apiserver rolls and CA rotations
+    /// (like `vcluster connect`), until Ctrl-C.
+    Connect(connect::ConnectArgs),
     /// Print capn's version.
     Version,
     /// The steps of an etcd member's restore that run in capn's image (init containers
@@ -463,6 +472,11 @@ pub async fn main() -> anyhow::Result<()> {
             }
             print!("{}", to_yaml_stream(&rendered.objects)?);
             Ok(())
+        }
+        Command::Kubeconfig(args) => connect::kubeconfig(args).await,
+        Command::Connect(args) => {
+            crate::telemetry::init(false);
+            connect::connect(args).await
         }
         Command::Crds => {
             print!("{}", crate::crds::crds_yaml()?);

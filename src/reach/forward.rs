@@ -1,7 +1,7 @@
 //! One port-forward listener: each connection to it is one `pods/portforward` stream to a
 //! pod serving the target, chosen when the connection opens.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -11,8 +11,8 @@ use tokio::net::{TcpListener, TcpStream};
 use super::target::{Target, pod_port};
 use crate::telemetry::Metrics;
 
-/// Opens a listener on `127.0.0.1` for `target`'s `port` and serves it until the returned
-/// task is aborted.
+/// Opens a listener on `bind` (port 0: a free one) for `target`'s `port` and serves it until
+/// the returned task is aborted.
 ///
 /// # Errors
 /// The listener cannot be bound.
@@ -20,9 +20,10 @@ pub(super) async fn listen(
     client: kube::Client,
     target: Target,
     port: u16,
+    bind: SocketAddr,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    let listener = TcpListener::bind(bind).await?;
     let address = listener.local_addr()?;
     let task = tokio::spawn(async move {
         loop {

@@ -6,6 +6,7 @@ mod backup_store;
 mod boot;
 mod boot_backup;
 mod boot_certificates;
+mod boot_connect;
 mod boot_members;
 mod boot_projected;
 mod boot_reach;
