@@ -51,7 +51,7 @@ impl Provider {
     /// The `--controllers` this provider's Deployment runs.
     fn controllers(self) -> &'static str {
         match self {
-            Self::ControlPlane => "control-plane,etcd,apiserver,controller-manager,public-crds",
+            Self::ControlPlane => "control-plane,etcd,apiserver,controller-manager,public-crds,syncer",
             Self::Infrastructure => "cluster",
         }
     }
