@@ -40,6 +40,10 @@ pub const PUBLIC_CRDS_SYNCED: &str = "PublicCRDsSynced";
 /// Condition type on the NestedControlPlane: the syncer runs the tenant's pods in the super
 /// cluster (docs/design.md §11).
 pub const WORKLOADS_SYNCED: &str = "WorkloadsSynced";
+/// Condition type on the NestedControlPlane, set once one of capn's watches has failed:
+/// False while a watch capn depends on fails (`/readyz` and `capn_watch_failing` say the
+/// same), True once every watch works again.
+pub const WATCHES_HEALTHY: &str = "WatchesHealthy";
 
 /// Phases shown by `kubectl get` (`status.phase`).
 pub mod phase {
@@ -172,6 +176,10 @@ reasons! {
     BackupCredentialsMissing: failure, [BACKUP_SUCCEEDED, SYNCED], "The Secret with the object store's credentials does not exist.";
     RestoreNotAllowed: failure, [SYNCED, READY], "A restore was asked for where it cannot run; the message says why.";
     SnapshotVersionUnsupported: failure, [SYNCED, READY], "The snapshot was taken by an etcd this channel cannot restore.";
+    // WatchesHealthy
+    WatchFailed: failure, [WATCHES_HEALTHY],
+        "A watch capn depends on fails (forbidden by its RBAC, a resource the API does not serve): changes go unnoticed until it recovers.";
+    WatchesHealthy: success, [WATCHES_HEALTHY], "Every watch capn depends on works.";
     // PublicCRDsSynced
     Synced: success, [PUBLIC_CRDS_SYNCED], "Every public CRD of the super cluster is installed in the tenant.";
     TenantOwnsCRD: failure, [PUBLIC_CRDS_SYNCED], "The tenant has its own CRD of a public CRD's name; that one is left alone.";

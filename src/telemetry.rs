@@ -6,11 +6,13 @@
 //!   `capn_reconcile_duration_seconds` (histogram, seconds, by controller) and
 //!   `capn_managed_objects` (objects capn applied for its component resources, by controller),
 //!   `capn_tenant_connections_total` (connections to tenants through the super cluster's
-//!   port-forward, by `path` and `result`: `opened` or `failed`; see [`crate::reach`]).
+//!   port-forward, by `path` and `result`: `opened` or `failed`; see [`crate::reach`]),
+//!   `capn_watch_failing` (1 while capn's watch of a `kind` fails, else 0).
 //! - Probes: `/healthz` answers while the process serves; `/readyz` once the controllers (or,
-//!   with leader election, the standby loop) are running.
+//!   with leader election, the standby loop) are running and no watch fails (a failing
+//!   watch is named in the answer's body).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,6 +64,11 @@ struct ConnectionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     controller: String,
     reason: String,
@@ -76,9 +83,14 @@ pub struct Metrics {
     durations: Family<ControllerLabel, Histogram>,
     managed: Family<ControllerLabel, Gauge>,
     tenant_connections: Family<ConnectionLabels, Counter>,
+    watch_failing: Family<KindLabel, Gauge>,
     /// Objects per component resource, so the gauge is a sum that stays right on updates.
     inventory: Mutex<HashMap<(String, String), i64>>,
     ready: AtomicBool,
+    /// The watches failing now: kind → the last error.
+    failing_watches: Mutex<BTreeMap<String, String>>,
+    /// Bumped whenever a watch starts or stops failing.
+    watch_changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for Metrics {
@@ -113,6 +125,12 @@ impl Default for Metrics {
             "Connections capn opened to tenants by a path other than dialling their names, by path and result",
             tenant_connections.clone(),
         );
+        let watch_failing = Family::<KindLabel, Gauge>::default();
+        registry.register(
+            "watch_failing",
+            "1 while capn's watch of a kind fails (forbidden by RBAC, a resource the API does not serve), else 0",
+            watch_failing.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -120,8 +138,11 @@ impl Default for Metrics {
             durations,
             managed,
             tenant_connections,
+            watch_failing,
             inventory: Mutex::default(),
             ready: AtomicBool::new(false),
+            failing_watches: Mutex::default(),
+            watch_changes: tokio::sync::watch::Sender::new(0),
         }
     }
 }
@@ -177,6 +198,45 @@ impl Metrics {
             .inc();
     }
 
+    /// Records that the watch of `kind` failed with `error` (each failed attempt; the watch
+    /// retries with backoff).
+    pub fn watch_failed(&self, kind: &str, error: &dyn std::fmt::Display) {
+        let new = self.watches().insert(kind.to_owned(), error.to_string()).is_none();
+        if new {
+            tracing::warn!(%kind, %error, "a watch capn depends on fails: /readyz reports it until it recovers");
+            self.watch_failing.get_or_create(&kind_label(kind)).set(1);
+            self.watch_changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Records that the watch of `kind` delivered an event: it works (again).
+    pub fn watch_succeeded(&self, kind: &str) {
+        let mut failing = self.watches();
+        if failing.is_empty() || failing.remove(kind).is_none() {
+            return;
+        }
+        drop(failing);
+        tracing::info!(%kind, "a failing watch recovered");
+        self.watch_failing.get_or_create(&kind_label(kind)).set(0);
+        self.watch_changes.send_modify(|n| *n += 1);
+    }
+
+    /// The watches failing now, by kind, with their last error.
+    pub fn failing_watches(&self) -> BTreeMap<String, String> {
+        self.watches().clone()
+    }
+
+    /// Changes each time a watch starts or stops failing.
+    pub fn watch_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.watch_changes.subscribe()
+    }
+
+    fn watches(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.failing_watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Marks the process ready (`/readyz` answers 200).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
@@ -204,12 +264,24 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-async fn readyz(State(m): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
-    if m.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+async fn readyz(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
+    let failing = m.failing_watches();
+    if !failing.is_empty() {
+        let lines: Vec<String> = failing
+            .iter()
+            .map(|(kind, error)| format!("watch of {kind} failing: {error}"))
+            .collect();
+        return (StatusCode::SERVICE_UNAVAILABLE, lines.join("\n"));
     }
+    if m.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok".to_owned())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready".to_owned())
+    }
+}
+
+fn kind_label(kind: &str) -> KindLabel {
+    KindLabel { kind: kind.to_owned() }
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the task is dropped.
@@ -232,6 +304,42 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_failing_watch_turns_readyz_and_its_gauge_until_it_recovers() {
+        let m = Arc::new(Metrics::default());
+        m.set_ready(true);
+        let mut changes = m.watch_changes();
+        m.watch_failed("Secret", &"secrets is forbidden");
+        m.watch_failed("Secret", &"secrets is forbidden");
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(
+            *changes.borrow_and_update(),
+            1,
+            "one change for one watch starting to fail"
+        );
+        let (code, body) = readyz(State(m.clone())).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "watch of Secret failing: secrets is forbidden");
+        assert!(
+            m.encode().contains("capn_watch_failing{kind=\"Secret\"} 1"),
+            "{}",
+            m.encode()
+        );
+        m.watch_succeeded("StatefulSet");
+        assert!(
+            !changes.has_changed().unwrap(),
+            "a watch that never failed changes nothing"
+        );
+        m.watch_succeeded("Secret");
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(readyz(State(m.clone())).await, (StatusCode::OK, "ok".to_owned()));
+        assert!(
+            m.encode().contains("capn_watch_failing{kind=\"Secret\"} 0"),
+            "{}",
+            m.encode()
+        );
+    }
 
     #[test]
     fn metrics_count_reconciles_errors_and_managed_objects() {

@@ -24,6 +24,7 @@ pub mod public_crds;
 pub mod round;
 pub mod shared;
 pub mod syncer;
+pub mod watch_health;
 
 use std::sync::Arc;
 
@@ -282,11 +283,23 @@ pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Setti
     use crate::api::{NestedAPIServer, NestedControllerManager, NestedEtcd};
     let enabled = settings.enabled;
     let reads_caches = enabled.control_plane || enabled.etcd || enabled.apiserver || enabled.controller_manager;
+    // Beside the caches, not behind them: it reports a watch whose first list never comes.
+    let health = tokio::spawn(watch_health::run(
+        client.clone(),
+        settings.namespace.clone(),
+        settings
+            .watch_filter
+            .as_ref()
+            .map(|value| format!("{WATCH_FILTER_LABEL}={value}")),
+        metrics.clone(),
+    ));
+    let _health = AbortOnDrop(vec![health.abort_handle()]);
     let (caches, subscriptions, _drivers) = cache::Caches::start(
         &client,
         settings.namespace.as_deref(),
         primary_watch_config(&settings),
         reads_caches,
+        &metrics,
     )
     .await;
     let ctx = Arc::new(Context::new(client, channels, settings, metrics, caches));

@@ -743,8 +743,14 @@ async fn the_cluster_cache_keeps_only_the_clusters_the_watch_filter_selects() {
             .unwrap();
     }
     let primary = kube::runtime::watcher::Config::default().labels(&format!("{filter}=a"));
-    let (caches, _subscriptions, _drivers) =
-        capn::controllers::shared::cache::Caches::start(&client, Some(&ns), primary, true).await;
+    let (caches, _subscriptions, _drivers) = capn::controllers::shared::cache::Caches::start(
+        &client,
+        Some(&ns),
+        primary,
+        true,
+        &std::sync::Arc::new(capn::telemetry::Metrics::default()),
+    )
+    .await;
     let clusters = caches.clusters.as_ref().expect("Cluster API's Cluster is served");
     wait_until("the Cluster of shard a is cached", Duration::from_secs(30), || async {
         clusters.get(&ns, "in-shard").map(|_| ())

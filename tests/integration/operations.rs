@@ -443,3 +443,87 @@ async fn watch_filter_reconciles_only_its_own_control_planes() {
     assert!(secret(&client, &ns, "other-ca").await.is_none());
     assert!(statefulset(&client, &ns, "other-etcd").await.is_none());
 }
+
+/// Issue 41 item 5: a watch capn depends on that fails (here: Secrets, after an RBAC change
+/// took `list` and `watch` away) shows in `/readyz`, in `capn_watch_failing` and in the
+/// NestedControlPlanes' `WatchesHealthy` condition, and clears once the role allows it again.
+#[tokio::test]
+async fn a_watch_forbidden_by_rbac_shows_in_readyz_a_metric_and_a_condition_until_allowed_again() {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    const RECOVERY: Duration = Duration::from_secs(120);
+    let admin = cluster().client();
+    let ns = test_namespace(&admin).await;
+    apply_example(&admin, &ns, "examples/nestedcontrolplane.yaml").await;
+    let (client, args) = provider_identity(&admin, &ns, "control-plane-components.yaml").await;
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    let role_name = format!("{ns}-capn-control-plane-manager");
+    let granted = roles.get(&role_name).await.unwrap();
+    let mut restricted = granted.clone();
+    for rule in restricted.rules.iter_mut().flatten() {
+        if rule.resources.iter().flatten().any(|r| r == "secrets") {
+            rule.verbs.retain(|v| v != "list" && v != "watch");
+        }
+    }
+    roles
+        .replace(&role_name, &Default::default(), &restricted)
+        .await
+        .unwrap();
+
+    let (settings, election) = from_deployment(&args, &ns, "control-plane-0");
+    let instance = Instance::start(client, settings, election);
+    let probes = instance.probes;
+    let body = wait_until(
+        "/readyz names the failing Secret watch",
+        CONTROLLER_STEP,
+        || async move {
+            match http_get(probes, "/readyz").await {
+                Ok((503, body)) if body.contains("watch of Secret failing") => Some(body),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    assert!(body.contains("forbidden"), "{body}");
+    let failing = "capn_watch_failing{kind=\"Secret\"}";
+    assert_eq!(sample(&instance.metrics().await, failing), Some(1.0));
+    let ncps: Api<capn::api::NestedControlPlane> = Api::namespaced(admin.clone(), &ns);
+    let watches_healthy = |want: &'static str| {
+        let ncps = ncps.clone();
+        async move {
+            let ncp = ncps.get("demo").await.ok()?;
+            let condition = ncp
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "WatchesHealthy")?;
+            (condition.status == want).then_some(condition)
+        }
+    };
+    let condition = wait_until("the control plane says the watch fails", CONTROLLER_STEP, || {
+        watches_healthy("False")
+    })
+    .await;
+    assert_eq!(condition.reason, "WatchFailed");
+    assert!(condition.message.contains("Secret: "), "{}", condition.message);
+
+    // The role allows it again: the watch recovers (within its backoff) and says so.
+    let mut allowed = roles.get(&role_name).await.unwrap();
+    allowed.rules = granted.rules.clone();
+    roles.replace(&role_name, &Default::default(), &allowed).await.unwrap();
+    wait_until("/readyz answers ok", RECOVERY, || async move {
+        matches!(http_get(probes, "/readyz").await, Ok((200, body)) if body == "ok").then_some(())
+    })
+    .await;
+    assert_eq!(sample(&instance.metrics().await, failing), Some(0.0));
+    let condition = wait_until("the control plane says every watch works", RECOVERY, || {
+        watches_healthy("True")
+    })
+    .await;
+    assert_eq!(condition.reason, "WatchesHealthy");
+    drop(instance);
+    let _ = roles.delete(&role_name, &DeleteParams::default()).await;
+    let binding = format!("{ns}-capn-control-plane-manager");
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin)
+        .delete(&binding, &DeleteParams::default())
+        .await;
+}

@@ -183,9 +183,11 @@ async fn write_status(
     if status == old || ctx.status_memo.already_written(&observed, status) {
         return Ok(());
     }
-    // The public CRD sync owns its condition and counts; leave them out of this apply.
+    // The public CRD sync and the watch health task own their conditions (and the sync its
+    // counts); leave them out of this apply.
     let mut own = status.clone();
-    own.conditions.retain(|c| c.type_ != crate::status::PUBLIC_CRDS_SYNCED);
+    own.conditions
+        .retain(|c| c.type_ != crate::status::PUBLIC_CRDS_SYNCED && c.type_ != crate::status::WATCHES_HEALTHY);
     own.public_crds = None;
     let api: Api<NestedControlPlane> = Api::namespaced(ctx.client.clone(), ns);
     let patch = serde_json::json!({

@@ -41,6 +41,7 @@ use crate::controllers::shared::cache::objects::{
 };
 use crate::controllers::shared::read::{CAPI_GROUP, capi_cluster_owner, cluster_name};
 use crate::pki::SecretNames;
+use crate::telemetry::Metrics;
 
 /// Events a shared reflector buffers per subscriber before it waits for the slowest one.
 const SHARED_BUFFER: usize = 1024;
@@ -166,7 +167,12 @@ const MANAGED: &str = "app.kubernetes.io/managed-by=capn";
 
 /// A shared reflector of `K`: its store, one subscription, and the task driving the watch;
 /// `modify` trims each object before it is cached.
-fn shared<K>(api: Api<K>, config: watcher::Config, modify: fn(&mut K)) -> (Store<K>, ReflectHandle<K>, JoinHandle<()>)
+fn shared<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    modify: fn(&mut K),
+    metrics: &Arc<Metrics>,
+) -> (Store<K>, ReflectHandle<K>, JoinHandle<()>)
 where
     K: Resource<DynamicType = ()>
         + Lookup<DynamicType = ()>
@@ -179,13 +185,16 @@ where
 {
     let (reader, writer) = reflector::store_shared(SHARED_BUFFER);
     let handle = writer.subscribe().expect("a shared store hands out subscriptions");
+    let metrics = metrics.clone();
+    let kind = <K as Resource>::kind(&()).into_owned();
     let driver = watcher(api, config)
         .default_backoff()
         .modify(modify)
         .reflect_shared(writer)
-        .for_each(|event| {
-            if let Err(error) = event {
-                tracing::warn!(%error, kind = %<K as Resource>::kind(&()), "watch failed; retrying");
+        .for_each(move |event| {
+            match event {
+                Ok(_) => metrics.watch_succeeded(&kind),
+                Err(error) => metrics.watch_failed(&kind, &error),
             }
             ready(())
         });
@@ -206,6 +215,7 @@ impl Caches {
         namespace: Option<&str>,
         primary: watcher::Config,
         watch: bool,
+        metrics: &Arc<Metrics>,
     ) -> (Arc<Caches>, Subscriptions, Drivers) {
         if !watch {
             let (control_planes, subscribe_cp) = reflector::store_shared(1);
@@ -245,17 +255,20 @@ impl Caches {
                 None => Api::all(client.clone()),
             }
         }
-        let (control_planes, cp_handle, cp_task) = shared(api(client, namespace), primary.clone(), strip);
-        let (etcds, etcd_handle, etcd_task) = shared(api(client, namespace), primary.clone(), strip);
-        let (apiservers, apiserver_handle, apiserver_task) = shared(api(client, namespace), primary.clone(), strip);
-        let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary.clone(), strip);
+        let (control_planes, cp_handle, cp_task) = shared(api(client, namespace), primary.clone(), strip, metrics);
+        let (etcds, etcd_handle, etcd_task) = shared(api(client, namespace), primary.clone(), strip, metrics);
+        let (apiservers, apiserver_handle, apiserver_task) =
+            shared(api(client, namespace), primary.clone(), strip, metrics);
+        let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary.clone(), strip, metrics);
         let managed = watcher::Config::default().labels(MANAGED);
-        let (statefulsets, sts_handle, sts_task) = shared(api(client, namespace), managed.clone(), owned_metadata);
-        let (services, svc_handle, svc_task) = shared(api(client, namespace), managed, owned_metadata);
+        let (statefulsets, sts_handle, sts_task) =
+            shared(api(client, namespace), managed.clone(), owned_metadata, metrics);
+        let (services, svc_handle, svc_task) = shared(api(client, namespace), managed, owned_metadata, metrics);
 
         let (secret_reader, secret_writer) = reflector::store();
         let (secret_events, _) = broadcast::channel(SECRET_EVENTS);
         let sender = secret_events.clone();
+        let secret_metrics = metrics.clone();
         let secrets_api: Api<PartialObjectMeta<Secret>> = match namespace {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
@@ -273,8 +286,11 @@ impl Caches {
             .for_each(move |event| {
                 match event {
                     // Nobody listening yet is fine: the caches still fill.
-                    Ok(secret) => drop(sender.send(Arc::new(secret))),
-                    Err(error) => tracing::warn!(%error, "Secret watch failed; retrying"),
+                    Ok(secret) => {
+                        secret_metrics.watch_succeeded("Secret");
+                        drop(sender.send(Arc::new(secret)));
+                    }
+                    Err(error) => secret_metrics.watch_failed("Secret", &error),
                 }
                 ready(())
             }),
