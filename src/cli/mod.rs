@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub use render::{InputError, RenderOptions, Rendered, error_reason, render_documents};
+pub use render::{InputError, Problem, RenderErrors, RenderOptions, Rendered, error_reason, render_documents};
 pub use run::{LeaderElection, run};
 
 use crate::channel::ChannelRegistry;
@@ -270,9 +270,9 @@ pub struct RenderArgs {
     /// DNS domain of the super cluster.
     #[arg(long, default_value = crate::plan::DEFAULT_DNS_DOMAIN)]
     pub super_cluster_dns_domain: String,
-    /// Fields the CRDs do not have are errors, not warnings (kubectl's strict field
-    /// validation).
-    #[arg(long)]
+    /// Fields the CRDs do not have are errors (kubectl's strict field validation);
+    /// `--strict=false` makes them warnings. Every other problem is an error either way.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub strict: bool,
     /// Print the upgrade path each NestedControlPlane would take instead of its objects
     /// (from the running release to `spec.version`, one step per minor).
@@ -456,17 +456,11 @@ pub async fn main() -> anyhow::Result<()> {
                     args.from_etcd.as_deref(),
                     &options,
                 )
-                .map_err(|e| match error_reason(&e) {
-                    Some(reason) => anyhow::anyhow!("{reason}: {e:#}"),
-                    None => e,
-                })?;
+                .map_err(render::cli_error)?;
                 print!("{}", to_yaml_stream(&paths)?);
                 return Ok(());
             }
-            let rendered = render_documents(&channels, docs, &options).map_err(|e| match error_reason(&e) {
-                Some(reason) => anyhow::anyhow!("{reason}: {e:#}"),
-                None => e,
-            })?;
+            let rendered = render_documents(&channels, docs, &options).map_err(render::cli_error)?;
             for warning in &rendered.warnings {
                 eprintln!("Warning: {warning}");
             }

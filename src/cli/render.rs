@@ -1,22 +1,39 @@
 //! `capn render`: what the controllers would apply for the resources in a file, computed
 //! offline through the same [`crate::plan::plan`] the controllers call.
+//!
+//! Every problem in the input is reported in one run ([`RenderErrors`]), each under the
+//! object and the field that holds it, as the API server and the controllers would name them.
 
-use anyhow::Context as _;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::DynamicObject;
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
-use crate::channel::ChannelRegistry;
+use crate::channel::{ChannelError, ChannelRegistry};
 use crate::controllers::component::ComponentResource;
 use crate::controllers::shared::read::{CAPI_GROUP, cluster_settings, controller_reference};
 use crate::pki::{SECRET_TYPE, SecretNames};
-use crate::plan::{ClusterSettings, ComponentRequest, Plan, Running, Upstream, check_control_plane, plan, resolve};
+use crate::plan::{
+    ClusterSettings, ComponentRequest, Plan, PlanError, Running, Upstream, check_cluster, check_control_plane, plan,
+    resolve,
+};
+use crate::validate::FieldError;
 
 fn kind_of(doc: &Value) -> (&str, &str) {
     let s = |k: &str| doc.get(k).and_then(Value::as_str).unwrap_or_default();
     (s("apiVersion"), s("kind"))
+}
+
+fn name_of(doc: &Value) -> &str {
+    doc.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
 }
 
 /// `doc` as the cluster stores it: a missing or null `spec` is `{}` (the CRDs default it).
@@ -30,40 +47,237 @@ fn with_spec(doc: &Value) -> Value {
     doc
 }
 
-fn find<K: ComponentResource>(docs: &[Value], name: &str) -> anyhow::Result<Option<K>> {
-    for doc in docs {
-        let (api_version, kind) = kind_of(doc);
-        if kind == K::kind(&())
-            && api_version == K::api_version(&())
-            && doc.pointer("/metadata/name") == Some(&Value::from(name))
-        {
-            return Ok(Some(
-                serde_json::from_value(with_spec(doc)).with_context(|| format!("{kind} {name}"))?,
-            ));
+/// One thing wrong with the input of `capn render`: the object and field that hold it, a
+/// short stable reason and what is wrong. Displayed as `Kind name: path: message`, each part
+/// present once.
+#[derive(Clone, Debug)]
+pub struct Problem {
+    /// The object, as `Kind name` (`NestedEtcd demo-etcd`); `None` for the input as a whole
+    /// (two documents that are one object, no NestedControlPlane at all).
+    pub object: Option<String>,
+    /// The field, as kubectl names it (`spec.certSANs[0]`, `spec.etcd.name`); `None` when no
+    /// single field is at fault.
+    pub path: Option<String>,
+    /// Short stable reason: the controllers' condition reason for the same input
+    /// (`InvalidSAN`, `SkewNotAllowed`, ...) or one of [`InputError`]'s.
+    pub reason: &'static str,
+    /// What is wrong, and what is allowed where capn knows.
+    pub message: String,
+    /// The error the controllers meet for the same input (a [`PlanError`] or a
+    /// [`FieldError`]), when planning or a field rule found the problem: its Display is the
+    /// message they put on the condition.
+    pub cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+/// The same problem: the same place, reason and message (whatever the cause).
+impl PartialEq for Problem {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.object, &self.path, self.reason, &self.message)
+            == (&other.object, &other.path, other.reason, &other.message)
+    }
+}
+
+impl Eq for Problem {}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for part in [&self.object, &self.path].into_iter().flatten() {
+            write!(f, "{part}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl Problem {
+    fn input(object: Option<String>, path: Option<String>, reason: &'static str, message: String) -> Self {
+        Self {
+            object,
+            path,
+            reason,
+            message,
+            cause: None,
         }
     }
-    Ok(None)
+
+    /// A field rule's error, in the words the API server uses at admission.
+    fn field(e: &FieldError) -> Self {
+        Self {
+            object: Some(format!("{} {}", e.kind, e.name)),
+            path: Some(e.path.clone()),
+            reason: e.reason,
+            message: format!("Invalid value: {}: {}", e.value, e.message),
+            cause: Some(Arc::new(e.clone())),
+        }
+    }
+}
+
+impl From<InputError> for Problem {
+    fn from(e: InputError) -> Self {
+        Self::input(None, None, e.reason, e.message)
+    }
+}
+
+/// Every problem `capn render` found in its input, in the order of the input (documents
+/// first, then what planning each NestedControlPlane found), each once. Displayed one
+/// problem a line; [`error_reason`] gives the first one's reason.
+#[derive(Debug, Default, thiserror::Error)]
+pub struct RenderErrors {
+    /// The problems, at least one.
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for RenderErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl RenderErrors {
+    /// Adds `problem` unless the same one is already there (every component inherits the
+    /// control plane's settings, and would report a bad one again).
+    fn push(&mut self, problem: Problem) {
+        if !self.problems.contains(&problem) {
+            self.problems.push(problem);
+        }
+    }
+}
+
+/// Where a component's plan error belongs: a version or channel the component inherits is
+/// the NestedControlPlane's field, not the component's; so are the apiserver's replicas when
+/// the control plane sets them.
+struct Origin<'a> {
+    ncp: &'a NestedControlPlane,
+    /// `Kind name` of the component.
+    component: String,
+    spec: &'a crate::api::ComponentSpec,
+    /// The control plane's `spec.replicas` went into this component (the apiserver).
+    replicas_from_ncp: bool,
+}
+
+impl Origin<'_> {
+    fn ncp_object(&self) -> String {
+        format!("NestedControlPlane {}", self.ncp.name_any())
+    }
+
+    fn problem(&self, error: PlanError) -> Problem {
+        let set = |v: Option<&String>| v.map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let (own_version, own_channel) = (set(self.spec.version.as_ref()), set(self.spec.channel.as_ref()));
+        let (object, path) = match &error {
+            PlanError::Field(e) => {
+                let mut problem = Problem::field(e);
+                if self.replicas_from_ncp && e.path == "spec.replicas" {
+                    problem.object = Some(self.ncp_object());
+                }
+                return problem;
+            }
+            PlanError::Channel(
+                ChannelError::UnknownVersion { requested, .. } | ChannelError::InvalidVersion { requested, .. },
+            ) => {
+                let own = own_version.as_deref() == Some(requested.trim());
+                (
+                    if own { self.component.clone() } else { self.ncp_object() },
+                    Some("spec.version"),
+                )
+            }
+            PlanError::Channel(ChannelError::NoEtcdForKubernetes { .. }) => (self.ncp_object(), Some("spec.version")),
+            PlanError::Channel(ChannelError::UnknownChannel { requested, .. }) => {
+                let own = own_channel.as_deref() == Some(requested.trim());
+                (
+                    if own { self.component.clone() } else { self.ncp_object() },
+                    Some("spec.channel"),
+                )
+            }
+            PlanError::Skew(_) => {
+                let own = own_version.is_some();
+                (
+                    if own { self.component.clone() } else { self.ncp_object() },
+                    Some("spec.version"),
+                )
+            }
+            PlanError::InvalidReplicas(_) if self.replicas_from_ncp => (self.ncp_object(), Some("spec.replicas")),
+            PlanError::InvalidReplicas(_) => (self.component.clone(), Some("spec.replicas")),
+            _ => (self.component.clone(), None),
+        };
+        let mut message = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            message = format!("{message}: {cause}");
+            source = cause.source();
+        }
+        Problem {
+            object: Some(object),
+            path: path.map(str::to_string),
+            reason: error.reason(),
+            message,
+            cause: Some(Arc::new(error)),
+        }
+    }
+}
+
+/// A document read as the type of its kind; a type error names its field.
+fn read<K: DeserializeOwned>(doc: &Value) -> Result<K, Problem> {
+    serde_path_to_error::deserialize(with_spec(doc)).map_err(|e| {
+        let (_, kind) = kind_of(doc);
+        let path = e.path().to_string();
+        Problem {
+            object: Some(format!("{kind} {}", name_of(doc))),
+            path: (path != ".").then_some(path),
+            reason: "InvalidType",
+            message: e.into_inner().to_string(),
+            cause: None,
+        }
+    })
+}
+
+/// The document of kind `K` named `name`: `Ok(None)` when the file has none; an error when
+/// it has one that cannot be read as `K` (`None` when it is in `skip`: already reported).
+fn find<K: ComponentResource>(
+    docs: &[Value],
+    skip: &BTreeSet<usize>,
+    name: &str,
+) -> Result<Option<K>, Option<Problem>> {
+    let Some((index, doc)) = docs.iter().enumerate().find(|(_, doc)| {
+        let (api_version, kind) = kind_of(doc);
+        kind == K::kind(&()) && api_version == K::api_version(&()) && name_of(doc) == name
+    }) else {
+        return Ok(None);
+    };
+    if skip.contains(&index) {
+        return Err(None);
+    }
+    read(doc).map(Some).map_err(Some)
 }
 
 /// The component of kind `K` for `ncp`: the one the file holds under the referenced name,
 /// else the default one the NestedControlPlane controller would create.
-fn component<K: ComponentResource>(docs: &[Value], ncp: &NestedControlPlane) -> anyhow::Result<(K, bool)> {
+///
+/// # Errors
+/// A reference to a component the file lacks, or a component that cannot be read (`None`
+/// when its document is in `skip`: already reported).
+fn component<K: ComponentResource>(
+    docs: &[Value],
+    skip: &BTreeSet<usize>,
+    ncp: &NestedControlPlane,
+) -> Result<(K, bool), Option<Problem>> {
     let name = K::reference(ncp)
         .map(str::to_string)
         .unwrap_or_else(|| format!("{}-{}", ncp.name_any(), K::KIND.as_str()));
-    if let Some(found) = find::<K>(docs, &name)? {
+    if let Some(found) = find::<K>(docs, skip, &name)? {
         return Ok((found, false));
     }
     if K::reference(ncp).is_some() {
-        return Err(InputError {
-            reason: "ComponentMissing",
-            message: format!(
-                "NestedControlPlane {} references {} {name}, which is not in the file",
-                ncp.name_any(),
-                K::kind(&())
-            ),
-        }
-        .into());
+        return Err(Some(Problem::input(
+            Some(format!("NestedControlPlane {}", ncp.name_any())),
+            Some(format!("spec.{}.name", K::REFERENCE_FIELD)),
+            "ComponentMissing",
+            format!("references {} {name}, which is not in the file", K::kind(&())),
+        )));
     }
     let mut fresh = K::with_defaults(&name);
     fresh.meta_mut().namespace = ncp.namespace();
@@ -88,7 +302,7 @@ fn plan_component<K: ComponentResource>(
     component: &K,
     upstream: &Upstream,
     running: Running,
-) -> anyhow::Result<Plan> {
+) -> Result<Plan, PlanError> {
     let name = component.name_any();
     let request = ComponentRequest {
         kind: K::KIND,
@@ -99,30 +313,50 @@ fn plan_component<K: ComponentResource>(
         owner: owner_of(component),
         running,
     };
-    plan(channels, cluster, &request, upstream).with_context(|| format!("{} {name}", K::kind(&())))
+    plan(channels, cluster, &request, upstream)
 }
 
-/// Input `capn render` refuses before planning: duplicate objects, unknown fields (with
-/// `--strict`), a reference to a component the file lacks, no NestedControlPlane at all.
+/// Input `capn render` refuses before planning: duplicate objects, unknown fields (unless
+/// `strict` is off), a reference to a component the file lacks, no NestedControlPlane at
+/// all, a kind capn does not serve, a value of the wrong type.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct InputError {
     /// Short stable reason (`DuplicateObject`, `UnknownField`, `ComponentMissing`,
-    /// `NoControlPlane`).
+    /// `NoControlPlane`, `UnknownKind`, `InvalidType`, `UnsupportedValue`, `InvalidVersion`,
+    /// `UnknownRunningVersion`).
     pub reason: &'static str,
+    /// What is wrong.
     pub message: String,
 }
 
 /// The reason of a `capn render` error: the same reason the controllers put on the
-/// condition for the same input (`InvalidEndpoint`, `SkewNotAllowed`, ...).
+/// condition for the same input (`InvalidEndpoint`, `SkewNotAllowed`, ...); for
+/// [`RenderErrors`], the first problem's.
 pub fn error_reason(error: &anyhow::Error) -> Option<&'static str> {
     error.chain().find_map(|e| {
-        e.downcast_ref::<crate::plan::PlanError>()
-            .map(|e| e.reason())
+        e.downcast_ref::<RenderErrors>()
+            .and_then(|e| e.problems.first())
+            .map(|p| p.reason)
+            .or_else(|| e.downcast_ref::<crate::plan::PlanError>().map(|e| e.reason()))
             .or_else(|| e.downcast_ref::<crate::validate::FieldError>().map(|e| e.reason()))
             .or_else(|| e.downcast_ref::<InputError>().map(|e| e.reason))
             .or_else(|| e.downcast_ref::<crate::upgrade::PathError>().map(|e| e.reason()))
     })
+}
+
+/// The error `capn render` exits with: each problem on a line of its own as
+/// `<Reason>: <Kind name>: <path>: <message>` (the binary prefixes the first line with
+/// `error: `, and this every further one).
+pub(crate) fn cli_error(error: anyhow::Error) -> anyhow::Error {
+    if let Some(errors) = error.downcast_ref::<RenderErrors>() {
+        let lines: Vec<String> = errors.problems.iter().map(|p| format!("{}: {p}", p.reason)).collect();
+        return anyhow::anyhow!("{}", lines.join("\nerror: "));
+    }
+    match error_reason(&error) {
+        Some(reason) => anyhow::anyhow!("{reason}: {error:#}"),
+        None => error,
+    }
 }
 
 /// How `capn render` treats its input.
@@ -130,7 +364,8 @@ pub fn error_reason(error: &anyhow::Error) -> Option<&'static str> {
 pub struct RenderOptions {
     /// DNS domain of the super cluster.
     pub super_dns_domain: String,
-    /// Unknown fields are errors instead of warnings (kubectl's strict field validation).
+    /// Unknown fields are errors (the default, like kubectl's strict field validation);
+    /// `false` makes them warnings.
     pub strict: bool,
 }
 
@@ -138,15 +373,18 @@ impl Default for RenderOptions {
     fn default() -> Self {
         Self {
             super_dns_domain: crate::plan::DEFAULT_DNS_DOMAIN.into(),
-            strict: false,
+            strict: true,
         }
     }
 }
 
-/// What `capn render` produced: the objects, and warnings (unknown fields) for stderr.
+/// What `capn render` produced: the objects, and warnings (unknown fields without `strict`)
+/// for stderr.
 #[derive(Clone, Debug, Default)]
 pub struct Rendered {
+    /// Every object, in the order the controllers apply them.
     pub objects: Vec<Value>,
+    /// One line each, without the `Warning: ` the binary prints before it.
     pub warnings: Vec<String>,
 }
 
@@ -165,24 +403,32 @@ fn identity(doc: &Value) -> (String, String, String, String) {
     )
 }
 
-/// Refuses two documents that are the same object (the second would silently replace the
-/// first in the cluster).
-fn refuse_duplicates(docs: &[Value]) -> Result<(), InputError> {
-    let mut seen = std::collections::BTreeMap::new();
+/// Two documents that are the same object (the second would silently replace the first in
+/// the cluster), each pair once.
+fn duplicates(docs: &[Value]) -> Vec<InputError> {
+    let mut seen = BTreeMap::new();
+    let mut out = Vec::new();
     for (i, doc) in docs.iter().enumerate() {
         let id = identity(doc);
-        if let Some(first) = seen.insert(id.clone(), i + 1) {
+        if let Some(first) = seen.get(&id) {
             let (_, kind, namespace, name) = id;
-            return Err(InputError {
+            out.push(InputError {
                 reason: "DuplicateObject",
                 message: format!(
                     "{kind} {namespace}/{name} is in the file twice (documents {first} and {}); an object may appear once",
                     i + 1
                 ),
             });
+        } else {
+            seen.insert(id, i + 1);
         }
     }
-    Ok(())
+    out
+}
+
+/// Refuses two documents that are the same object: the first pair.
+fn refuse_duplicates(docs: &[Value]) -> Result<(), InputError> {
+    duplicates(docs).into_iter().next().map_or(Ok(()), Err)
 }
 
 /// ObjectMeta's fields (the CRD schemas leave `metadata` open; the API server checks it).
@@ -204,30 +450,55 @@ const OBJECT_META_FIELDS: &[&str] = &[
     "managedFields",
 ];
 
-/// The paths of fields in `doc` that its CRD's schema does not have, as kubectl's strict
-/// field validation names them (`spec.verison`).
-fn unknown_fields(doc: &Value) -> Vec<String> {
-    let (api_version, kind) = kind_of(doc);
-    let group = api_version.split_once('/').map(|(g, _)| g).unwrap_or_default();
-    let Some(crd) = crate::crds::crds()
+/// The number of single-character edits (insert, delete, substitute) between `a` and `b`,
+/// ignoring case.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.to_lowercase().chars().collect();
+    let b: Vec<char> = b.to_lowercase().chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != cb)).min(above + 1).min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The candidate closest to `word` other than `word` itself, if `word` is a likely
+/// misspelling of it: a difference of case only, or at most 2 edits and fewer than half of
+/// the word.
+fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
         .into_iter()
-        .find(|c| c.spec.names.kind == kind && c.spec.group == group)
-    else {
-        return Vec::new();
-    };
-    let Some(schema) = crd
-        .spec
-        .versions
-        .first()
-        .and_then(|v| v.schema.as_ref())
-        .and_then(|s| serde_json::to_value(&s.open_api_v3_schema).ok())
-    else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
+        .map(|c| (edit_distance(word, c), c))
+        .filter(|&(d, c)| c != word && d <= 2 && d * 2 < c.chars().count().max(word.chars().count()))
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c)
+}
+
+/// What the CRD schema check found in one document.
+#[derive(Default)]
+struct SchemaFindings {
+    /// Fields the schema does not have, with a near field name if there is one.
+    unknown: Vec<(String, Option<String>)>,
+    /// Values the schema refuses (the wrong type, a value outside an enum): path, reason
+    /// and message in the API server's words.
+    types: Vec<(String, &'static str, String)>,
+}
+
+/// Checks `doc` against the `openAPIV3Schema` of its CRD: the fields it does not have (as
+/// kubectl's strict field validation names them, `spec.verison`), and values of the wrong
+/// type (as the API server names them, `spec.replicas`).
+fn check_schema(doc: &Value, schema: &Value) -> SchemaFindings {
+    let mut out = SchemaFindings::default();
     if let Some(metadata) = doc.get("metadata").and_then(Value::as_object) {
         for key in metadata.keys().filter(|k| !OBJECT_META_FIELDS.contains(&k.as_str())) {
-            out.push(format!("metadata.{key}"));
+            let near = closest(key, OBJECT_META_FIELDS.iter().copied()).map(|n| format!("metadata.{n}"));
+            out.unknown.push((format!("metadata.{key}"), near));
         }
     }
     let mut root = doc.clone();
@@ -236,11 +507,69 @@ fn unknown_fields(doc: &Value) -> Vec<String> {
             map.remove(key);
         }
     }
-    walk_schema(&root, &schema, "", &mut out);
+    walk_schema(&root, schema, "", &mut out);
     out
 }
 
-fn walk_schema(value: &Value, schema: &Value, path: &str, out: &mut Vec<String>) {
+/// Why `schema` refuses `value`, if it does: its type (an `int32` out of range too), or a
+/// value outside its `enum`.
+fn refused_by(value: &Value, schema: &Value) -> Option<(&'static str, String)> {
+    let integer = value.is_i64() || value.is_u64();
+    let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+    let wanted = schema.get("type").and_then(Value::as_str);
+    let fits = match wanted {
+        _ if int_or_string => value.is_string() || integer,
+        Some("object") => value.is_object(),
+        Some("array") => value.is_array(),
+        Some("string") => value.is_string(),
+        Some("boolean") => value.is_boolean(),
+        Some("integer") => integer,
+        Some("number") => value.is_number(),
+        _ => true,
+    };
+    if !fits {
+        let wanted = if int_or_string {
+            "integer or string"
+        } else {
+            wanted.unwrap_or_default()
+        };
+        return Some((
+            "InvalidType",
+            format!("Invalid value: {value}: must be of type {wanted}"),
+        ));
+    }
+    if integer
+        && schema.get("format").and_then(Value::as_str) == Some("int32")
+        && value.as_i64().is_none_or(|n| i32::try_from(n).is_err())
+    {
+        return Some((
+            "InvalidType",
+            format!("Invalid value: {value}: must be a 32-bit integer"),
+        ));
+    }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !allowed.contains(value)
+    {
+        let allowed: Vec<String> = allowed.iter().map(Value::to_string).collect();
+        return Some((
+            "UnsupportedValue",
+            format!("Unsupported value: {value}: supported values: {}", allowed.join(", ")),
+        ));
+    }
+    None
+}
+
+fn walk_schema(value: &Value, schema: &Value, path: &str, out: &mut SchemaFindings) {
+    // The API server drops a null it does not accept; serde reads it as absent.
+    if value.is_null() {
+        return;
+    }
+    if !path.is_empty()
+        && let Some((reason, message)) = refused_by(value, schema)
+    {
+        out.types.push((path.to_string(), reason, message));
+        return;
+    }
     if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
         return;
     }
@@ -259,7 +588,12 @@ fn walk_schema(value: &Value, schema: &Value, path: &str, out: &mut Vec<String>)
                 match (properties.and_then(|p| p.get(key)), additional) {
                     (Some(s), _) => walk_schema(child, s, &join(key), out),
                     (None, Some(s)) => walk_schema(child, s, &join(key), out),
-                    (None, None) if properties.is_some() => out.push(join(key)),
+                    (None, None) if properties.is_some() => {
+                        let near = properties
+                            .and_then(|p| closest(key, p.keys().map(String::as_str)))
+                            .map(&join);
+                        out.unknown.push((join(key), near));
+                    }
                     (None, None) => {}
                 }
             }
@@ -273,6 +607,193 @@ fn walk_schema(value: &Value, schema: &Value, path: &str, out: &mut Vec<String>)
         }
         _ => {}
     }
+}
+
+/// A CRD capn serves, as `capn render` checks documents against it.
+struct Crd {
+    group: String,
+    kind: String,
+    /// The served versions.
+    versions: Vec<String>,
+    /// The `openAPIV3Schema`, as JSON.
+    schema: Option<Value>,
+}
+
+fn served_crds() -> Vec<Crd> {
+    crate::crds::crds()
+        .into_iter()
+        .map(|c| Crd {
+            versions: c
+                .spec
+                .versions
+                .iter()
+                .filter(|v| v.served)
+                .map(|v| v.name.clone())
+                .collect(),
+            schema: c
+                .spec
+                .versions
+                .first()
+                .and_then(|v| v.schema.as_ref())
+                .and_then(|s| serde_json::to_value(&s.open_api_v3_schema).ok()),
+            group: c.spec.group,
+            kind: c.spec.names.kind,
+        })
+        .collect()
+}
+
+/// A document whose kind is none capn knows although it looks meant to be one: no kind at
+/// all, an unknown kind in capn's API group, a near miss of a known kind, or a known kind at
+/// an API version capn does not serve.
+fn unknown_kind(index: usize, doc: &Value, crds: &[Crd]) -> Option<Problem> {
+    let (api_version, kind) = kind_of(doc);
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let name = name_of(doc);
+    if !doc.is_object() || kind.is_empty() {
+        return Some(Problem::input(
+            None,
+            None,
+            "UnknownKind",
+            format!(
+                "document {} has no kind; capn render reads NestedControlPlane, its components and a Cluster API Cluster",
+                index + 1
+            ),
+        ));
+    }
+    let object = Some(format!("{kind} {name}"));
+    if let Some(crd) = crds.iter().find(|c| c.kind == kind) {
+        if crd.group == group && crd.versions.iter().any(|v| v == version) {
+            return None;
+        }
+        if crd.group == group || group.is_empty() {
+            return Some(Problem::input(
+                object,
+                Some("apiVersion".into()),
+                "UnknownKind",
+                format!(
+                    "{kind} is served as {}/{}, not {api_version:?}",
+                    crd.group,
+                    crd.versions.join(", ")
+                ),
+            ));
+        }
+    }
+    if kind == "Cluster" && group == CAPI_GROUP {
+        return None;
+    }
+    // Cluster API's Cluster is a near miss only in its own group.
+    let cluster = (group == CAPI_GROUP).then_some("Cluster");
+    let suggestion = closest(kind, crds.iter().map(|c| c.kind.as_str()).chain(cluster));
+    // infrastructure.cluster.x-k8s.io is every infrastructure provider's group.
+    let capn_group = crds
+        .iter()
+        .any(|c| c.group == group && c.group != "infrastructure.cluster.x-k8s.io");
+    if suggestion.is_none() && !capn_group {
+        return None;
+    }
+    let hint = match suggestion {
+        Some(near) => format!("; did you mean {near}?"),
+        None => {
+            let kinds: Vec<&str> = crds
+                .iter()
+                .filter(|c| c.group == group)
+                .map(|c| c.kind.as_str())
+                .collect();
+            format!("; {group} has {}", kinds.join(", "))
+        }
+    };
+    Some(Problem::input(
+        object,
+        Some("kind".into()),
+        "UnknownKind",
+        format!("{kind:?} is not a kind of {api_version}{hint}"),
+    ))
+}
+
+/// Checks one document before planning: its kind, its fields against its CRD's schema
+/// (unknown fields, types), that it reads as its type, and the field rules. Returns whether
+/// it can be planned from (it read as its type).
+fn check_document(
+    index: usize,
+    doc: &Value,
+    crds: &[Crd],
+    strict: bool,
+    errors: &mut RenderErrors,
+    warnings: &mut Vec<String>,
+) -> bool {
+    if let Some(problem) = unknown_kind(index, doc, crds) {
+        errors.push(problem);
+        return false;
+    }
+    let (api_version, kind) = kind_of(doc);
+    let group = api_version.split_once('/').map(|(g, _)| g).unwrap_or_default();
+    let Some(schema) = crds
+        .iter()
+        .find(|c| c.kind == kind && c.group == group)
+        .and_then(|c| c.schema.as_ref())
+    else {
+        return true;
+    };
+    let object = format!("{kind} {}", name_of(doc));
+    let findings = check_schema(doc, schema);
+    for (path, near) in findings.unknown {
+        let hint = near.map(|n| format!("; did you mean {n}?")).unwrap_or_default();
+        if strict {
+            errors.push(Problem::input(
+                Some(object.clone()),
+                Some(path),
+                "UnknownField",
+                format!("unknown field{hint} (--strict=false makes unknown fields warnings)"),
+            ));
+        } else {
+            let (_, kind, namespace, name) = identity(doc);
+            warnings.push(format!("unknown field \"{path}\" in {kind} {namespace}/{name}{hint}"));
+        }
+    }
+    let field_rules = |errors: &mut RenderErrors, wrong_type: &[String]| {
+        if let Some(rules) = crate::validate::Kind::from_name(kind) {
+            // A value of the wrong type breaks its rule too: it is reported once, as a type error.
+            for e in crate::validate::check_object(rules, &with_spec(doc)) {
+                if !wrong_type
+                    .iter()
+                    .any(|p| e.path == *p || e.path.starts_with(&format!("{p}.")))
+                {
+                    errors.push(Problem::field(&e));
+                }
+            }
+        }
+    };
+    if !findings.types.is_empty() {
+        let mut wrong_type = Vec::new();
+        for (path, reason, message) in findings.types {
+            errors.push(Problem::input(
+                Some(object.clone()),
+                Some(path.clone()),
+                reason,
+                message,
+            ));
+            wrong_type.push(path);
+        }
+        field_rules(errors, &wrong_type);
+        return false;
+    }
+    let read_as = |doc: &Value| -> Result<(), Problem> {
+        match kind {
+            "NestedControlPlane" => read::<NestedControlPlane>(doc).map(drop),
+            "NestedEtcd" => read::<NestedEtcd>(doc).map(drop),
+            "NestedAPIServer" => read::<NestedAPIServer>(doc).map(drop),
+            "NestedControllerManager" => read::<NestedControllerManager>(doc).map(drop),
+            _ => Ok(()),
+        }
+    };
+    if let Err(problem) = read_as(doc) {
+        let wrong_type: Vec<String> = problem.path.iter().cloned().collect();
+        errors.push(problem);
+        field_rules(errors, &wrong_type);
+        return false;
+    }
+    field_rules(errors, &[]);
+    true
 }
 
 /// The release a sibling component runs (its `status.version`) or, when it has not run
@@ -317,140 +838,266 @@ fn running<K: ComponentResource>(component: &K) -> Running {
 /// The input is read as the cluster reads it: a resource without `spec` is defaulted to
 /// `spec: {}`; the NestedControlPlane's `spec.replicas` is the apiserver's; every field rule
 /// (crate::validate) and the version skew rules among the components in the file apply;
-/// fields the CRD does not have are warnings (errors with `strict`); the same object twice
-/// is an error.
+/// fields the CRD does not have are errors (warnings without `strict`); the same object
+/// twice is an error.
 ///
 /// A CAPI `Cluster` in `docs` whose `spec.controlPlaneRef` names a NestedControlPlane is
 /// treated as its owner (as Cluster API will make it): its name is the cluster name and its
 /// `spec.clusterNetwork` applies.
 ///
 /// # Errors
-/// A document that is not the kind it says, a duplicate, an unknown field with `strict`, a
-/// reference to a component not in `docs`, or any plan error (a field rule, unknown version
-/// or channel, a skew rule, a failing patch, ...). [`error_reason`] gives its reason.
+/// [`RenderErrors`] with every problem found, each under its object and field: a kind capn
+/// does not serve (with the nearest known kind), a value of the wrong type, a duplicate, an
+/// unknown field with `strict`, a reference to a component not in `docs`, no
+/// NestedControlPlane, or any plan error (a field rule, unknown version or channel, a skew
+/// rule, a failing patch, ...); a version or channel a component inherits is reported
+/// against the NestedControlPlane's field. [`error_reason`] gives the first one's reason.
 pub fn render_documents(
     channels: &ChannelRegistry,
     docs: Vec<Value>,
     options: &RenderOptions,
 ) -> anyhow::Result<Rendered> {
     let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
-    refuse_duplicates(&docs)?;
-    let mut warnings = Vec::new();
-    for doc in &docs {
-        let (_, kind, namespace, name) = identity(doc);
-        for field in unknown_fields(doc) {
-            warnings.push(format!("unknown field \"{field}\" in {kind} {namespace}/{name}"));
-        }
+    let mut errors = RenderErrors::default();
+    for e in duplicates(&docs) {
+        errors.push(e.into());
     }
-    if options.strict && !warnings.is_empty() {
-        return Err(InputError {
-            reason: "UnknownField",
-            message: warnings.join("; "),
+    let crds = served_crds();
+    let mut warnings = Vec::new();
+    // Documents that cannot be read as their kind: reported, and not planned from.
+    let mut unreadable = BTreeSet::new();
+    for (i, doc) in docs.iter().enumerate() {
+        if !check_document(i, doc, &crds, options.strict, &mut errors, &mut warnings) {
+            unreadable.insert(i);
         }
-        .into());
     }
     let mut out = Vec::new();
-    for doc in &docs {
+    let mut control_planes = 0;
+    for (i, doc) in docs.iter().enumerate() {
         if kind_of(doc) != (NestedControlPlane::api_version(&()).as_ref(), "NestedControlPlane") {
             continue;
         }
-        let mut ncp: NestedControlPlane = serde_json::from_value(with_spec(doc)).context("NestedControlPlane")?;
-        if ncp.namespace().is_none() {
-            ncp.meta_mut().namespace = Some("default".into());
+        control_planes += 1;
+        if unreadable.contains(&i) {
+            continue;
         }
-        let capi_cluster = docs.iter().find(|d| {
-            let (api_version, kind) = kind_of(d);
-            kind == "Cluster"
-                && api_version.starts_with(&format!("{CAPI_GROUP}/"))
-                && d.pointer("/spec/controlPlaneRef/name") == Some(&Value::from(ncp.name_any()))
-        });
-        let capi_cluster: Option<DynamicObject> =
-            capi_cluster.map(|c| serde_json::from_value(c.clone())).transpose()?;
-        if let Some(c) = &capi_cluster
-            && ncp.owner_references().is_empty()
-        {
-            ncp.meta_mut().owner_references = Some(vec![OwnerReference {
-                api_version: c.types.as_ref().map(|t| t.api_version.clone()).unwrap_or_default(),
-                kind: "Cluster".into(),
-                name: c.name_any(),
-                uid: c.uid().unwrap_or_default(),
-                ..Default::default()
-            }]);
+        match read::<NestedControlPlane>(doc) {
+            Ok(ncp) => render_control_plane(channels, &docs, &unreadable, ncp, options, &mut out, &mut errors),
+            Err(problem) => errors.push(problem),
         }
-        let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &options.super_dns_domain);
-        check_control_plane(&serde_json::to_value(&ncp)?, &cluster)?;
-
-        let (etcd, etcd_new) = component::<NestedEtcd>(&docs, &ncp)?;
-        let (mut apiserver, apiserver_new) = component::<NestedAPIServer>(&docs, &ncp)?;
-        let (controller_manager, cm_new) = component::<NestedControllerManager>(&docs, &ncp)?;
-        // The scale subresource: the control plane's replicas are the apiserver's, as the
-        // NestedControlPlane controller writes them into the NestedAPIServer.
-        if let Some(replicas) = ncp.spec.replicas {
-            apiserver.spec.component.replicas = Some(replicas);
-        }
-        let ncp_owner = owner_of(&ncp);
-        for (new, value) in [
-            (etcd_new, serde_json::to_value(&etcd)?),
-            (apiserver_new, serde_json::to_value(&apiserver)?),
-            (cm_new, serde_json::to_value(&controller_manager)?),
-        ] {
-            if new {
-                let mut value = value;
-                value["metadata"]["ownerReferences"] = serde_json::to_value(vec![&ncp_owner])?;
-                out.push(value);
+    }
+    let misspelt_kind = errors.problems.iter().any(|p| p.reason == "UnknownKind");
+    if control_planes == 0 && !misspelt_kind {
+        errors.push(
+            InputError {
+                reason: "NoControlPlane",
+                message: "no NestedControlPlane (controlplane.cluster.x-k8s.io/v1beta1) in the input".into(),
             }
+            .into(),
+        );
+    }
+    if !errors.problems.is_empty() {
+        return Err(errors.into());
+    }
+    Ok(Rendered { objects: out, warnings })
+}
+
+/// Renders one NestedControlPlane into `out`, or adds what is wrong with it to `errors`:
+/// every component is planned even when another fails, so that each reports its problems.
+fn render_control_plane(
+    channels: &ChannelRegistry,
+    docs: &[Value],
+    skip: &BTreeSet<usize>,
+    mut ncp: NestedControlPlane,
+    options: &RenderOptions,
+    out: &mut Vec<Value>,
+    errors: &mut RenderErrors,
+) {
+    if ncp.namespace().is_none() {
+        ncp.meta_mut().namespace = Some("default".into());
+    }
+    let capi_cluster = docs.iter().find(|d| {
+        let (api_version, kind) = kind_of(d);
+        kind == "Cluster"
+            && api_version.starts_with(&format!("{CAPI_GROUP}/"))
+            && d.pointer("/spec/controlPlaneRef/name") == Some(&Value::from(ncp.name_any()))
+    });
+    let capi_cluster: Option<DynamicObject> = match capi_cluster.map(read).transpose() {
+        Ok(c) => c,
+        Err(problem) => {
+            errors.push(problem);
+            return;
         }
-        for name in SecretNames::new(&cluster.name).all() {
-            out.push(serde_json::json!({
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {
-                    "name": name,
-                    "namespace": cluster.namespace,
-                    "labels": {crate::api::CLUSTER_NAME_LABEL: cluster.name},
-                },
-                "type": SECRET_TYPE,
-            }));
+    };
+    if let Some(c) = &capi_cluster
+        && ncp.owner_references().is_empty()
+    {
+        ncp.meta_mut().owner_references = Some(vec![OwnerReference {
+            api_version: c.types.as_ref().map(|t| t.api_version.clone()).unwrap_or_default(),
+            kind: "Cluster".into(),
+            name: c.name_any(),
+            uid: c.uid().unwrap_or_default(),
+            ..Default::default()
+        }]);
+    }
+    let cluster = cluster_settings(&ncp, capi_cluster.as_ref(), &options.super_dns_domain);
+    // The control plane's own fields were checked with its document; these are the settings
+    // it passes on, some of which come from a label or the Cluster (reported, as the
+    // controllers report them, under the cluster's name).
+    if let Err(e) = check_cluster(&cluster) {
+        errors.push(match &e {
+            PlanError::Field(f) => Problem::field(f),
+            _ => Problem::input(
+                Some(format!("NestedControlPlane {}", ncp.name_any())),
+                None,
+                e.reason(),
+                e.to_string(),
+            ),
+        });
+    }
+
+    let etcd = component::<NestedEtcd>(docs, skip, &ncp);
+    let apiserver = component::<NestedAPIServer>(docs, skip, &ncp);
+    let controller_manager = component::<NestedControllerManager>(docs, skip, &ncp);
+    for problem in [
+        etcd.as_ref().err(),
+        apiserver.as_ref().err(),
+        controller_manager.as_ref().err(),
+    ] {
+        // A reference that breaks its field rule is not looked for again.
+        let said = |p: &Problem| errors.problems.iter().any(|e| e.object == p.object && e.path == p.path);
+        if let Some(problem) = problem.cloned().flatten().filter(|p| !said(p)) {
+            errors.push(problem);
         }
-        let apiserver_release = release_of(channels, &cluster, &apiserver);
-        let cm_release = release_of(channels, &cluster, &controller_manager);
-        let etcd_running = Running {
-            apiserver: running_release(&apiserver),
-            ..running(&etcd)
-        };
-        let apiserver_running = Running {
-            controller_manager: cm_release,
-            ..running(&apiserver)
-        };
-        let cm_running = Running {
-            apiserver: apiserver_release,
-            ..running(&controller_manager)
-        };
-        let etcd_plan = plan_component(channels, &cluster, &etcd, &Upstream::default(), etcd_running)?;
-        let upstream = Upstream {
-            etcd_endpoints: etcd_plan.etcd_endpoints.clone(),
-            ..Upstream::default()
-        };
-        let apiserver_plan = plan_component(channels, &cluster, &apiserver, &upstream, apiserver_running)?;
-        let cm_plan = plan_component(
+    }
+    let (Ok((etcd, etcd_new)), Ok((mut apiserver, apiserver_new)), Ok((controller_manager, cm_new))) =
+        (etcd, apiserver, controller_manager)
+    else {
+        return;
+    };
+    // The scale subresource: the control plane's replicas are the apiserver's, as the
+    // NestedControlPlane controller writes them into the NestedAPIServer.
+    if let Some(replicas) = ncp.spec.replicas {
+        apiserver.spec.component.replicas = Some(replicas);
+    }
+    let ncp_owner = owner_of(&ncp);
+    let mut objects = Vec::new();
+    for (new, value) in [
+        (etcd_new, serde_json::to_value(&etcd)),
+        (apiserver_new, serde_json::to_value(&apiserver)),
+        (cm_new, serde_json::to_value(&controller_manager)),
+    ] {
+        if let (true, Ok(mut value)) = (new, value) {
+            value["metadata"]["ownerReferences"] = serde_json::to_value(vec![&ncp_owner]).unwrap_or_default();
+            objects.push(value);
+        }
+    }
+    for name in SecretNames::new(&cluster.name).all() {
+        objects.push(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "namespace": cluster.namespace,
+                "labels": {crate::api::CLUSTER_NAME_LABEL: cluster.name},
+            },
+            "type": SECRET_TYPE,
+        }));
+    }
+    let apiserver_release = release_of(channels, &cluster, &apiserver);
+    let cm_release = release_of(channels, &cluster, &controller_manager);
+    let etcd_running = Running {
+        apiserver: running_release(&apiserver),
+        ..running(&etcd)
+    };
+    let apiserver_running = Running {
+        controller_manager: cm_release,
+        ..running(&apiserver)
+    };
+    let cm_running = Running {
+        apiserver: apiserver_release,
+        ..running(&controller_manager)
+    };
+    let origin = |kind: &str, name: String, spec, replicas_from_ncp| Origin {
+        ncp: &ncp,
+        component: format!("{kind} {name}"),
+        spec,
+        replicas_from_ncp,
+    };
+    let etcd_origin = origin("NestedEtcd", etcd.name_any(), etcd.component(), false);
+    let apiserver_origin = origin(
+        "NestedAPIServer",
+        apiserver.name_any(),
+        apiserver.component(),
+        ncp.spec.replicas.is_some(),
+    );
+    let cm_origin = origin(
+        "NestedControllerManager",
+        controller_manager.name_any(),
+        controller_manager.component(),
+        false,
+    );
+    let mut failed = false;
+    let mut keep = |plan: Result<Plan, PlanError>, origin: &Origin<'_>| match plan {
+        Ok(plan) => Some(plan),
+        Err(e) => {
+            failed = true;
+            errors.push(origin.problem(e));
+            None
+        }
+    };
+    let etcd_plan = keep(
+        plan_component(channels, &cluster, &etcd, &Upstream::default(), etcd_running),
+        &etcd_origin,
+    );
+    // Without an etcd plan the apiserver is still planned, against the endpoints etcd
+    // would publish, so that its own problems are reported too.
+    let etcd_endpoints = etcd_plan.as_ref().map_or_else(
+        || {
+            let replicas = etcd.component().replicas.unwrap_or(1).max(1);
+            crate::plan::etcd_members(&cluster.name, &cluster.namespace, replicas)
+                .into_iter()
+                .map(|m| m.client_url)
+                .collect()
+        },
+        |p| p.etcd_endpoints.clone(),
+    );
+    let upstream = Upstream {
+        etcd_endpoints,
+        ..Upstream::default()
+    };
+    let apiserver_plan = keep(
+        plan_component(channels, &cluster, &apiserver, &upstream, apiserver_running),
+        &apiserver_origin,
+    );
+    let cm_plan = keep(
+        plan_component(
             channels,
             &cluster,
             &controller_manager,
             &Upstream::default(),
             cm_running,
-        )?;
-        for p in [etcd_plan, apiserver_plan, cm_plan] {
-            out.extend(p.objects);
-        }
+        ),
+        &cm_origin,
+    );
+    if failed {
+        return;
     }
-    if out.is_empty() {
-        return Err(InputError {
-            reason: "NoControlPlane",
-            message: "no NestedControlPlane (controlplane.cluster.x-k8s.io/v1beta1) in the input".into(),
-        }
-        .into());
+    out.extend(objects);
+    for plan in [etcd_plan, apiserver_plan, cm_plan].into_iter().flatten() {
+        out.extend(plan.objects);
     }
-    Ok(Rendered { objects: out, warnings })
+}
+
+/// A component [`component`] could not give, as an error of its own.
+fn unreadable(problem: Option<Problem>) -> anyhow::Error {
+    match problem {
+        Some(problem) => RenderErrors {
+            problems: vec![problem],
+        }
+        .into(),
+        None => anyhow::anyhow!("a component of the file cannot be read"),
+    }
 }
 
 /// The upgrade path of every NestedControlPlane in `docs`, as the control plane controller
@@ -475,6 +1122,9 @@ pub fn render_upgrade_paths(
 ) -> anyhow::Result<Vec<Value>> {
     let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
     refuse_duplicates(&docs)?;
+    let one = |problem: Problem| RenderErrors {
+        problems: vec![problem],
+    };
     let parse = |text: &str, what: &str| -> anyhow::Result<semver::Version> {
         let r = crate::channel::RequestedVersion::parse(text)
             .filter(|r| r.minor.is_some() && r.patch.is_some())
@@ -493,14 +1143,15 @@ pub fn render_upgrade_paths(
         if kind_of(doc) != (NestedControlPlane::api_version(&()).as_ref(), "NestedControlPlane") {
             continue;
         }
-        let mut ncp: NestedControlPlane = serde_json::from_value(with_spec(doc)).context("NestedControlPlane")?;
+        let mut ncp: NestedControlPlane = read(doc).map_err(one)?;
         if ncp.namespace().is_none() {
             ncp.meta_mut().namespace = Some("default".into());
         }
         let cluster = cluster_settings(&ncp, None, &options.super_dns_domain);
         check_control_plane(&serde_json::to_value(&ncp)?, &cluster)?;
-        let (etcd, _) = component::<NestedEtcd>(&docs, &ncp)?;
-        let (apiserver, _) = component::<NestedAPIServer>(&docs, &ncp)?;
+        let none = BTreeSet::new();
+        let (etcd, _) = component::<NestedEtcd>(&docs, &none, &ncp).map_err(unreadable)?;
+        let (apiserver, _) = component::<NestedAPIServer>(&docs, &none, &ncp).map_err(unreadable)?;
         let channel_name = cluster
             .channel
             .as_deref()
@@ -624,31 +1275,168 @@ mod tests {
         assert_eq!(error_reason(&err), Some("SkewNotAllowed"), "{err:#}");
     }
 
+    fn problems(err: &anyhow::Error) -> &[Problem] {
+        &err.downcast_ref::<RenderErrors>()
+            .unwrap_or_else(|| panic!("not RenderErrors: {err:#}"))
+            .problems
+    }
+
+    fn component(kind: &str, name: &str, spec: Value) -> Value {
+        json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": kind,
+               "metadata": {"name": name, "namespace": "t"}, "spec": spec})
+    }
+
     #[test]
-    fn unknown_fields_are_warnings_or_with_strict_errors() {
+    fn unknown_fields_are_errors_by_default_and_warnings_with_strict_false() {
         let doc = ncp(Some(
             json!({"verison": "1.36", "clusterNetwork": {"services": {"cidr": "x"}}}),
         ));
-        let rendered = render(vec![doc.clone()]).unwrap();
+        let err = render(vec![doc.clone()]).unwrap_err();
+        assert_eq!(error_reason(&err), Some("UnknownField"));
+        assert_eq!(
+            problems(&err).iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "NestedControlPlane demo: spec.clusterNetwork.services.cidr: unknown field (--strict=false makes unknown fields warnings)",
+                "NestedControlPlane demo: spec.verison: unknown field; did you mean spec.version? (--strict=false makes unknown fields warnings)",
+            ]
+        );
+        let lenient = RenderOptions {
+            strict: false,
+            ..RenderOptions::default()
+        };
+        let channels = ChannelRegistry::load(&[]).unwrap();
+        let rendered = render_documents(&channels, vec![doc], &lenient).unwrap();
         assert_eq!(
             rendered.warnings,
             [
                 "unknown field \"spec.clusterNetwork.services.cidr\" in NestedControlPlane t/demo",
-                "unknown field \"spec.verison\" in NestedControlPlane t/demo",
+                "unknown field \"spec.verison\" in NestedControlPlane t/demo; did you mean spec.version?",
             ]
         );
-        let strict = RenderOptions {
-            strict: true,
-            ..RenderOptions::default()
-        };
-        let err = render_documents(&ChannelRegistry::load(&[]).unwrap(), vec![doc], &strict).unwrap_err();
-        assert_eq!(error_reason(&err), Some("UnknownField"));
-        assert!(err.to_string().contains("spec.verison"), "{err}");
         let mut meta = ncp(None);
         meta["metadata"]["lables"] = json!({});
         assert_eq!(
-            render(vec![meta]).unwrap().warnings,
-            ["unknown field \"metadata.lables\" in NestedControlPlane t/demo"]
+            render_documents(&channels, vec![meta], &lenient).unwrap().warnings,
+            ["unknown field \"metadata.lables\" in NestedControlPlane t/demo; did you mean metadata.labels?"]
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported_in_one_run() {
+        let err = render(vec![ncp(Some(json!({
+            "certSANs": ["bad san!"],
+            "clusterNetwork": {"services": {"cidrBlocks": ["10.0.0.0/8"]}},
+        })))])
+        .unwrap_err();
+        let found: Vec<_> = problems(&err)
+            .iter()
+            .map(|p| (p.reason, p.object.as_deref(), p.path.as_deref()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("InvalidSAN", Some("NestedControlPlane demo"), Some("spec.certSANs[0]")),
+                (
+                    "InvalidServiceCIDR",
+                    Some("NestedControlPlane demo"),
+                    Some("spec.clusterNetwork.services.cidrBlocks[0]")
+                ),
+            ],
+            "{err}"
+        );
+        assert_eq!(error_reason(&err), Some("InvalidSAN"));
+        // The binary prints one line per problem, each with its reason.
+        let printed = format!("error: {:#}", cli_error(err));
+        assert_eq!(printed.lines().count(), 2, "{printed}");
+        assert!(
+            printed
+                .lines()
+                .nth(1)
+                .is_some_and(|l| l.starts_with("error: InvalidServiceCIDR: NestedControlPlane demo: ")),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn a_type_error_names_its_object_and_field() {
+        let etcd = component("NestedEtcd", "demo-etcd", json!({"replicas": "three"}));
+        let err = render(vec![ncp(None), etcd]).unwrap_err();
+        assert_eq!(
+            problems(&err).iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["NestedEtcd demo-etcd: spec.replicas: Invalid value: \"three\": must be of type integer"]
+        );
+        assert_eq!(error_reason(&err), Some("InvalidType"));
+        // What the schema cannot tell, serde does, with the field's path.
+        let problem = read::<NestedControlPlane>(&ncp(Some(json!({"workloads": {"podSecurity": 1}}))))
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(problem.path.as_deref(), Some("spec.workloads.podSecurity"), "{problem}");
+    }
+
+    #[test]
+    fn a_misspelt_kind_is_named_with_the_nearest_known_kind() {
+        let mut doc = ncp(None);
+        doc["kind"] = json!("NestedControlPlan");
+        let err = render(vec![doc]).unwrap_err();
+        assert_eq!(
+            problems(&err).iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "NestedControlPlan demo: kind: \"NestedControlPlan\" is not a kind of controlplane.cluster.x-k8s.io/v1beta1; did you mean NestedControlPlane?"
+            ],
+            "the misspelt kind, and no NoControlPlane besides"
+        );
+        assert_eq!(error_reason(&err), Some("UnknownKind"));
+        // Other kinds pass through untouched; a file of only those has no control plane.
+        let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+        let err = render(vec![config_map]).unwrap_err();
+        assert_eq!(error_reason(&err), Some("NoControlPlane"));
+        assert_eq!(
+            closest("NestedEcd", ["NestedEtcd", "NestedCluster"]),
+            Some("NestedEtcd")
+        );
+        assert_eq!(closest("Secret", ["NestedEtcd", "Cluster"]), None);
+        assert_eq!(closest("NestedApiServer", ["NestedAPIServer"]), Some("NestedAPIServer"));
+        assert_eq!(closest("NestedEtcd", ["NestedEtcd"]), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn a_version_error_is_reported_against_the_object_that_set_it() {
+        let err = render(vec![ncp(Some(json!({"version": "1.99"})))]).unwrap_err();
+        assert_eq!(
+            problems(&err).iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "NestedControlPlane demo: spec.version: apiserver version \"1.99\" is not in channel \"stable\"; available: 1.35.4, 1.36.3, 1.37.2"
+            ],
+            "once, on the NestedControlPlane, although every component inherits it"
+        );
+        assert_eq!(error_reason(&err), Some("UnknownVersion"));
+        let etcd = component("NestedEtcd", "demo-etcd", json!({"version": "3.99.1"}));
+        let err = render(vec![ncp(None), etcd]).unwrap_err();
+        let found: Vec<_> = problems(&err)
+            .iter()
+            .map(|p| (p.object.as_deref(), p.path.as_deref()))
+            .collect();
+        assert_eq!(found, [(Some("NestedEtcd demo-etcd"), Some("spec.version"))], "{err}");
+    }
+
+    #[test]
+    fn no_message_repeats_its_prefix() {
+        let apiserver = component("NestedAPIServer", "demo-apiserver", json!({"replicas": 0}));
+        let err = render(vec![ncp(None), apiserver]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "NestedAPIServer demo-apiserver: spec.replicas: Invalid value: 0: must be between 1 and 10"
+        );
+        assert_eq!(
+            format!("{:#}", cli_error(err)),
+            "InvalidReplicas: NestedAPIServer demo-apiserver: spec.replicas: Invalid value: 0: must be between 1 and 10"
+        );
+        // The control plane's replicas are the apiserver's: reported once, where they are set.
+        let err = render(vec![ncp(Some(json!({"replicas": 0})))]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "NestedControlPlane demo: spec.replicas: Invalid value: 0: must be between 1 and 10"
         );
     }
 

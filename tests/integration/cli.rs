@@ -51,22 +51,50 @@ fn render_refuses_a_bad_field_with_its_reason_path_and_rule() {
 }
 
 #[test]
-fn render_warns_about_unknown_fields_and_strict_refuses_them() {
+fn render_refuses_unknown_fields_and_strict_false_warns_about_them() {
     let dir = tempfile::tempdir().unwrap();
     let path = file(&dir, "ncp.yaml", &format!("{NCP}spec:\n  verison: \"1.35\"\n"));
     let (ok, stdout, stderr) = capn(&["render", "-f", &path]);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert_eq!(
+        stderr.trim(),
+        "error: UnknownField: NestedControlPlane demo: spec.verison: unknown field; did you mean spec.version? (--strict=false makes unknown fields warnings)"
+    );
+    let (ok, stdout, stderr) = capn(&["render", "--strict=false", "-f", &path]);
     assert!(ok, "{stderr}");
     assert_eq!(
         stderr.trim(),
-        "Warning: unknown field \"spec.verison\" in NestedControlPlane default/demo"
+        "Warning: unknown field \"spec.verison\" in NestedControlPlane default/demo; did you mean spec.version?"
     );
     assert!(stdout.contains("kind: StatefulSet"), "the defaults still render");
-    let (ok, _, stderr) = capn(&["render", "--strict", "-f", &path]);
-    assert!(!ok);
-    assert!(
-        stderr.starts_with("error: UnknownField: unknown field \"spec.verison\""),
-        "{stderr}"
+    let (ok, _, _) = capn(&["render", "--strict", "-f", &path]);
+    assert!(!ok, "--strict alone is the default");
+}
+
+/// A file with several problems: each is reported, with its reason, object and field, in one
+/// run; a misspelt kind is named with the kind meant.
+#[test]
+fn render_reports_every_problem_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = file(
+        &dir,
+        "ncp.yaml",
+        &format!(
+            "{NCP}spec:\n  certSANs: [\"bad san!\"]\n  clusterNetwork:\n    services:\n      cidrBlocks: [\"10.0.0.0/8\"]\n---\napiVersion: controlplane.cluster.x-k8s.io/v1beta1\nkind: NestedEtcd\nmetadata:\n  name: demo-etcd\nspec:\n  replicas: three\n---\napiVersion: controlplane.cluster.x-k8s.io/v1beta1\nkind: NestedApiServer\nmetadata:\n  name: demo-apiserver\n"
+        ),
     );
+    let (ok, stdout, stderr) = capn(&["render", "-f", &path]);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 4, "{stderr}");
+    for (line, start) in lines.iter().zip([
+        "error: InvalidSAN: NestedControlPlane demo: spec.certSANs[0]: Invalid value: \"bad san!\"",
+        "error: InvalidServiceCIDR: NestedControlPlane demo: spec.clusterNetwork.services.cidrBlocks[0]: Invalid value: \"10.0.0.0/8\"",
+        "error: InvalidType: NestedEtcd demo-etcd: spec.replicas: Invalid value: \"three\": must be of type integer",
+        "error: UnknownKind: NestedApiServer demo-apiserver: kind: \"NestedApiServer\" is not a kind of controlplane.cluster.x-k8s.io/v1beta1; did you mean NestedAPIServer?",
+    ]) {
+        assert!(line.starts_with(start), "{line:?} does not start with {start:?}");
+    }
 }
 
 #[test]

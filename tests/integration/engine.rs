@@ -543,7 +543,7 @@ async fn capn_render_prints_exactly_what_the_controllers_apply() {
 
 /// The file a user applies, rendered offline, equals what the controllers apply from it:
 /// objects without `spec`, the NestedControlPlane's `spec.replicas` (the apiserver's),
-/// and a misspelt field (a warning, not a different result).
+/// and a misspelt field (with `strict` off a warning, not a different result).
 #[tokio::test]
 async fn capn_render_reads_a_file_as_the_cluster_does() {
     let f = Fixture::new().await;
@@ -556,18 +556,19 @@ async fn capn_render_reads_a_file_as_the_cluster_does() {
                "spec": {"replicas": 3, "verison": "1.35", "etcd": {"name": "plain-etcd"}}}),
     ];
     let channels = capn::channel::ChannelRegistry::load(&[]).unwrap();
-    let rendered = capn::cli::render_documents(&channels, file.clone(), &Default::default()).unwrap();
+    let lenient = capn::cli::RenderOptions {
+        strict: false,
+        ..Default::default()
+    };
+    let rendered = capn::cli::render_documents(&channels, file.clone(), &lenient).unwrap();
     assert_eq!(
         rendered.warnings,
         [format!(
-            "unknown field \"spec.verison\" in NestedControlPlane {ns}/plain"
+            "unknown field \"spec.verison\" in NestedControlPlane {ns}/plain; did you mean spec.version?"
         )]
     );
-    let strict = capn::cli::RenderOptions {
-        strict: true,
-        ..Default::default()
-    };
-    let err = capn::cli::render_documents(&channels, file.clone(), &strict).unwrap_err();
+    // Strict by default, like kubectl.
+    let err = capn::cli::render_documents(&channels, file.clone(), &Default::default()).unwrap_err();
     assert_eq!(capn::cli::error_reason(&err), Some("UnknownField"));
     // kubectl apply drops the unknown field with a warning; so does a server-side apply
     // without strict field validation.

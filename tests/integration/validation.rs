@@ -378,10 +378,19 @@ fn corpus() -> Vec<Case> {
     c
 }
 
+/// The reason and message of render's (first) problem: the message the controllers put on
+/// the condition for the same input, where render met the same error.
 fn reason_and_message(error: &anyhow::Error) -> (Option<&'static str>, String) {
-    let message = error
-        .chain()
-        .find_map(|e| e.downcast_ref::<capn::plan::PlanError>().map(ToString::to_string))
+    let first = error
+        .downcast_ref::<capn::cli::RenderErrors>()
+        .and_then(|e| e.problems.first())
+        .map(|p| p.cause.as_ref().map_or_else(|| p.to_string(), ToString::to_string));
+    let message = first
+        .or_else(|| {
+            error
+                .chain()
+                .find_map(|e| e.downcast_ref::<capn::plan::PlanError>().map(ToString::to_string))
+        })
         .or_else(|| {
             error
                 .chain()
