@@ -92,7 +92,46 @@ where
         if !(warning || recovered || notable) {
             continue;
         }
-        let note = format!("{} is {}: {}", c.type_, c.status, c.message);
-        send(ctx, object, None, warning, &c.reason, note, "Reconcile").await;
+        send(ctx, object, None, warning, &c.reason, condition_note(c, warning), "Reconcile").await;
+    }
+}
+
+/// The note of a condition's Event. A failure says the condition is not what it should be
+/// (`Ready is False: …`); anything else says what happened by its reason, since a condition
+/// may be False without anything being wrong (a rotation that completed, a member count
+/// reached while the rest rolls): `CertificateAuthorityRotation: Completed (…)`.
+fn condition_note(c: &Condition, warning: bool) -> String {
+    if warning {
+        format!("{} is {}: {}", c.type_, c.status, c.message)
+    } else {
+        format!("{}: {} ({})", c.type_, c.reason, c.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn only_a_failure_reads_as_one() {
+        let completed = condition("CertificateAuthorityRotation", "False", "Completed", "the rotation finished");
+        let note = condition_note(&completed, crate::status::failing(&completed));
+        assert_eq!(note, "CertificateAuthorityRotation: Completed (the rotation finished)");
+        let failed = condition("Ready", "False", "EtcdUnreachable", "no member answered");
+        let note = condition_note(&failed, crate::status::failing(&failed));
+        assert_eq!(note, "Ready is False: no member answered");
     }
 }
