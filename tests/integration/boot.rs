@@ -23,6 +23,7 @@ use serde_json::json;
 
 use crate::harness::{
     Capn, apply_doc, apply_example, capn_binary, pem_to_der, secret, secret_value, start_capn_process,
+    start_capn_process_as,
 };
 
 /// From apply to a ready control plane: generous, the tests share two cores with the others.
@@ -100,6 +101,8 @@ pub(crate) struct Booted {
     capn_client: Client,
     /// capn's `--watch-filter` in this process, if any.
     watch_filter: Option<String>,
+    /// The kubeconfig and environment `capn run` was started with, when not the admin's.
+    process_identity: Option<(std::path::PathBuf, Vec<(String, String)>)>,
 }
 
 /// How capn runs next to a booted control plane.
@@ -127,6 +130,13 @@ pub(crate) enum StartCapn {
     /// `capn run` with these arguments only: no hosts file, so the tenants' in-cluster
     /// names do not resolve for it (capn outside a super cluster).
     ProcessOutside(Vec<String>),
+    /// [`StartCapn::ProcessOutside`] authenticated by `kubeconfig` instead of the test
+    /// cluster's admin kubeconfig, with `env` set (what a pod's downward API would give).
+    ProcessOutsideAs {
+        args: Vec<String>,
+        kubeconfig: std::path::PathBuf,
+        env: Vec<(String, String)>,
+    },
 }
 
 /// A client of the super cluster that impersonates a user bound to a copy of the
@@ -172,10 +182,15 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         StartCapn::InProcess
         | StartCapn::InProcessWithWatchFilter(_)
         | StartCapn::Process(_)
-        | StartCapn::ProcessOutside(_) => client.clone(),
+        | StartCapn::ProcessOutside(_)
+        | StartCapn::ProcessOutsideAs { .. } => client.clone(),
     };
     let watch_filter = match &start {
         StartCapn::InProcessWithWatchFilter(value) => Some(value.clone()),
+        _ => None,
+    };
+    let process_identity = match &start {
+        StartCapn::ProcessOutsideAs { kubeconfig, env, .. } => Some((kubeconfig.clone(), env.clone())),
         _ => None,
     };
     let capn = match start {
@@ -184,6 +199,9 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
             Running::Process(start_capn_process(&ns, &args), args)
         }
         StartCapn::ProcessOutside(args) => Running::Process(start_capn_process(&ns, &args), args),
+        StartCapn::ProcessOutsideAs { args, kubeconfig, env } => {
+            Running::Process(start_capn_process_as(&ns, &args, &kubeconfig, &env), args)
+        }
         _ => Running::InProcess(Capn::start_with_settings(
             &capn_client,
             in_process_settings(&ns, &runner, watch_filter.as_deref()),
@@ -230,6 +248,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         capn,
         capn_client,
         watch_filter,
+        process_identity,
     }
 }
 
@@ -306,7 +325,12 @@ impl Booted {
                 in_process_settings(&self.ns, &self.runner, self.watch_filter.as_deref()),
                 &[],
             )),
-            Some(args) => Running::Process(start_capn_process(&self.ns, &args), args),
+            Some(args) => match &self.process_identity {
+                Some((kubeconfig, env)) => {
+                    Running::Process(start_capn_process_as(&self.ns, &args, kubeconfig, env), args)
+                }
+                None => Running::Process(start_capn_process(&self.ns, &args), args),
+            },
         };
     }
 

@@ -97,23 +97,33 @@ impl Capn {
 /// # Panics
 /// If capn cannot be started.
 pub fn start_capn_process(namespace: &str, args: &[String]) -> CapnProcess {
+    start_capn_process_as(namespace, args, capn_testkit::cluster().kubeconfig_path(), &[])
+}
+
+/// [`start_capn_process`] with `kubeconfig` instead of the test cluster's admin one (another
+/// identity, such as a ServiceAccount's token) and the environment variables `env` besides.
+///
+/// # Panics
+/// If capn cannot be started.
+pub fn start_capn_process_as(
+    namespace: &str,
+    args: &[String],
+    kubeconfig: &std::path::Path,
+    env: &[(String, String)],
+) -> CapnProcess {
     let log = std::env::temp_dir().join(format!("capn-test-{namespace}.log"));
     let mut all = vec!["--log-format".to_owned(), "json".to_owned()];
     all.extend_from_slice(args);
+    let mut all_env = vec![("RUST_LOG".to_owned(), "debug".to_owned())];
+    all_env.extend_from_slice(env);
     let options = CapnOptions {
         args: all,
-        env: vec![("RUST_LOG".to_owned(), "debug".to_owned())],
+        env: all_env,
         remove_log: true,
         reachable: false,
     };
-    CapnProcess::start(
-        capn_binary(),
-        capn_testkit::cluster().kubeconfig_path(),
-        namespace,
-        log,
-        options,
-    )
-    .unwrap_or_else(|e| panic!("capn did not start: {e}"))
+    CapnProcess::start(capn_binary(), kubeconfig, namespace, log, options)
+        .unwrap_or_else(|e| panic!("capn did not start: {e}"))
 }
 
 /// One behaviour test's world, the preamble every test shared: an admin client, a namespace

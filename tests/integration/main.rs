@@ -22,6 +22,7 @@ mod control_plane;
 mod engine;
 mod events;
 mod harness;
+mod helm;
 mod maintenance;
 mod node;
 mod operations;
