@@ -4,8 +4,10 @@
 # cache outside the repository, and prints the directory to use as KUBEBUILDER_ASSETS.
 # With them come the binaries of the test kit's node (testkit/src/runner/node.rs): kube-scheduler, kube-proxy,
 # agnhost (the e2e test image's binary, whose `pause` subcommand stands in for the pause
-# image), sample-apiserver (the e2e aggregator spec's image), and capn-test-kubelet
-# (hack/test-kubelet: the node's exec and port-forward).
+# image), sample-apiserver (the e2e aggregator spec's image), capn-test-kubelet
+# (hack/test-kubelet: the node's exec and port-forward), and kubectl (the recipes test,
+# tests/integration/recipes.rs, runs docs/operations/recipes.md with it: CI machines have no
+# kubectl of their own).
 #
 #   hack/kube-assets.sh            # build what is missing, print the assets dir on stdout
 #   hack/kube-assets.sh e2e        # build the upstream e2e.test of KUBE_VERSION (for
@@ -17,8 +19,8 @@
 #   CAPN_ASSETS_CACHE   cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets)
 #   KUBE_VERSION        Kubernetes release to build (default below)
 #   ETCD_VERSION        etcd release to build (default below)
-#   KUBE_NODE_BINARIES  1 (default): also build kube-scheduler, kube-proxy, agnhost and
-#                       sample-apiserver; 0: only the
+#   KUBE_NODE_BINARIES  1 (default): also build kube-scheduler, kube-proxy, agnhost,
+#                       sample-apiserver and kubectl; 0: only the
 #                       control plane (hack/release-assets.sh: the boot tests' other releases
 #                       need no node)
 #
@@ -102,7 +104,7 @@ build_kube() {
   # share almost every package with those two). All four cold in this one invocation (empty
   # GOCACHE, modules downloaded): 318 s, against 256-475 s for the two alone on the same,
   # shared machine: the difference is lost in the machine's load.
-  log "building ${bins[*]} $KUBE_VERSION in one go build (cold on 2 cores: about 9 minutes for kube-apiserver, 3 more for kube-controller-manager, seconds more for kube-scheduler, kube-proxy, agnhost and sample-apiserver)"
+  log "building ${bins[*]} $KUBE_VERSION in one go build (cold on 2 cores: about 9 minutes for kube-apiserver, 3 more for kube-controller-manager, seconds more for kube-scheduler, kube-proxy, agnhost, sample-apiserver and kubectl)"
   local out="$kube_dir/.build.tmp"
   rm -rf "$out"; mkdir -p "$out"
   # With several packages, -o names a directory, and each binary takes its package's last
@@ -183,7 +185,7 @@ if [ "${1:-}" = e2e ]; then
 fi
 
 kube_bins=(kube-apiserver kube-controller-manager)
-[ "${KUBE_NODE_BINARIES:-1}" = 0 ] || kube_bins+=(kube-scheduler kube-proxy agnhost sample-apiserver)
+[ "${KUBE_NODE_BINARIES:-1}" = 0 ] || kube_bins+=(kube-scheduler kube-proxy agnhost sample-apiserver kubectl)
 missing=()
 for b in "${kube_bins[@]}"; do
   [ -x "$kube_dir/$b" ] || missing+=("$b")

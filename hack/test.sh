@@ -27,7 +27,8 @@ command -v nc.openbsd >/dev/null || { echo "ERROR: netcat-openbsd is missing: th
 command -v dig >/dev/null || { echo "ERROR: dig is missing: the test node gives it to the agnhost image (apt-get install bind9-dnsutils)" >&2; exit 1; }
 command -v curl >/dev/null || { echo "ERROR: curl is missing: the test node gives it to the agnhost image (apt-get install curl)" >&2; exit 1; }
 release_dir="$(dirname "$(readlink -f "$KUBEBUILDER_ASSETS/kube-apiserver")")"
-for b in kube-scheduler kube-proxy agnhost; do
+# kubectl too: the recipes test (tests/integration/recipes.rs) runs docs/operations/recipes.md with it.
+for b in kube-scheduler kube-proxy agnhost kubectl; do
   [ -x "$release_dir/$b" ] || { echo "ERROR: $release_dir/$b is missing (run hack/kube-assets.sh with the KUBE_VERSION of $KUBEBUILDER_ASSETS)" >&2; exit 1; }
 done
 # Its exec and port-forward (hack/test-kubelet): built in seconds when its sources changed.
