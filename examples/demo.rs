@@ -255,6 +255,19 @@ async fn boot() -> Result<Running, String> {
     );
     create_namespace(&client).await?;
     let runner = Runner::start(&client, NAMESPACE, &binary).await?;
+    let releases = carried_releases()?;
+    let (carried, missing): (Vec<_>, Vec<_>) = releases.iter().partition(|r| r.carried);
+    println!(
+        "      it runs the releases whose binaries hack/kube-assets.sh has built: Kubernetes {}",
+        carried.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+    );
+    if !missing.is_empty() {
+        refuse_missing_releases(&client, &missing).await?;
+        println!(
+            "      not built here (an upgrade to them is refused at once, with the command that builds them): {}",
+            missing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+        );
+    }
 
     step(
         3,
@@ -569,6 +582,104 @@ async fn wait_for_ready(client: &Client, runner: &Runner, applied: Instant) -> R
         // Short: the boot time printed is measured by this poll.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A Kubernetes release of the stable channel with the etcd it runs by default, and whether
+/// the demo's runner has both (`hack/kube-assets.sh`'s cache, runner adaptation 1).
+struct Release {
+    kubernetes: String,
+    etcd: String,
+    carried: bool,
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (etcd {})", self.kubernetes, self.etcd)
+    }
+}
+
+/// The stable channel's releases, each with whether the runner can run it.
+fn carried_releases() -> Result<Vec<Release>, String> {
+    let registry = capn::channel::ChannelRegistry::load(&[]).map_err(|e| e.to_string())?;
+    let stable = registry.get("stable").map_err(|e| e.to_string())?;
+    let cache = capn_testkit::runner::release_cache();
+    let built = |dir: String, binaries: &[&str]| binaries.iter().all(|b| cache.join(&dir).join(b).is_file());
+    let mut releases = Vec::new();
+    for version in stable.versions(capn::component::ComponentKind::ApiServer) {
+        let etcd = stable
+            .index
+            .etcd_for(version)
+            .map(|c| c.etcd.clone())
+            .ok_or_else(|| format!("the stable channel names no etcd for Kubernetes {version}"))?;
+        let carried = built(
+            format!("kubernetes-v{version}"),
+            &["kube-apiserver", "kube-controller-manager"],
+        ) && built(format!("etcd-v{etcd}"), &["etcd"]);
+        releases.push(Release {
+            kubernetes: version.to_string(),
+            etcd,
+            carried,
+        });
+    }
+    Ok(releases)
+}
+
+/// A ValidatingAdmissionPolicy of the demo's super cluster that refuses a
+/// NestedControlPlane asking for a release the runner lacks, at once and with the command
+/// that builds it: without it the upgrade would wait its step timeout (30 minutes) on a pod
+/// that cannot start.
+async fn refuse_missing_releases(client: &Client, missing: &[&Release]) -> Result<(), String> {
+    let validations: Vec<serde_json::Value> = missing
+        .iter()
+        .map(|r| {
+            let minor = r.kubernetes.rsplit_once('.').map(|(m, _)| m).unwrap_or(&r.kubernetes);
+            let names = [minor, r.kubernetes.as_str()]
+                .iter()
+                .flat_map(|v| [format!("'{v}'"), format!("'v{v}'")])
+                .collect::<Vec<_>>()
+                .join(", ");
+            serde_json::json!({
+                "expression": format!("!has(object.spec.version) || !(object.spec.version in [{names}])"),
+                "message": format!(
+                    "the demo's node has no binaries of Kubernetes {r}: build them with \
+                     `KUBE_NODE_BINARIES=0 KUBE_VERSION=v{k} ETCD_VERSION=v{e} hack/kube-assets.sh` \
+                     (about 15 minutes on 2 cores) and start the demo again",
+                    k = r.kubernetes,
+                    e = r.etcd
+                ),
+                "reason": "Invalid",
+            })
+        })
+        .collect();
+    let name = "capn-demo-carried-releases";
+    let policy = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [capn::api::CONTROL_PLANE_GROUP], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["nestedcontrolplanes"],
+            }]},
+            "validations": validations,
+        },
+    });
+    let binding = serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    });
+    for (kind, doc) in [
+        ("ValidatingAdmissionPolicy", policy),
+        ("ValidatingAdmissionPolicyBinding", binding),
+    ] {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind));
+        Api::<DynamicObject>::all_with(client.clone(), &resource)
+            .patch(name, &PatchParams::apply("capn-demo"), &Patch::Apply(&doc))
+            .await
+            .map_err(|e| format!("creating the {kind} {name}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Writes the kubeconfig as capn wrote it, readable by its owner only (an admin credential),
