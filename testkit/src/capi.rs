@@ -412,6 +412,25 @@ impl ProviderRepository {
         self
     }
 
+    /// The repository's root directory: `<root>/<provider-label>/<version>/<file>`.
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("repository")
+    }
+
+    /// Replaces the configuration's entries for provider `name` with `entries`, YAML list
+    /// items as a user writes them in `clusterctl.yaml` (a documented configuration, with
+    /// its URLs pointed into [`ProviderRepository::root`]).
+    pub fn declare(&mut self, name: &str, entries: &str) -> &mut Self {
+        let prefix = format!("- name: {name}\n");
+        self.providers.retain(|p| !p.starts_with(&prefix));
+        let mut entries = entries.to_owned();
+        if !entries.ends_with('\n') {
+            entries.push('\n');
+        }
+        self.providers.push(entries);
+        self
+    }
+
     /// Points clusterctl's cert-manager installation at `files` (the first is the
     /// components file) instead of cert-manager's GitHub releases.
     ///

@@ -377,6 +377,40 @@ fn nested_repository() -> ProviderRepository {
     repository
 }
 
+/// The `providers:` entries of the clusterctl configuration in docs/guide/cluster-api.md, with
+/// each release URL (`https://github.com/capn/capn/releases/latest/<file>`) pointed at
+/// `<root>/<provider-label>/latest/<file>`.
+fn documented_providers(root: &Path) -> String {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/guide/cluster-api.md")).unwrap();
+    let start = page
+        .find("```yaml\nproviders:\n")
+        .expect("docs/guide/cluster-api.md shows a clusterctl.yaml with providers")
+        + "```yaml\nproviders:\n".len();
+    let block = &page[start..start + page[start..].find("```").unwrap()];
+    let releases = "https://github.com/capn/capn/releases/latest/";
+    let mut entries = String::new();
+    for line in block.lines() {
+        let line = line.strip_prefix("  ").unwrap_or(line);
+        let line = match line.split_once(releases) {
+            Some((head, file)) => {
+                let label = match file {
+                    "control-plane-components.yaml" => "control-plane-nested",
+                    "infrastructure-components.yaml" => "infrastructure-nested",
+                    other => panic!("the documented clusterctl.yaml names an unknown file {other}"),
+                };
+                format!("{head}file://{}/{label}/latest/{file}", root.display())
+            }
+            None => line.to_owned(),
+        };
+        entries.push_str(&line);
+        entries.push('\n');
+    }
+    assert_eq!(entries.matches(releases).count(), 0);
+    assert_eq!(entries.matches("file://").count(), 2, "{entries}");
+    entries
+}
+
 fn capn_version() -> String {
     format!("v{}", env!("CARGO_PKG_VERSION"))
 }
@@ -530,7 +564,11 @@ async fn clusterctl_init_installs_capn_into_the_super_cluster() {
     let capi = capi();
     let client = cluster().client();
     let mut repository = nested_repository();
+    // The providers as docs/guide/cluster-api.md tells users to declare them, their release
+    // URLs pointed at this repository's `latest` (clusterctl's local-repository rule).
+    let documented = documented_providers(&repository.root());
     repository
+        .declare("nested", &documented)
         .add(
             "cluster-api",
             "CoreProvider",
