@@ -174,6 +174,10 @@ reasons! {
     SnapshotVerified: success, [BACKUP_SUCCEEDED], "The last snapshot was uploaded and verified.";
     BackupsNotSupported: failure, [BACKUP_SUCCEEDED], "The channel's etcd provider does not declare backups.";
     BackupCredentialsMissing: failure, [BACKUP_SUCCEEDED, SYNCED], "The Secret with the object store's credentials does not exist.";
+    BackupNotConfigured: failure, [BACKUP_SUCCEEDED],
+        "A backup-now request came to a NestedEtcd without spec.backup: it was dropped; set spec.backup.destination and annotate again.";
+    WaitingForSnapshot: progress, [BACKUP_SUCCEEDED],
+        "spec.backup is set and no snapshot was taken yet: the next comes at the schedule's next run or with a new backup-now value.";
     RestoreNotAllowed: failure, [SYNCED, READY], "A restore was asked for where it cannot run; the message says why.";
     SnapshotVersionUnsupported: failure, [SYNCED, READY], "The snapshot was taken by an etcd this channel cannot restore.";
     // WatchesHealthy

@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 /// Annotation on a NestedEtcd that asks for one snapshot now. Its value is any short token
 /// (a time, a ticket): capn takes a snapshot when the value differs from
 /// `status.backup.lastRequest`, and records the value there once the snapshot is verified.
+/// On a NestedEtcd without `spec.backup` a new value is dropped at once (recorded there as
+/// served, with `BackupSucceeded` False, `BackupNotConfigured`, and a Warning Event).
 /// `kubectl annotate netcd demo-etcd controlplane.cluster.x-k8s.io/backup-now=$(date +%s) --overwrite`.
 pub const BACKUP_NOW_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/backup-now";
 

@@ -6,6 +6,9 @@
 //!   the resource was created, when there is none) has passed: due now; otherwise the
 //!   controller requeues at that run, and sends nothing before it (no polling).
 //! - A capn that was down across several runs takes one snapshot, not one per missed run.
+//! - Without `spec.backup` there is nowhere to put a snapshot: a new request is dropped
+//!   ([`dropped_request`]), recorded as served and reported, so that a destination added
+//!   later does not take a snapshot nobody is waiting for any more.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -49,9 +52,7 @@ pub fn due(
         .filter(|s| !s.trim().is_empty())
         .map(Schedule::parse)
         .transpose()?;
-    if let Some(request) = request.map(str::trim).filter(|r| !r.is_empty())
-        && Some(request) != last_request
-    {
+    if let Some(request) = new_request(request, last_request) {
         return Ok(Due::Now(Trigger::OnDemand(request.to_string())));
     }
     let Some(schedule) = schedule else {
@@ -63,6 +64,22 @@ pub fn due(
         Some(run) => Due::At(run),
         None => Due::Never,
     })
+}
+
+/// The `backup-now` value `request` when it asks for a snapshot: not empty, and not the one
+/// served last (`last_request`).
+fn new_request<'a>(request: Option<&'a str>, last_request: Option<&str>) -> Option<&'a str> {
+    request
+        .map(str::trim)
+        .filter(|r| !r.is_empty() && Some(*r) != last_request)
+}
+
+/// The decision for a NestedEtcd without `spec.backup`: the `backup-now` value to drop, when
+/// `request` asks for a snapshot that `last_request` has not served. The caller records it as
+/// served (`status.backup.lastRequest`) and says why nothing was taken; a destination added
+/// later then takes no snapshot for it. `None`: nothing asked, or already answered.
+pub fn dropped_request(request: Option<&str>, last_request: Option<&str>) -> Option<String> {
+    new_request(request, last_request).map(str::to_string)
 }
 
 #[cfg(test)]
@@ -134,6 +151,20 @@ mod tests {
             .unwrap(),
             Due::Now(Trigger::Scheduled(t("2026-12-01T03:00:00Z")))
         );
+    }
+
+    #[test]
+    fn a_request_without_a_destination_is_dropped_once_and_then_served() {
+        assert_eq!(dropped_request(Some("1"), None), Some("1".into()));
+        assert_eq!(dropped_request(Some(" 2 "), Some("1")), Some("2".into()));
+        // Recorded as served: neither dropped again nor, once a destination is set, due.
+        assert_eq!(dropped_request(Some("1"), Some("1")), None);
+        assert_eq!(
+            due(None, Some("1"), Some("1"), None, t(CREATED), t(CREATED)).unwrap(),
+            Due::Never
+        );
+        assert_eq!(dropped_request(None, None), None);
+        assert_eq!(dropped_request(Some(" "), None), None);
     }
 
     #[test]

@@ -321,3 +321,134 @@ async fn admission_refuses_bad_backup_fields_with_the_rules_message() {
     }
     f.stop().await;
 }
+
+/// The `BackupSucceeded` condition of the NestedEtcd `name` once it is False with `reason`:
+/// its message and `status.backup.lastRequest`.
+async fn backup_condition(f: &Fixture, name: &str, reason: &str) -> (String, Option<String>) {
+    let api: Api<NestedEtcd> = Api::namespaced(f.client.clone(), &f.ns);
+    wait_until(
+        &format!("{name} reports BackupSucceeded {reason}"),
+        STORE_STEP,
+        || async {
+            let status = api.get(name).await.ok()?.status?;
+            let message = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "BackupSucceeded" && c.status == "False" && c.reason == reason)?
+                .message
+                .clone();
+            Some((message, status.backup.and_then(|b| b.last_request)))
+        },
+    )
+    .await
+}
+
+/// A `backup-now` request on a NestedEtcd without `spec.backup` is answered at once (a
+/// Warning Event and `BackupSucceeded` False with `BackupNotConfigured`) and dropped: it is
+/// recorded in `status.backup.lastRequest`, so that the destination added afterwards takes
+/// no snapshot for it. The destination's credentials Secret does not exist, so a snapshot
+/// attempt would show at once as `BackupCredentialsMissing`: the destination's first round
+/// reports `WaitingForSnapshot` instead, and a new request afterwards does show the attempt.
+#[tokio::test]
+async fn a_backup_request_without_a_destination_is_answered_at_once_and_dropped() {
+    use capn::api::BACKUP_NOW_ANNOTATION;
+    use k8s_openapi::api::events::v1::Event;
+    let f = Fixture::new().await;
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedEtcd",
+        "metadata": {"name": "nodest-etcd", "annotations": {BACKUP_NOW_ANNOTATION: "first"}}
+    }))
+    .await;
+    f.apply(json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1", "kind": "NestedControlPlane",
+        "metadata": {"name": "nodest"}, "spec": {"etcd": {"name": "nodest-etcd"}}
+    }))
+    .await;
+    // Ready, so that a snapshot that is due would be started.
+    crate::harness::make_ready(&f.client, &f.ns, "nodest-etcd").await;
+
+    let (message, served) = backup_condition(&f, "nodest-etcd", "BackupNotConfigured").await;
+    assert!(
+        message.contains("\"first\"")
+            && message.contains("no spec.backup")
+            && message.contains("docs/guide/backups.md"),
+        "{message}"
+    );
+    assert_eq!(served.as_deref(), Some("first"), "recorded as served");
+    let events: Api<Event> = Api::namespaced(f.client.clone(), &f.ns);
+    let note = wait_until("a Warning Event BackupNotConfigured", STORE_STEP, || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find_map(|e| {
+                let about = e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("nodest-etcd");
+                (about && e.reason.as_deref() == Some("BackupNotConfigured") && e.type_.as_deref() == Some("Warning"))
+                    .then_some(e.note)
+                    .flatten()
+            })
+    })
+    .await;
+    assert!(note.contains("\"first\""), "{note}");
+    // A second request is answered too, though the condition's reason stays.
+    crate::harness::merge_patch::<NestedEtcd>(
+        &f.client,
+        &f.ns,
+        "nodest-etcd",
+        json!({"metadata": {"annotations": {BACKUP_NOW_ANNOTATION: "again"}}}),
+    )
+    .await;
+    wait_until("a Warning Event for the second request", STORE_STEP, || async {
+        let notes: Vec<String> = events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("BackupNotConfigured"))
+            .filter_map(|e| e.note)
+            .collect();
+        notes.iter().any(|n| n.contains("\"again\"")).then_some(())
+    })
+    .await;
+    let api: Api<NestedEtcd> = Api::namespaced(f.client.clone(), &f.ns);
+    wait_until("the second request is recorded as served", STORE_STEP, || async {
+        let served = api.get("nodest-etcd").await.ok()?.status?.backup?.last_request;
+        (served.as_deref() == Some("again")).then_some(())
+    })
+    .await;
+
+    // A destination now: the dropped request takes no snapshot.
+    crate::harness::merge_patch::<NestedEtcd>(
+        &f.client,
+        &f.ns,
+        "nodest-etcd",
+        json!({"spec": {"backup": {"destination": {
+            "endpoint": "https://s3.example.com", "bucket": "capn-backups",
+            "credentialsSecret": {"name": "absent"}}}}}),
+    )
+    .await;
+    let (_, served) = backup_condition(&f, "nodest-etcd", "WaitingForSnapshot").await;
+    assert_eq!(served.as_deref(), Some("again"));
+    let etcd = api.get("nodest-etcd").await.unwrap();
+    assert!(
+        etcd.status
+            .and_then(|s| s.backup)
+            .is_some_and(|b| b.last_snapshot.is_none()),
+        "no snapshot"
+    );
+
+    // A new request is attempted: the missing credentials say so.
+    crate::harness::merge_patch::<NestedEtcd>(
+        &f.client,
+        &f.ns,
+        "nodest-etcd",
+        json!({"metadata": {"annotations": {BACKUP_NOW_ANNOTATION: "second"}}}),
+    )
+    .await;
+    let (message, _) = backup_condition(&f, "nodest-etcd", "BackupCredentialsMissing").await;
+    assert!(message.contains("absent"), "{message}");
+    f.stop().await;
+}

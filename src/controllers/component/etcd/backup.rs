@@ -392,7 +392,7 @@ pub async fn backup_step(
 ) -> Result<BackupReport, ReconcileError> {
     let etcd = round.object;
     let Some(backup) = etcd.spec.backup.as_ref() else {
-        return Ok(BackupReport::default());
+        return Ok(without_destination(round).await);
     };
     let key = format!("{}/{}", round.ns, etcd.name_any());
     let mut status = etcd
@@ -427,8 +427,63 @@ pub async fn backup_step(
             }
         }
     }
+    if report.condition.is_none() && previous_reason(etcd) == Some(Reason::BackupNotConfigured.as_str()) {
+        // The destination came after a dropped request: the refusal is history now.
+        report.condition = Some(ConditionUpdate::new(
+            BACKUP_SUCCEEDED,
+            false,
+            Reason::WaitingForSnapshot,
+            "spec.backup is set and no snapshot was taken yet: the next comes at the schedule's next run or with a new backup-now value",
+        ));
+    }
     report.status = Some(status);
     Ok(report)
+}
+
+/// The reason of the NestedEtcd's `BackupSucceeded` condition as it stands.
+fn previous_reason(etcd: &NestedEtcd) -> Option<&str> {
+    etcd.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == BACKUP_SUCCEEDED)
+        .map(|c| c.reason.as_str())
+}
+
+/// A NestedEtcd without `spec.backup`: a new `backup-now` request
+/// ([`crate::backup::due::dropped_request`]) is answered at once and dropped. It is recorded
+/// as served in `status.backup.lastRequest` (so that a destination added later takes no
+/// snapshot for it), and `BackupSucceeded` is False with `BackupNotConfigured`, whose Warning
+/// Event the status change sends; when that condition already stood (a second request), the
+/// Event is sent here, since the condition does not change.
+async fn without_destination(round: &Round<'_, NestedEtcd>) -> BackupReport {
+    let etcd = round.object;
+    let mut status = etcd
+        .status
+        .as_ref()
+        .and_then(|s| s.backup.as_deref().cloned())
+        .unwrap_or_default();
+    let request = etcd
+        .annotations()
+        .get(crate::api::BACKUP_NOW_ANNOTATION)
+        .map(String::as_str);
+    let Some(request) = crate::backup::due::dropped_request(request, status.last_request.as_deref()) else {
+        return BackupReport::default();
+    };
+    let message = format!(
+        "backup-now request {request:?} dropped: NestedEtcd {} has no spec.backup, so there is nowhere to put a snapshot; set spec.backup.destination (endpoint, bucket, credentialsSecret; see docs/guide/backups.md) and annotate again with a new value",
+        etcd.name_any()
+    );
+    if previous_reason(etcd) == Some(Reason::BackupNotConfigured.as_str()) {
+        let note = format!("{BACKUP_SUCCEEDED} is False: {message}");
+        crate::controllers::events::publish(round.ctx, etcd, None, Reason::BackupNotConfigured, note, "Backup").await;
+    }
+    status.last_request = Some(request);
+    BackupReport {
+        status: Some(status),
+        condition: Some(refusal(Reason::BackupNotConfigured.as_str(), message)),
+        requeue: None,
+    }
 }
 
 /// A `BackupSucceeded` False. Every refusal is a failure: capn's own reasons and the
