@@ -92,7 +92,16 @@ where
         if !(warning || recovered || notable) {
             continue;
         }
-        send(ctx, object, None, warning, &c.reason, condition_note(c, warning), "Reconcile").await;
+        send(
+            ctx,
+            object,
+            None,
+            warning,
+            &c.reason,
+            condition_note(c, warning),
+            "Reconcile",
+        )
+        .await;
     }
 }
 
@@ -127,7 +136,12 @@ mod tests {
 
     #[test]
     fn only_a_failure_reads_as_one() {
-        let completed = condition("CertificateAuthorityRotation", "False", "Completed", "the rotation finished");
+        let completed = condition(
+            "CertificateAuthorityRotation",
+            "False",
+            "Completed",
+            "the rotation finished",
+        );
         let note = condition_note(&completed, crate::status::failing(&completed));
         assert_eq!(note, "CertificateAuthorityRotation: Completed (the rotation finished)");
         let failed = condition("Ready", "False", "EtcdUnreachable", "no member answered");
