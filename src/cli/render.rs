@@ -451,21 +451,9 @@ const OBJECT_META_FIELDS: &[&str] = &[
 ];
 
 /// The number of single-character edits (insert, delete, substitute) between `a` and `b`,
-/// ignoring case.
+/// ignoring case (Levenshtein, from `strsim`, which clap's suggestions use too).
 fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.to_lowercase().chars().collect();
-    let b: Vec<char> = b.to_lowercase().chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.iter().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (diagonal + usize::from(ca != cb)).min(above + 1).min(row[j] + 1);
-            diagonal = above;
-        }
-    }
-    row[b.len()]
+    strsim::levenshtein(&a.to_lowercase(), &b.to_lowercase())
 }
 
 /// The candidate closest to `word` other than `word` itself, if `word` is a likely
