@@ -25,12 +25,14 @@ pub(super) async fn listen(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(bind).await?;
     let address = listener.local_addr()?;
+    let warned = Arc::new(Warned::default());
     let task = tokio::spawn(async move {
         loop {
             match listener.accept().await {
                 Ok((socket, _)) => {
                     let (client, target, metrics) = (client.clone(), target.clone(), metrics.clone());
-                    tokio::spawn(async move { relay(client, target, port, socket, &metrics).await });
+                    let warned = warned.clone();
+                    tokio::spawn(async move { relay(client, target, port, socket, &metrics, &warned).await });
                 }
                 Err(error) => tracing::warn!(%error, %target, port, "port-forward listener: accept failed"),
             }
@@ -41,7 +43,14 @@ pub(super) async fn listen(
 
 /// Copies `socket` both ways through a new port-forward; a failure closes the socket (the
 /// client sees its connection end) and is logged with the target, pod and port.
-async fn relay(client: kube::Client, target: Target, port: u16, mut socket: TcpStream, metrics: &Metrics) {
+async fn relay(
+    client: kube::Client,
+    target: Target,
+    port: u16,
+    mut socket: TcpStream,
+    metrics: &Metrics,
+    warned: &Warned,
+) {
     let pods = Api::<Pod>::namespaced(client.clone(), target.namespace());
     let opened = async {
         let (pod, pod_port) = pick(&client, &target, port).await?;
@@ -66,8 +75,35 @@ async fn relay(client: kube::Client, target: Target, port: u16, mut socket: TcpS
         }
         Err(error) => {
             metrics.count_tenant_connection("port-forward", false);
-            tracing::warn!(%target, port, %error, "could not reach a tenant through the super cluster");
+            if warned.again() {
+                tracing::warn!(%target, port, %error, "could not reach a tenant through the super cluster \
+                    (more failures of this listener within a minute are logged at debug level)");
+            } else {
+                tracing::debug!(%target, port, %error, "could not reach a tenant through the super cluster");
+            }
         }
+    }
+}
+
+/// How often a listener's failed forwards are logged as warnings: an apiserver roll fails
+/// every connection until the new pod is ready (30 in a one-replica roll), which is one
+/// story, not thirty (`capn_tenant_connections_total` still counts each).
+const WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When a listener last warned.
+#[derive(Default)]
+struct Warned(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl Warned {
+    /// Whether to warn now: not within [`WARN_EVERY`] of the last warning.
+    fn again(&self) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        let loud = last.is_none_or(|at| now.duration_since(at) >= WARN_EVERY);
+        if loud {
+            *last = Some(now);
+        }
+        loud
     }
 }
 
@@ -123,4 +159,18 @@ fn serves(pod: &Pod) -> bool {
             .into_iter()
             .flatten()
             .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_warns_once_per_minute() {
+        let warned = Warned::default();
+        assert!(warned.again(), "the first failure warns");
+        assert!(!warned.again(), "the next ones within a minute do not");
+        *warned.0.lock().unwrap() = Some(std::time::Instant::now() - WARN_EVERY);
+        assert!(warned.again(), "a minute later it warns again");
+    }
 }
