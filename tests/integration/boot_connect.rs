@@ -100,6 +100,10 @@ async fn capn_connect_keeps_a_working_kubeconfig_across_an_apiserver_roll_and_a_
         })
         .await;
     answers("the tenant answers after the apiserver's pod was replaced").await;
+    assert!(
+        namespaces(&pointed).await.is_some(),
+        "capn kubeconfig --server {server} no longer answers after the roll"
+    );
 
     // A CA rotation: the Secret changes and capn connect rewrites the file.
     request_rotation(&booted.client, &ns, "demo", "ca").await;
