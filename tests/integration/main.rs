@@ -27,6 +27,7 @@ mod maintenance;
 mod node;
 mod operations;
 mod public_crds;
+mod recipes;
 mod request_budget;
 mod runner_volumes;
 mod smoke;
