@@ -11,12 +11,16 @@ use tokio::net::{TcpListener, TcpStream};
 use super::target::{Target, pod_port};
 use crate::telemetry::Metrics;
 
-/// Opens a listener on `bind` (port 0: a free one) for `target`'s `port` and serves it until
-/// the returned task is aborted.
+/// A port-forward listener on `bind` (port 0: a free one) for `target`'s `port`: each
+/// connection is one `pods/portforward` stream through `client` (an HTTP/1.1 client of the
+/// super cluster, [`crate::client::upgrade_client`]) to a pod serving the target when the
+/// connection opens, so the listener follows the pods across rolls. Returns the bound
+/// address and the task serving it (abort it to close the listener). [`super::Reach`] opens
+/// one per target and port on `127.0.0.1`; `capn connect` one of its own.
 ///
 /// # Errors
-/// The listener cannot be bound.
-pub(super) async fn listen(
+/// `bind` cannot be bound.
+pub async fn listen(
     client: kube::Client,
     target: Target,
     port: u16,

@@ -30,6 +30,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+pub use forward::listen;
 pub use target::Target;
 
 use crate::telemetry::Metrics;
@@ -215,24 +216,6 @@ impl Reach {
     fn listeners(&self) -> MutexGuard<'_, HashMap<(Target, u16), Listener>> {
         self.forwards.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// A port-forward listener of its own on `bind` for `target`'s `port`, for `capn connect`:
-/// each connection is one `pods/portforward` stream through `client` (an HTTP/1.1 client of
-/// the super cluster, [`crate::client::upgrade_client`]) to a pod serving the target when
-/// the connection opens, so the listener follows the pods across rolls. Returns the bound
-/// address and the task serving it (abort it to close the listener).
-///
-/// # Errors
-/// `bind` cannot be bound.
-pub async fn listen(
-    client: kube::Client,
-    target: Target,
-    port: u16,
-    bind: SocketAddr,
-    metrics: Arc<Metrics>,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    forward::listen(client, target, port, bind, metrics).await
 }
 
 impl std::fmt::Debug for Reach {

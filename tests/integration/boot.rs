@@ -253,6 +253,22 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
 }
 
 impl Booted {
+    /// Waits up to `timeout` for the CA rotation of NestedControlPlane `demo` to complete,
+    /// and returns its status.
+    pub async fn rotation_completed(&self, timeout: Duration) -> Box<capn::api::CertificateAuthorityRotation> {
+        let ncps: Api<NestedControlPlane> = Api::namespaced(self.client.clone(), &self.ns);
+        self.runner
+            .wait_for("the CA rotation completes", timeout, || async {
+                ncps.get("demo")
+                    .await
+                    .ok()?
+                    .status?
+                    .certificate_authority_rotation
+                    .filter(|r| r.phase == "Completed")
+            })
+            .await
+    }
+
     /// The admin kubeconfig from `demo-kubeconfig`.
     pub async fn kubeconfig(&self) -> String {
         let secret = secret(&self.client, &self.ns, "demo-kubeconfig")

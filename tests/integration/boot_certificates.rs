@@ -300,22 +300,11 @@ async fn boot_a_ca_rotation_keeps_the_tenant_answering_and_ends_with_the_old_ca_
     let booted = boot_with("rotation", Some(docs), StartCapn::Process(Vec::new())).await;
     let old_kubeconfig = booted.kubeconfig().await;
     namespace_gets_its_service_account(&booted, "before-rotation").await;
-    let ncps: Api<NestedControlPlane> = Api::namespaced(booted.client.clone(), &booted.ns);
     let requested = Instant::now();
     request_rotation(&booted.client, &booted.ns, "demo", "ca").await;
     let done = AtomicBool::new(false);
     let rotate = async {
-        let rotation = booted
-            .runner
-            .wait_for("the CA rotation completes", Duration::from_secs(600), || async {
-                ncps.get("demo")
-                    .await
-                    .ok()?
-                    .status?
-                    .certificate_authority_rotation
-                    .filter(|r| r.phase == "Completed")
-            })
-            .await;
+        let rotation = booted.rotation_completed(Duration::from_secs(600)).await;
         done.store(true, Ordering::SeqCst);
         rotation
     };

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use capn::api::NestedControlPlane;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -107,18 +106,7 @@ async fn capn_connect_keeps_a_working_kubeconfig_across_an_apiserver_roll_and_a_
 
     // A CA rotation: the Secret changes and capn connect rewrites the file.
     request_rotation(&booted.client, &ns, "demo", "ca").await;
-    let ncps: Api<NestedControlPlane> = Api::namespaced(booted.client.clone(), &ns);
-    booted
-        .runner
-        .wait_for("the CA rotation completes", ROTATION, || async {
-            ncps.get("demo")
-                .await
-                .ok()?
-                .status?
-                .certificate_authority_rotation
-                .filter(|r| r.phase == "Completed")
-        })
-        .await;
+    booted.rotation_completed(ROTATION).await;
     booted
         .runner
         .wait_for("capn connect rewrites the kubeconfig", BOOTED_STEP, || async {
