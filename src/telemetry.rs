@@ -87,8 +87,8 @@ pub struct Metrics {
     /// Objects per component resource, so the gauge is a sum that stays right on updates.
     inventory: Mutex<HashMap<(String, String), i64>>,
     ready: AtomicBool,
-    /// The watches failing now: kind → the last error.
-    failing_watches: Mutex<BTreeMap<String, String>>,
+    /// The watches failing now: kind → the last error, and since when the watch fails.
+    failing_watches: Mutex<BTreeMap<String, (String, Instant)>>,
     /// Bumped whenever a watch starts or stops failing.
     watch_changes: tokio::sync::watch::Sender<u64>,
 }
@@ -201,7 +201,11 @@ impl Metrics {
     /// Records that the watch of `kind` failed with `error` (each failed attempt; the watch
     /// retries with backoff).
     pub fn watch_failed(&self, kind: &str, error: &dyn std::fmt::Display) {
-        let new = self.watches().insert(kind.to_owned(), error.to_string()).is_none();
+        let new = {
+            let mut failing = self.watches();
+            let since = failing.get(kind).map_or_else(Instant::now, |(_, since)| *since);
+            failing.insert(kind.to_owned(), (error.to_string(), since)).is_none()
+        };
         if new {
             tracing::warn!(%kind, %error, "a watch capn depends on fails: /readyz reports it until it recovers");
             self.watch_failing.get_or_create(&kind_label(kind)).set(1);
@@ -221,9 +225,13 @@ impl Metrics {
         self.watch_changes.send_modify(|n| *n += 1);
     }
 
-    /// The watches failing now, by kind, with their last error.
+    /// The watches failing for at least [`WATCH_GRACE`], by kind, with their last error.
     pub fn failing_watches(&self) -> BTreeMap<String, String> {
-        self.watches().clone()
+        self.watches()
+            .iter()
+            .filter(|(_, (_, since))| since.elapsed() >= WATCH_GRACE)
+            .map(|(kind, (error, _))| (kind.clone(), error.clone()))
+            .collect()
     }
 
     /// Changes each time a watch starts or stops failing.
@@ -231,7 +239,7 @@ impl Metrics {
         self.watch_changes.subscribe()
     }
 
-    fn watches(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+    fn watches(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (String, Instant)>> {
         self.failing_watches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -280,6 +288,12 @@ async fn readyz(State(m): State<Arc<Metrics>>) -> (StatusCode, String) {
     }
 }
 
+/// How long a watch must fail before `/readyz` and the control planes' `WatchesHealthy`
+/// report it: a shorter failure is a blip the watcher mends by itself (a dropped stream, an
+/// apiserver restart), and reporting it would flap readiness and cost two status writes per
+/// control plane. `capn_watch_failing` shows every failure at once.
+pub const WATCH_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn kind_label(kind: &str) -> KindLabel {
     KindLabel { kind: kind.to_owned() }
 }
@@ -318,6 +332,14 @@ mod tests {
             1,
             "one change for one watch starting to fail"
         );
+        assert_eq!(
+            readyz(State(m.clone())).await,
+            (StatusCode::OK, "ok".to_owned()),
+            "a failure younger than WATCH_GRACE is a blip"
+        );
+        for (_, since) in m.watches().values_mut() {
+            *since -= WATCH_GRACE;
+        }
         let (code, body) = readyz(State(m.clone())).await;
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body, "watch of Secret failing: secrets is forbidden");

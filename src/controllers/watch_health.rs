@@ -5,7 +5,8 @@
 //! unnoticed (a renewal due, a deleted CA, a deletion), or, at start-up, the controllers never
 //! start because their caches never fill. The caches' drivers record each watch's health in
 //! [`Metrics`] (`/readyz` and `capn_watch_failing` show it); this task writes it onto every
-//! NestedControlPlane capn serves as the condition [`WATCHES_HEALTHY`], under a field
+//! NestedControlPlane capn serves as the condition [`WATCHES_HEALTHY`] once it has lasted
+//! [`crate::telemetry::WATCH_GRACE`] (a blip the watcher mends is not told), under a field
 //! manager of its own (the conditions list is a map by type), so that `kubectl get ncp`
 //! shows it too. It runs beside the caches, not behind them, since it must report while
 //! they wait for a first list that does not come. A control plane gets the condition only
@@ -73,6 +74,8 @@ pub async fn run(client: Client, namespace: Option<String>, selector: Option<Str
     };
     let mut changes = metrics.watch_changes();
     while changes.changed().await.is_ok() {
+        // A failure is told once it has lasted the grace period; a blip has mended by then.
+        tokio::time::sleep(crate::telemetry::WATCH_GRACE).await;
         let failing = metrics.failing_watches();
         let listed = match api.list(&params).await {
             Ok(listed) => listed,
