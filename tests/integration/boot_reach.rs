@@ -77,11 +77,9 @@ async fn capn_outside_the_pod_network_reaches_the_tenant_through_the_super_clust
         .runner
         .wait_for("the upgrade to 1.36 completes", LONG_STEP, || async {
             let status = ncps.get("demo").await.ok()?.status?;
-            if let Some(u) = status
-                .upgrade
-                .as_ref()
-                .filter(|u| u.phase == "Failed" || u.phase == "PreflightFailed")
-            {
+            // A failed preflight is tried again every 20 s (a dropped forward passes);
+            // only a failed step stops the upgrade.
+            if let Some(u) = status.upgrade.as_ref().filter(|u| u.phase == "Failed") {
                 panic!("the upgrade stopped: {}", u.message);
             }
             let completed = status.upgrade.as_ref().is_some_and(|u| u.phase == "Completed");

@@ -316,7 +316,16 @@ async fn preflight(round: &Round<'_>, status: &NestedControlPlaneStatus, step: &
         round.ncp.annotations().get(ACKNOWLEDGE_ANNOTATION).map(String::as_str),
         &target,
     );
-    let used = tenant_metrics(round).await.and_then(|texts| {
+    // Read twice before reporting it unreadable: one dropped connection (a port-forward
+    // stream, a replica restarting) is no reason for a failed preflight and its Warning.
+    let metrics = match tenant_metrics(round).await {
+        Ok(texts) => Ok(texts),
+        Err(error) => {
+            tracing::debug!(%error, "reading the tenant apiservers' metrics failed once; reading again");
+            tenant_metrics(round).await
+        }
+    };
+    let used = metrics.and_then(|texts| {
         let mut used = Vec::new();
         for text in texts {
             used.extend(deprecated_apis(&text).map_err(|e| e.to_string())?);
