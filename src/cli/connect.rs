@@ -138,7 +138,7 @@ pub async fn admin_kubeconfig(client: &kube::Client, namespace: &str, name: &str
 /// # Errors
 /// As [`admin_kubeconfig`] and [`point_at`]; the super cluster's configuration cannot be read.
 pub async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
-    let (client, namespace) = super_cluster(args.namespace).await?;
+    let (client, _, namespace) = super_cluster(args.namespace).await?;
     let (text, _) = admin_kubeconfig(&client, &namespace, &args.name).await?;
     let (host, port) = server_of(&text)?;
     if let Some(server) = &args.server {
@@ -164,8 +164,8 @@ pub async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
 /// As [`admin_kubeconfig`]; the server is not an in-cluster name; the local address cannot
 /// be bound; the kubeconfig file cannot be written.
 pub async fn connect(args: ConnectArgs) -> anyhow::Result<()> {
-    let (client, namespace) = super_cluster(args.namespace.clone()).await?;
-    let streams = crate::client::upgrade_client(kube::Config::infer().await?)?;
+    let (client, config, namespace) = super_cluster(args.namespace.clone()).await?;
+    let streams = crate::client::upgrade_client(config)?;
     let (text, secret_name) = admin_kubeconfig(&client, &namespace, &args.name).await?;
     let (host, port) = server_of(&text)?;
     let target = Target::of_name(&host).with_context(|| {
@@ -234,15 +234,16 @@ async fn follow_secret(
     Ok(())
 }
 
-/// The super cluster's client (the current kubeconfig, or in-cluster) and the namespace:
-/// `namespace`, else the current context's.
-async fn super_cluster(namespace: Option<String>) -> anyhow::Result<(kube::Client, String)> {
+/// The super cluster's client (the current kubeconfig, or in-cluster), its configuration
+/// (for the HTTP/1.1 client of port-forwards) and the namespace: `namespace`, else the
+/// current context's.
+async fn super_cluster(namespace: Option<String>) -> anyhow::Result<(kube::Client, kube::Config, String)> {
     let config = kube::Config::infer()
         .await
         .context("reading the super cluster's configuration (KUBECONFIG, ~/.kube/config or in-cluster)")?;
     let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
-    let client = crate::client::client(config).context("connecting to the super cluster")?;
-    Ok((client, namespace))
+    let client = crate::client::client(config.clone()).context("connecting to the super cluster")?;
+    Ok((client, config, namespace))
 }
 
 /// Writes `text` to `path` readable by the owner only, through a temporary file renamed

@@ -267,10 +267,18 @@ where
 
 fn primary_watch_config(settings: &Settings) -> kube::runtime::watcher::Config {
     let config = kube::runtime::watcher::Config::default();
-    match &settings.watch_filter {
-        Some(value) => config.labels(&format!("{WATCH_FILTER_LABEL}={value}")),
+    match watch_filter_selector(settings) {
+        Some(selector) => config.labels(&selector),
         None => config,
     }
+}
+
+/// The label selector of `--watch-filter` (`cluster.x-k8s.io/watch-filter=VALUE`), if set.
+fn watch_filter_selector(settings: &Settings) -> Option<String> {
+    settings
+        .watch_filter
+        .as_ref()
+        .map(|value| format!("{WATCH_FILTER_LABEL}={value}"))
 }
 
 /// Runs every enabled controller until all of them stop (they stop on SIGTERM/ctrl-c, or
@@ -287,10 +295,7 @@ pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Setti
     let health = tokio::spawn(watch_health::run(
         client.clone(),
         settings.namespace.clone(),
-        settings
-            .watch_filter
-            .as_ref()
-            .map(|value| format!("{WATCH_FILTER_LABEL}={value}")),
+        watch_filter_selector(&settings),
         metrics.clone(),
     ));
     let _health = AbortOnDrop(vec![health.abort_handle()]);
