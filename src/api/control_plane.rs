@@ -136,6 +136,13 @@ pub struct Workloads {
     /// `tenancy.x-k8s.io/super-node-ports` says which.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_port_services: Option<bool>,
+    /// The public CRDs (by name, `widgets.example.com`) whose instances the tenant makes are
+    /// copied into the super cluster, where its operator serves them, their `status` coming
+    /// back. Absent: every public, namespaced CRD whose super CRD opts in with the annotation
+    /// `tenancy.x-k8s.io/sync-instances: "true"`; a list narrows them (an empty list: none).
+    /// Naming a CRD that does not opt in syncs nothing for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_resources: Option<Vec<String>>,
 }
 
 /// A Pod Security Standards level, spelt as the `pod-security.kubernetes.io/enforce` label

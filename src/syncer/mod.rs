@@ -13,11 +13,15 @@
 //! - [`volume`]: a tenant claim's copy, and the tenant volume that shows the super volume
 //!   bound to it;
 //! - [`service`]: a tenant Service's copy, its super ClusterIP shown back, and the Service
-//!   environment variables of a tenant pod.
+//!   environment variables of a tenant pod;
+//! - [`resource`]: the trait every resource syncer implements; [`custom`]: the generic one
+//!   for public custom resources.
 pub mod admission;
+pub mod custom;
 pub mod diff;
 pub mod names;
 pub mod pod;
+pub mod resource;
 pub mod service;
 pub mod upward;
 pub mod volume;

@@ -40,6 +40,7 @@ use super::diff::metadata_drift;
 use super::names::tenancy::{self, MissingField, TenantObject, super_metadata};
 use super::names::{ControlPlaneRef, NameLimit};
 use super::pod::env::ServiceLink;
+use super::resource::ResourceSyncer;
 
 /// Annotation on a tenant Service: the ClusterIP of its copy, the address tenant pods
 /// reach it at (VirtualCluster's `transparency.tenancy.x-k8s.io/clusterIP`).
@@ -208,6 +209,38 @@ fn scoped_selector(namespace: &str, selector: Option<BTreeMap<String, String>>) 
     let mut selector = selector.filter(|s| !s.is_empty())?;
     selector.insert(tenancy::NAMESPACE.to_owned(), namespace.to_owned());
     Some(selector)
+}
+
+/// Services as a resource syncer: [`service_copy`] down, [`copy_state`] for the patrol
+/// (their status stays the tenant's; the super address goes up as an annotation, which the
+/// services pass writes). A copy's first write asks for the tenant's own address first
+/// ([`asking_tenant_address`]), which the services pass does itself.
+pub struct Services {
+    /// `spec.workloads.nodePortServices`.
+    pub node_ports: bool,
+}
+
+impl ResourceSyncer for Services {
+    type Object = Service;
+
+    fn dynamic_type(&self) {}
+
+    fn api(&self, client: kube::Client, namespace: &str) -> kube::Api<Service> {
+        kube::Api::namespaced(client, namespace)
+    }
+
+    /// A Service's name becomes a DNS label.
+    fn name_limit(&self) -> NameLimit {
+        NameLimit::Label
+    }
+
+    fn copy(&self, control_plane: &ControlPlaneRef, service: &Service) -> Result<Option<Service>, MissingField> {
+        service_copy(control_plane, service, self.node_ports)
+    }
+
+    fn is_current(&self, desired: &Service, live: &Service) -> bool {
+        copy_state(desired, live) == CopyState::Current
+    }
 }
 
 /// What a services pass does with a copy that exists.

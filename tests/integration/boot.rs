@@ -123,6 +123,9 @@ pub(crate) enum StartCapn {
     InProcessWithShippedRbac,
     /// In this process, every request to the super cluster counted by the counter.
     InProcessCounted(capn_testkit::counting::RequestCounter),
+    /// [`StartCapn::InProcessCounted`] with the public CRD sync on (off in the other
+    /// in-process starts: it would copy other tests' public CRDs into their tenants).
+    InProcessCountedWithPublicCrds(capn_testkit::counting::RequestCounter),
     /// In this process, with `--watch-filter` set to this value (the documents applied must
     /// carry its label).
     InProcessWithWatchFilter(String),
@@ -178,7 +181,9 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     let hosts = runner.hosts_file();
     let capn_client = match &start {
         StartCapn::InProcessWithShippedRbac => shipped_rbac_client(&client, &ns).await,
-        StartCapn::InProcessCounted(counter) => counter.client(cluster().config()),
+        StartCapn::InProcessCounted(counter) | StartCapn::InProcessCountedWithPublicCrds(counter) => {
+            counter.client(cluster().config())
+        }
         StartCapn::InProcess
         | StartCapn::InProcessWithWatchFilter(_)
         | StartCapn::Process(_)
@@ -189,6 +194,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         StartCapn::InProcessWithWatchFilter(value) => Some(value.clone()),
         _ => None,
     };
+    let public_crds = matches!(start, StartCapn::InProcessCountedWithPublicCrds(_));
     let process_identity = match &start {
         StartCapn::ProcessOutsideAs { kubeconfig, env, .. } => Some((kubeconfig.clone(), env.clone())),
         _ => None,
@@ -202,11 +208,11 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         StartCapn::ProcessOutsideAs { args, kubeconfig, env } => {
             Running::Process(start_capn_process_as(&ns, &args, &kubeconfig, &env), args)
         }
-        _ => Running::InProcess(Capn::start_with_settings(
-            &capn_client,
-            in_process_settings(&ns, &runner, watch_filter.as_deref()),
-            &[],
-        )),
+        _ => {
+            let mut settings = in_process_settings(&ns, &runner, watch_filter.as_deref());
+            settings.enabled.public_crds = public_crds;
+            Running::InProcess(Capn::start_with_settings(&capn_client, settings, &[]))
+        }
     };
     let applied = Instant::now();
     match docs {

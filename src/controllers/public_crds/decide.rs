@@ -9,7 +9,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Label that makes a super cluster CRD public (the VirtualCluster project's convention).
-pub const PUBLIC_LABEL: &str = "tenancy.x-k8s.io/super.public";
+pub const PUBLIC_LABEL: &str = crate::syncer::custom::PUBLIC_LABEL;
 /// Label capn puts on the tenant copies it manages; a tenant CRD without it is the tenant's.
 pub const SYNCED_LABEL: &str = "controlplane.cluster.x-k8s.io/synced-from-super";
 /// Field manager of the copies.

@@ -10,9 +10,14 @@
 //! - [`nodes`]: the tenant Nodes and their Leases; [`pod_events`]: the super cluster's Events
 //!   about super pods, told in the tenant about the tenant pods;
 //! - [`services`]: Services and their EndpointSlices; [`dns`]: the tenant's cluster DNS;
+//! - [`custom_resources`]: the instances of public CRDs that opt in ([`super_custom`] is
+//!   their shared super side); [`copies`]: the engine of every
+//!   `crate::syncer::resource::ResourceSyncer`;
 //! - [`patrol`]: orphans, confirmed against the tenant before removal.
 
 mod caches;
+mod copies;
+mod custom_resources;
 mod dns;
 mod lazy_watch;
 mod nodes;
@@ -27,6 +32,7 @@ mod references;
 mod scope;
 mod services;
 mod super_caches;
+mod super_custom;
 mod tokens;
 mod trust_bundles;
 mod volumes;
@@ -110,7 +116,7 @@ struct KubeletApi {
 /// Runs the syncer until the stream ends.
 pub async fn run(ctx: Arc<Context>) {
     let workers = Arc::new(Workers::default());
-    let (caches, routing) = SuperCaches::start(&ctx.client, ctx.settings.watch_filter.as_deref());
+    let (caches, routing) = SuperCaches::start(&ctx.client, ctx.settings.watch_filter.as_deref(), ctx.metrics.clone());
     let kubelet = start_kubelet_api(&ctx).await.map(Arc::new);
     let dns_ports = ctx
         .settings
@@ -362,6 +368,7 @@ async fn start(
             .as_ref()
             .and_then(|w| w.node_port_services)
             .unwrap_or(false),
+        custom_resources: started.workloads.as_ref().and_then(|w| w.custom_resources.clone()),
     };
     tracing::info!(tenant = %control_plane.key(), namespace = %control_plane.workload_namespace(), "syncing the tenant's workloads");
     let task = tokio::spawn(worker::run(start));

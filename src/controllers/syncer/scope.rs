@@ -137,26 +137,46 @@ impl Tenant {
     /// Publishes an Event about the tenant object `object` in the tenant (a `Warning` when
     /// `warning`); a failure is logged, never fatal.
     pub async fn event<K: Resource<DynamicType = ()>>(&self, object: &K, warning: bool, reason: &str, note: String) {
+        self.event_with(object, &(), warning, reason, note).await;
+    }
+
+    /// [`Tenant::event`] about an object of a kind of any `DynamicType`.
+    pub async fn event_with<K: Resource>(
+        &self,
+        object: &K,
+        dynamic_type: &K::DynamicType,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
         let occurrence = Occurrence {
             warning,
             reason,
             action: "Sync",
             note,
-            regarding: object.object_ref(&()),
+            regarding: object.object_ref(dynamic_type),
             related: None,
         };
         if let Err(error) = self.recorder.publish(&occurrence).await {
             let name = object.meta().name.as_deref().unwrap_or_default();
-            tracing::info!(%error, kind = %K::kind(&()), %name, "could not publish an Event in the tenant");
+            tracing::info!(%error, kind = %K::kind(dynamic_type), %name, "could not publish an Event in the tenant");
         }
     }
 }
 
 /// The object with its `apiVersion` and `kind`, which server-side apply requires.
 pub(super) fn typed<K: Resource<DynamicType = ()> + serde::Serialize>(object: &K) -> serde_json::Value {
+    typed_with(object, &())
+}
+
+/// [`typed`] for a kind of any `DynamicType` (a custom resource's `ApiResource`).
+pub(super) fn typed_with<K: Resource + serde::Serialize>(
+    object: &K,
+    dynamic_type: &K::DynamicType,
+) -> serde_json::Value {
     let mut value = serde_json::to_value(object).unwrap_or_default();
-    value["apiVersion"] = K::api_version(&()).into();
-    value["kind"] = K::kind(&()).into();
+    value["apiVersion"] = K::api_version(dynamic_type).into();
+    value["kind"] = K::kind(dynamic_type).into();
     value
 }
 

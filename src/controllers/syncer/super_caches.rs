@@ -8,6 +8,9 @@
 //! cluster-scoped and unlabelled (the super cluster's provisioners make them), so all are
 //! cached and a change is routed to the namespace of the claim it is bound to.
 //!
+//! The public CRDs, and the copies of the custom resources whose kinds sync, are watched
+//! the same way ([`super::super_custom`]).
+//!
 //! Why shared: capn talks to the super cluster over one HTTP/2 connection, on which the
 //! kube-apiserver allows 100 concurrent streams (its default since the HTTP/2 rapid-reset fix,
 //! CVE-2023-44487; `--http2-max-streams-per-connection`). A watch per tenant and kind would
@@ -48,6 +51,8 @@ pub(super) struct SuperCaches {
     pub services: Store<Service>,
     /// Every EndpointSlice copy.
     pub slices: Store<EndpointSlice>,
+    /// The public custom resource kinds whose instances sync, with their shared caches.
+    pub custom_kinds: std::sync::Arc<super::super_custom::CustomKinds>,
     routes: Mutex<HashMap<String, Route>>,
 }
 
@@ -82,6 +87,7 @@ impl SuperCaches {
     pub fn start(
         client: &Client,
         watch_filter: Option<&str>,
+        metrics: std::sync::Arc<crate::telemetry::Metrics>,
     ) -> (std::sync::Arc<Self>, impl Future<Output = ()> + use<>) {
         let synced = watcher::Config::default().labels(&synced_selector(watch_filter));
         let (pods, pod_changes) = reflect::<Pod>(Api::all(client.clone()), synced.clone());
@@ -92,6 +98,8 @@ impl SuperCaches {
         let (slices, slice_changes) = reflect::<EndpointSlice>(Api::all(client.clone()), synced);
         let (volumes, volume_changes) =
             reflect::<PersistentVolume>(Api::all(client.clone()), watcher::Config::default());
+        let (custom_kinds, custom_kinds_follow) =
+            super::super_custom::CustomKinds::start(client, synced_selector(watch_filter), metrics);
         let caches = std::sync::Arc::new(SuperCaches {
             pods,
             config_maps,
@@ -100,6 +108,7 @@ impl SuperCaches {
             volumes,
             services,
             slices,
+            custom_kinds,
             routes: Mutex::default(),
         });
         // Only Events about pods: the API server filters them (`regarding.kind` is one of
@@ -137,6 +146,7 @@ impl SuperCaches {
                     caches.route(volume_changes, claim_namespace, |r| &r.volumes, |_| ()),
                     caches.route(service_changes, namespace, |r| &r.services, |_| ()),
                     caches.route(slice_changes, namespace, |r| &r.services, |_| ()),
+                    custom_kinds_follow,
                 );
             }
         };

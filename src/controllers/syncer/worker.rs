@@ -15,12 +15,11 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::caches::{Changes, reflect};
+use super::caches::{Changes, received, reflect};
 use super::scope::Tenant;
 use super::super_caches::SuperCaches;
-use super::{nodes, patrol, pod_events, pods, services, volumes};
+use super::{custom_resources, nodes, patrol, pod_events, pods, services, volumes};
 use crate::controllers::events::Recorder;
 use crate::syncer::names::ControlPlaneRef;
 use crate::syncer::names::tenancy::TenantObject;
@@ -48,6 +47,8 @@ pub(super) struct Start {
     pub dns: Option<TenantDns>,
     /// `spec.workloads.nodePortServices`.
     pub node_port_services: bool,
+    /// `spec.workloads.customResources`.
+    pub custom_resources: Option<Vec<String>>,
 }
 
 /// What a worker serves the tenant's DNS with.
@@ -210,6 +211,11 @@ pub(super) async fn run(start: Start) {
             ])
             .boxed()
         ),
+        custom_resources::run(
+            tenant.clone(),
+            start.caches.custom_kinds.clone(),
+            start.custom_resources
+        ),
         services::run(
             &tenant,
             futures::stream::select_all([
@@ -220,14 +226,6 @@ pub(super) async fn run(start: Start) {
             .boxed()
         ),
     );
-}
-
-/// The messages of `receiver` as a trigger stream.
-fn received<T: Send + 'static>(receiver: UnboundedReceiver<T>) -> Changes<T> {
-    futures::stream::unfold(receiver, |mut receiver| async move {
-        receiver.recv().await.map(|message| (Ok(message), receiver))
-    })
-    .boxed()
 }
 
 /// Polls a reflector's stream for its store's sake.

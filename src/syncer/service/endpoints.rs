@@ -23,6 +23,7 @@ use super::is_copied;
 use crate::syncer::diff::metadata_drift;
 use crate::syncer::names::tenancy::{MissingField, super_metadata};
 use crate::syncer::names::{ControlPlaneRef, NameLimit};
+use crate::syncer::resource::ResourceSyncer;
 
 /// Label: the Service an EndpointSlice serves.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -89,6 +90,39 @@ pub fn is_current(desired: &EndpointSlice, live: &EndpointSlice) -> bool {
         && desired.address_type == live.address_type
         && desired.endpoints == live.endpoints
         && desired.ports == live.ports
+}
+
+/// The EndpointSlices of selector-less Services as a resource syncer, over the tenant
+/// Services `services` (those the slices name are looked up there).
+pub struct EndpointSlices<'a, S> {
+    /// Every tenant Service (the slices' own namespaces' are looked up).
+    pub services: &'a [S],
+}
+
+impl<S: Borrow<Service> + Send + Sync> ResourceSyncer for EndpointSlices<'_, S> {
+    type Object = EndpointSlice;
+
+    fn dynamic_type(&self) {}
+
+    fn api(&self, client: kube::Client, namespace: &str) -> kube::Api<EndpointSlice> {
+        kube::Api::namespaced(client, namespace)
+    }
+
+    fn name_limit(&self) -> NameLimit {
+        NameLimit::Subdomain
+    }
+
+    fn copy(
+        &self,
+        control_plane: &ControlPlaneRef,
+        slice: &EndpointSlice,
+    ) -> Result<Option<EndpointSlice>, MissingField> {
+        slice_copy(control_plane, slice, self.services)
+    }
+
+    fn is_current(&self, desired: &EndpointSlice, live: &EndpointSlice) -> bool {
+        is_current(desired, live)
+    }
 }
 
 #[cfg(test)]
