@@ -27,8 +27,10 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::diff::metadata_drift;
 use super::names::tenancy::{MissingField, TenantObject, super_metadata};
 use super::names::{ControlPlaneRef, NameLimit};
+use super::resource::ResourceSyncer;
 
 /// Label on every tenant PersistentVolume the syncer made (value `true`).
 pub const VIRTUAL_VOLUME_LABEL: &str = "tenancy.x-k8s.io/virtual-volume";
@@ -61,6 +63,46 @@ pub fn claim_copy(
         }),
         status: None,
     })
+}
+
+/// Claims as a resource syncer: [`claim_copy`] down; a copy is current when its labels and
+/// annotations are the syncer's and its storage requests the tenant's, so an expansion the
+/// tenant asks for goes down (every other field of a claim is immutable, and those the super
+/// cluster defaults, its storage class and volume mode, are left to it). Status stays the
+/// tenant's: its PersistentVolume controller binds the claim to the volume the volumes pass
+/// shows it.
+pub struct Claims;
+
+impl ResourceSyncer for Claims {
+    type Object = PersistentVolumeClaim;
+
+    fn dynamic_type(&self) {}
+
+    fn api(&self, client: kube::Client, namespace: &str) -> kube::Api<PersistentVolumeClaim> {
+        kube::Api::namespaced(client, namespace)
+    }
+
+    fn name_limit(&self) -> NameLimit {
+        NameLimit::Subdomain
+    }
+
+    fn copy(
+        &self,
+        control_plane: &ControlPlaneRef,
+        claim: &PersistentVolumeClaim,
+    ) -> Result<Option<PersistentVolumeClaim>, MissingField> {
+        claim_copy(control_plane, claim).map(Some)
+    }
+
+    fn is_current(&self, desired: &PersistentVolumeClaim, live: &PersistentVolumeClaim) -> bool {
+        let requests = |c: &PersistentVolumeClaim| {
+            c.spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.clone())
+        };
+        metadata_drift(&desired.metadata, &live.metadata).is_empty() && requests(desired) == requests(live)
+    }
 }
 
 /// The tenant volume that shows the super volume `volume`, bound to the tenant claim
@@ -195,22 +237,6 @@ pub fn volume_changes(
         changes.push(VolumeChange::Delete((*name).to_owned()));
     }
     changes
-}
-
-/// The claim copies in `super_claims` whose tenant claim is not among `tenant_claims` (by
-/// namespace, name and uid): gone from the tenant, or made again under the same name. The
-/// caller confirms with a read of the tenant before deleting (a cache may lag).
-pub fn orphaned_claims<'a>(
-    control_plane: &ControlPlaneRef,
-    super_claims: &'a [impl Borrow<PersistentVolumeClaim>],
-    tenant_claims: &[TenantObject],
-) -> Vec<(&'a PersistentVolumeClaim, TenantObject)> {
-    super_claims
-        .iter()
-        .map(Borrow::borrow)
-        .filter_map(|copy| Some((copy, TenantObject::of_super(control_plane, &copy.metadata)?)))
-        .filter(|(_, owner)| !tenant_claims.contains(owner))
-        .collect()
 }
 
 #[cfg(test)]
@@ -411,21 +437,5 @@ mod tests {
             &Vec::<PersistentVolume>::new(),
         );
         assert_eq!(changes, vec![]);
-    }
-
-    #[test]
-    fn a_copy_whose_tenant_claim_is_gone_or_made_again_is_an_orphan() {
-        let copy = bound_copy("pvc-s1");
-        let owner = TenantObject::of_super(&control_plane(), &copy.metadata).unwrap();
-        let copies = [copy];
-        assert!(orphaned_claims(&control_plane(), &copies, std::slice::from_ref(&owner)).is_empty());
-        assert_eq!(orphaned_claims(&control_plane(), &copies, &[]).len(), 1);
-        let made_again = TenantObject {
-            uid: "t-claim-2".into(),
-            ..owner
-        };
-        assert_eq!(orphaned_claims(&control_plane(), &copies, &[made_again]).len(), 1);
-        // Another control plane's copy is not this one's to judge.
-        assert!(orphaned_claims(&ControlPlaneRef::new("teams", "other"), &copies, &[]).is_empty());
     }
 }

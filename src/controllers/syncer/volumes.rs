@@ -1,7 +1,8 @@
 //! The volumes pass (docs/design.md §11 "Claims and volumes"; the rules are
 //! [`crate::syncer::volume`]'s): every tenant claim gets its copy in the workload namespace,
-//! a copy whose tenant claim is gone is deleted (after a read of the tenant confirms it, as
-//! the patrol does for pods), and each super volume bound to a copy is shown in the tenant,
+//! a copy whose tenant claim is gone is deleted (after a read of the tenant confirms it), a
+//! refusal is told in the tenant (all three the engine's, [`copies::sync`], with
+//! [`Claims`]), and each super volume bound to a copy is shown in the tenant,
 //! where the tenant's PersistentVolume controller binds the claim to it. A pass reads only
 //! the caches and writes only what differs; it runs when a claim or a volume changes on
 //! either side, and every patrol period.
@@ -12,13 +13,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::caches::in_namespace;
-use super::passes;
 use super::scope::{TENANT_FIELD_MANAGER, Tenant, ignore_missing, typed};
+use super::{copies, passes};
 use crate::syncer::names::tenancy::TenantObject;
-use crate::syncer::volume::{VolumeChange, claim_copy, orphaned_claims, volume_changes};
-
-/// Why a claim has no copy: the super cluster refused it (quota, policy).
-const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
+use crate::syncer::volume::{Claims, VolumeChange, volume_changes};
 
 /// Runs the volumes pass until `wakes` ends (see [`passes::run`]).
 pub(super) async fn run(tenant: &Tenant, wakes: futures::stream::BoxStream<'static, ()>) {
@@ -31,29 +29,11 @@ pub(super) async fn run(tenant: &Tenant, wakes: futures::stream::BoxStream<'stat
     passes::run("volumes", tenant, ready, wakes, || pass(tenant)).await;
 }
 
-/// One pass: claims down, orphaned copies out, volumes up.
+/// One pass: claims down and orphaned copies out ([`copies::sync`]), volumes up.
 async fn pass(tenant: &Tenant) -> Result<(), kube::Error> {
     let control_plane = tenant.control_plane();
     let copies = in_namespace(&tenant.super_claims, &tenant.namespace);
-    let claims = tenant.tenant_claims.state();
-    for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
-        let Ok(mut copy) = claim_copy(control_plane, claim) else {
-            continue;
-        };
-        tenant.mark(&mut copy.metadata);
-        if copies.iter().all(|c| c.metadata.name != copy.metadata.name) {
-            create_copy(tenant, claim, &copy).await?;
-        }
-    }
-    let owners: Vec<TenantObject> = claims
-        .iter()
-        .filter_map(|c| TenantObject::of(&c.metadata).ok())
-        .collect();
-    for (copy, owner) in orphaned_claims(control_plane, &copies, &owners) {
-        if copy.metadata.deletion_timestamp.is_none() {
-            delete_orphan(tenant, copy, &owner).await?;
-        }
-    }
+    copies::sync(tenant, &Claims, &tenant.tenant_claims.state(), &copies).await?;
     let api = Api::<PersistentVolume>::all(tenant.tenant_client.clone());
     let changes = volume_changes(
         control_plane,
@@ -134,43 +114,6 @@ pub(super) async fn ensure_copy(tenant: &Tenant, copy: &PersistentVolumeClaim) -
         }
         Err(e) => Err(e),
     }
-}
-
-/// Makes the copy of `claim`; a refusal of the super cluster's admission (its quota on
-/// claims or storage, a policy) is told in the tenant, as for pods, and tried again next
-/// pass.
-async fn create_copy(
-    tenant: &Tenant,
-    claim: &PersistentVolumeClaim,
-    copy: &PersistentVolumeClaim,
-) -> Result<(), kube::Error> {
-    match ensure_copy(tenant, copy).await {
-        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
-            let note = format!("the super cluster refused the claim: {}", e.message);
-            tenant.event(claim, true, SUPER_CLUSTER_REFUSED, note).await;
-            Ok(())
-        }
-        other => other.map(drop),
-    }
-}
-
-/// Deletes the copy `copy` once a read of the tenant confirms that its claim `owner` is
-/// gone (or was made again: another uid). The super cluster's own claim protection keeps
-/// the copy while a super pod still mounts it.
-async fn delete_orphan(tenant: &Tenant, copy: &PersistentVolumeClaim, owner: &TenantObject) -> Result<(), kube::Error> {
-    let confirmed = Api::<PersistentVolumeClaim>::namespaced(tenant.tenant_client.clone(), &owner.namespace)
-        .get_opt(&owner.name)
-        .await?;
-    if confirmed.is_some_and(|c| c.metadata.uid.as_deref() == Some(owner.uid.as_str())) {
-        return Ok(());
-    }
-    tracing::info!(claim = %copy.name_any(), "deleting a claim copy whose tenant claim is gone");
-    ignore_missing(
-        Api::<PersistentVolumeClaim>::namespaced(tenant.super_client.clone(), &tenant.namespace)
-            .delete(&copy.name_any(), &DeleteParams::default())
-            .await
-            .map(drop),
-    )
 }
 
 /// Removes every tenant volume the syncer made (when syncing is turned off: their super
