@@ -190,6 +190,11 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
     }
 }
 
+/// Label of a ClusterRole whose rules capn's control plane provider gets by aggregation:
+/// the rights on the custom resource kinds a platform lets tenants sync
+/// (`tenancy.x-k8s.io/sync-instances`), which no shipped role can name in advance.
+pub const SYNCED_KINDS_LABEL: &str = "controlplane.cluster.x-k8s.io/aggregate-to-capn-syncer";
+
 /// Every object of a provider's components file, in apply order.
 pub fn components(p: Provider) -> Vec<Value> {
     let ns = namespace(p);
@@ -224,6 +229,28 @@ pub fn components(p: Provider) -> Vec<Value> {
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{name}-manager")},
             "subjects": [{"kind": "ServiceAccount", "name": format!("{name}-manager"), "namespace": ns}],
         }),
+    ]);
+    if p == Provider::ControlPlane {
+        // The custom resource kinds whose instances the syncer copies are the platform's
+        // choice, so their rights are too: a ClusterRole labelled SYNCED_KINDS_LABEL is
+        // aggregated here (docs/guide/public-crds.md), and nothing more is granted.
+        let role = format!("{name}-synced-kinds");
+        objects.extend([
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": role},
+                "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {SYNCED_KINDS_LABEL: "true"}}]},
+                "rules": [],
+            }),
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": format!("{name}-manager"), "namespace": ns}],
+            }),
+        ]);
+    }
+    objects.extend([
         // Leader election needs Leases only in the provider's own namespace.
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",

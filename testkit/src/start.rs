@@ -263,8 +263,9 @@ fn controller_manager_args(kubeconfig: &Path, port: u16, files: &Credentials) ->
         // the two protection controllers lift the finalizers the API server's admission puts
         // on every claim and volume, once unused (without them no claim or volume is ever
         // deleted). The EndpointSlice controller gives Services their endpoints, which the
-        // test node's kube-proxy routes ClusterIPs to.
-        "--controllers=garbagecollector,namespace,resourcequota,persistentvolume-binder,pvc-protection,pv-protection,endpointslice"
+        // test node's kube-proxy routes ClusterIPs to. The ClusterRole aggregation controller
+        // fills the aggregated ClusterRole capn ships for the synced custom resource kinds.
+        "--controllers=garbagecollector,namespace,resourcequota,persistentvolume-binder,pvc-protection,pv-protection,endpointslice,clusterrole-aggregation"
             .to_owned(),
         "--leader-elect=false".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),

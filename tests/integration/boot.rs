@@ -119,12 +119,13 @@ pub(crate) enum Running {
 pub(crate) enum StartCapn {
     InProcess,
     /// In this process, with no more rights than the ClusterRole capn ships in its
-    /// clusterctl components ([`shipped_rbac_client`]).
+    /// clusterctl components ([`shipped_rbac_config`]).
     InProcessWithShippedRbac,
     /// In this process, every request to the super cluster counted by the counter.
     InProcessCounted(capn_testkit::counting::RequestCounter),
     /// [`StartCapn::InProcessCounted`] with the public CRD sync on (off in the other
-    /// in-process starts: it would copy other tests' public CRDs into their tenants).
+    /// in-process starts: it would copy other tests' public CRDs into their tenants), and
+    /// with no more rights than [`StartCapn::InProcessWithShippedRbac`].
     InProcessCountedWithPublicCrds(capn_testkit::counting::RequestCounter),
     /// In this process, with `--watch-filter` set to this value (the documents applied must
     /// carry its label).
@@ -142,26 +143,36 @@ pub(crate) enum StartCapn {
     },
 }
 
-/// A client of the super cluster that impersonates a user bound to a copy of the
-/// ClusterRole of capn's control-plane components (`capn::manifests`), so that what capn
-/// does with it proves that RBAC enough.
-async fn shipped_rbac_client(admin: &Client, ns: &str) -> Client {
+/// The admin configuration of the super cluster, impersonating a user bound to copies of
+/// the ClusterRoles of capn's control-plane components (`capn::manifests`): its own rules,
+/// and the aggregated one of the synced custom resource kinds (which aggregates every
+/// ClusterRole labelled `SYNCED_KINDS_LABEL`), so that what capn does with it proves that
+/// RBAC enough.
+async fn shipped_rbac_config(admin: &Client, ns: &str) -> kube::Config {
     let user = format!("capn-shipped-rbac-{ns}");
-    let mut role = capn::manifests::components(capn::manifests::Provider::ControlPlane)
+    let roles: Vec<_> = capn::manifests::components(capn::manifests::Provider::ControlPlane)
         .into_iter()
-        .find(|o| o["kind"] == "ClusterRole")
-        .expect("the components carry a ClusterRole");
-    role["metadata"] = json!({"name": user});
-    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": user},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
-    for doc in [role, binding] {
-        crate::harness::apply_cluster_doc(admin, doc).await;
+        .filter(|o| o["kind"] == "ClusterRole")
+        .collect();
+    assert_eq!(
+        roles.len(),
+        2,
+        "capn's ClusterRole and the synced kinds' aggregated one"
+    );
+    for (i, mut role) in roles.into_iter().enumerate() {
+        let name = format!("{user}-{i}");
+        role["metadata"] = json!({"name": name});
+        let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]});
+        for doc in [role, binding] {
+            crate::harness::apply_cluster_doc(admin, doc).await;
+        }
     }
     let mut config = cluster().config();
     config.auth_info.impersonate = Some(user);
-    Client::try_from(config).unwrap()
+    config
 }
 
 /// Starts the runner and capn in a fresh namespace, applies `docs` (or the example) and waits
@@ -180,10 +191,9 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     // capn dials the tenant's etcd members by name through the runner's hosts file.
     let hosts = runner.hosts_file();
     let capn_client = match &start {
-        StartCapn::InProcessWithShippedRbac => shipped_rbac_client(&client, &ns).await,
-        StartCapn::InProcessCounted(counter) | StartCapn::InProcessCountedWithPublicCrds(counter) => {
-            counter.client(cluster().config())
-        }
+        StartCapn::InProcessWithShippedRbac => Client::try_from(shipped_rbac_config(&client, &ns).await).unwrap(),
+        StartCapn::InProcessCounted(counter) => counter.client(cluster().config()),
+        StartCapn::InProcessCountedWithPublicCrds(counter) => counter.client(shipped_rbac_config(&client, &ns).await),
         StartCapn::InProcess
         | StartCapn::InProcessWithWatchFilter(_)
         | StartCapn::Process(_)

@@ -5,7 +5,8 @@
 //! cluster. A Widget made in a tenant appears in the workload namespace, its status comes
 //! back, an edit goes down, a super-side spec edit and a tenant-side status write are put
 //! right, a Widget the super cluster refuses gets an Event in the tenant, deleting it
-//! removes the copy, and two tenants' Widgets of one name never meet.
+//! removes the copy, and two tenants' Widgets of one name never meet. capn runs with the
+//! clusterctl components' RBAC, the Widgets' rights aggregated from a labelled ClusterRole.
 
 use std::time::Instant;
 
@@ -171,6 +172,17 @@ async fn public_custom_resources_sync_down_and_their_status_up() {
     );
     let group = format!("s{}.example.com", a.ns.trim_start_matches("capn-test-"));
     let crd_name = format!("widgets.{group}");
+    // capn runs with the clusterctl components' RBAC: the kind's rights come from a
+    // ClusterRole the platform labels for aggregation (docs/guide/public-crds.md).
+    let grant = format!("capn-sync-widgets-{group}");
+    crate::harness::apply_cluster_doc(
+        &a.client,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": grant, "labels": {capn::manifests::SYNCED_KINDS_LABEL: "true"}},
+            "rules": [{"apiGroups": [group], "resources": ["widgets"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]}),
+    )
+    .await;
     let super_crds = Api::<CustomResourceDefinition>::all(a.client.clone());
     super_crds
         .create(
@@ -386,5 +398,8 @@ async fn public_custom_resources_sync_down_and_their_status_up() {
             .await;
     }
     let _ = super_crds.delete(&crd_name, &DeleteParams::default()).await;
+    let _ = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(a.client.clone())
+        .delete(&grant, &DeleteParams::default())
+        .await;
     tokio::join!(a.stop(), b.stop());
 }

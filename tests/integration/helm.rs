@@ -183,7 +183,13 @@ fn check_against_the_code(objects: &[Value], release: &str, ns: &str, image: &st
     let account = the(objects, "ServiceAccount");
     let name = account["metadata"]["name"].as_str().unwrap().to_owned();
     assert_eq!(account["metadata"]["namespace"], ns);
-    let role = the(objects, "ClusterRole");
+    let named = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("the chart renders the {kind} {name}"))
+    };
+    let role = named("ClusterRole", &name);
     let mut union = cluster_role_rules(Provider::ControlPlane);
     union.extend(cluster_role_rules(Provider::Infrastructure));
     let chart_grants = grants(role["rules"].as_array().unwrap());
@@ -195,11 +201,29 @@ fn check_against_the_code(objects: &[Value], release: &str, ns: &str, image: &st
         chart_grants.difference(&code_grants).collect::<Vec<_>>(),
         code_grants.difference(&chart_grants).collect::<Vec<_>>()
     );
-    let binding = the(objects, "ClusterRoleBinding");
+    let binding = named("ClusterRoleBinding", &name);
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
     assert_eq!(
         binding["subjects"],
         json!([{"kind": "ServiceAccount", "name": name, "namespace": ns}])
+    );
+    // The rights on the synced custom resource kinds come by aggregation, as in the
+    // clusterctl components; nothing else is cluster-wide.
+    let synced_kinds = format!("{name}-synced-kinds");
+    let aggregated = named("ClusterRole", &synced_kinds);
+    let shipped = capn::manifests::components(Provider::ControlPlane)
+        .into_iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["aggregationRule"].is_object())
+        .expect("the clusterctl components aggregate the synced kinds' rights");
+    assert_eq!(aggregated["aggregationRule"], shipped["aggregationRule"]);
+    assert_eq!(
+        named("ClusterRoleBinding", &synced_kinds)["subjects"],
+        binding["subjects"]
+    );
+    assert_eq!(
+        objects.iter().filter(|o| o["kind"] == "ClusterRole").count(),
+        2,
+        "two ClusterRoles: capn's and the synced kinds'"
     );
     for o in objects {
         let labels = &o["metadata"]["labels"];
