@@ -158,6 +158,18 @@ pub enum PodSecurityLevel {
     Restricted,
 }
 
+/// How the tenant's apiserver encrypts what it stores in etcd.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EncryptionStatus {
+    /// The provider of the `EncryptionConfiguration` (`secretbox`).
+    pub provider: String,
+    /// The name of the key that encrypts every write (never the key itself).
+    pub key: String,
+    /// The resources encrypted (`secrets`).
+    pub resources: Vec<String>,
+}
+
 /// Cluster API's `rolloutBefore`: renew ahead of certificate expiry.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -277,6 +289,12 @@ pub struct NestedControlPlaneStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Boxed: few objects set it, and every object is cached (see api::tests).
     pub upgrade: Option<Box<UpgradeStatus>>,
+    /// Encryption at rest of the tenant's Secrets (docs/guide/certificates.md "Encryption at
+    /// rest"): recorded once capn made (or found) the key; from then on a missing
+    /// `<cluster>-encryption` is an error, never replaced by a new key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: set once, and every object is cached (see api::tests).
+    pub encryption: Option<Box<EncryptionStatus>>,
     /// `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

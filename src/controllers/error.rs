@@ -20,6 +20,12 @@ pub enum ReconcileError {
         "secret {0} (a certificate authority) is missing after the control plane was initialized and capn will not mint a new one: recover by restoring the Secret from a backup, or rotate it with the annotation controlplane.cluster.x-k8s.io/rotate-certificate-authority (docs/operations/troubleshooting.md \"CertificatesAvailable\")"
     )]
     CertificateAuthorityMissing(String),
+    /// The encryption-at-rest key that existed is gone: a new one could not read what the old
+    /// one encrypted, so capn never makes one in its place (docs/design.md §6).
+    #[error(
+        "secret {0} (the key the tenant's Secrets are encrypted with in its etcd) is missing and capn will not make a new one: the Secrets it encrypted could not be read with another; restore the Secret from where you keep your keys (docs/guide/certificates.md \"Encryption at rest\")"
+    )]
+    EncryptionKeyMissing(String),
     /// A setting of the spec is unusable; the message names the field.
     #[error("{0}")]
     InvalidSpec(String),
@@ -38,6 +44,7 @@ impl ReconcileError {
             Self::Apply(e) => e.reason(),
             Self::Pki { source, .. } => source.reason(),
             Self::CertificateAuthorityMissing(_) => "CertificateAuthorityMissing",
+            Self::EncryptionKeyMissing(_) => "EncryptionKeyMissing",
             Self::InvalidSpec(_) => "InvalidSpec",
             Self::NoNamespace => "NoNamespace",
             Self::Unreachable(_) => "TenantUnreachable",

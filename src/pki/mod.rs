@@ -16,9 +16,11 @@
 //!   and SANs of every credential (`sans.rs`);
 //! - [`kubeconfig`] and [`server_url`]: kubeconfig files (`kubeconfig.rs`);
 //! - [`tls_secret`], [`kubeconfig_secret`], [`key_pair_from_secret`], [`SecretNames`]: the
-//!   Secret encoding (`secret.rs`).
+//!   Secret encoding (`secret.rs`);
+//! - [`encryption`]: the encryption-at-rest key and its `EncryptionConfiguration`.
 
 mod cert;
+pub mod encryption;
 mod keys;
 mod kubeconfig;
 pub mod rotation;
@@ -127,6 +129,9 @@ pub enum PkiError {
         /// Why it was rejected.
         detail: String,
     },
+    /// An `EncryptionConfiguration` (in `<c>-encryption`) capn cannot read its keys from.
+    #[error("invalid encryption configuration: {0}")]
+    InvalidEncryptionConfiguration(String),
     /// A Secret lacks a data key this module needs (`tls.crt`, `tls.key` or `value`), or the
     /// value is empty.
     #[error("secret {secret:?} has no {key:?} data")]
@@ -151,6 +156,7 @@ impl PkiError {
             PkiError::InvalidCidr { .. } => "InvalidServiceCIDR",
             PkiError::InvalidSan { .. } => "InvalidSAN",
             PkiError::MissingKey { .. } => "MissingSecretKey",
+            PkiError::InvalidEncryptionConfiguration(_) => "InvalidEncryptionConfiguration",
         }
     }
 

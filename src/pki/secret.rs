@@ -51,11 +51,14 @@ pub struct SecretNames {
     pub controller_manager_kubeconfig: String,
     /// `<c>-kubeconfig`: the admin kubeconfig Cluster API hands to users.
     pub kubeconfig: String,
+    /// `<c>-encryption`: the apiserver's `EncryptionConfiguration` with its keys
+    /// ([`super::encryption`]).
+    pub encryption: String,
 }
 
 impl SecretNames {
     /// The suffixes after `<c>-`, in the table's order (docs/design.md §6).
-    pub const SUFFIXES: [&'static str; 11] = [
+    pub const SUFFIXES: [&'static str; 12] = [
         "ca",
         "etcd",
         "proxy",
@@ -67,6 +70,7 @@ impl SecretNames {
         "front-proxy-client",
         "controller-manager-kubeconfig",
         "kubeconfig",
+        "encryption",
     ];
 
     /// The Secret names of cluster `cluster_name` (docs/design.md §6).
@@ -83,6 +87,7 @@ impl SecretNames {
             front_proxy_client,
             controller_manager_kubeconfig,
             kubeconfig,
+            encryption,
         ] = Self::SUFFIXES.map(|suffix| format!("{cluster_name}-{suffix}"));
         SecretNames {
             ca,
@@ -96,11 +101,12 @@ impl SecretNames {
             front_proxy_client,
             controller_manager_kubeconfig,
             kubeconfig,
+            encryption,
         }
     }
 
     /// Every name, in the table's order.
-    pub fn all(&self) -> [&str; 11] {
+    pub fn all(&self) -> [&str; 12] {
         [
             &self.ca,
             &self.etcd_ca,
@@ -113,6 +119,7 @@ impl SecretNames {
             &self.front_proxy_client,
             &self.controller_manager_kubeconfig,
             &self.kubeconfig,
+            &self.encryption,
         ]
     }
 
@@ -130,7 +137,7 @@ impl SecretNames {
     }
 }
 
-fn secret(name: &str, namespace: &str, cluster_name: &str, data: BTreeMap<String, ByteString>) -> Secret {
+pub(super) fn secret(name: &str, namespace: &str, cluster_name: &str, data: BTreeMap<String, ByteString>) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
@@ -176,7 +183,7 @@ pub fn kubeconfig_secret(name: &str, namespace: &str, cluster_name: &str, kubeco
 
 /// Reads `key` from `data`, falling back to `stringData` (set on Secrets built locally, never
 /// returned by the API server).
-fn value(secret: &Secret, key: &str) -> Result<String, PkiError> {
+pub(super) fn value(secret: &Secret, key: &str) -> Result<String, PkiError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     let bytes = secret
         .data

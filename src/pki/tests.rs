@@ -712,7 +712,7 @@ fn secret_names_follow_design_table() {
     assert_eq!(n.front_proxy_client, "demo-front-proxy-client");
     assert_eq!(n.controller_manager_kubeconfig, "demo-controller-manager-kubeconfig");
     assert_eq!(n.kubeconfig, "demo-kubeconfig");
-    assert_eq!(n.all().iter().collect::<BTreeSet<_>>().len(), 11);
+    assert_eq!(n.all().iter().collect::<BTreeSet<_>>().len(), 12);
 }
 
 #[test]

@@ -15,7 +15,7 @@
 //! | `selectors.etcd`, `selectors.apiserver`, `selectors.controller_manager` | the pod selector labels of each component of the cluster (maps), for NetworkPolicy peers |
 //! | `labels` | the standard labels capn puts on every object of this component (map) |
 //! | `network.service_cidr`, `network.dns_domain`, `network.super_dns_domain` | tenant service CIDR, tenant DNS domain, super cluster DNS domain |
-//! | `secrets.<name>` | Secret names: `ca`, `etcd_ca`, `proxy_ca`, `sa`, `apiserver`, `apiserver_etcd_client`, `etcd_server`, `apiserver_kubelet_client`, `front_proxy_client`, `controller_manager_kubeconfig`, `kubeconfig` |
+//! | `secrets.<name>` | Secret names: `ca`, `etcd_ca`, `proxy_ca`, `sa`, `apiserver`, `apiserver_etcd_client`, `etcd_server`, `apiserver_kubelet_client`, `front_proxy_client`, `controller_manager_kubeconfig`, `kubeconfig`, `encryption` |
 //! | `etcd.members` | etcd only: `[{name, host, peer_url, client_url}]` for every member (etcd lists, once it runs) |
 //! | `etcd.initial_cluster`, `etcd.initial_cluster_state` | etcd only: `--initial-cluster` (`name=peer_url,...`) and `--initial-cluster-state` (`new`, or `existing` while a member joins) |
 //! | `etcd.endpoints` | the etcd client URLs (apiserver: those NestedEtcd published; etcd: its own) |

@@ -548,6 +548,7 @@ fn build_context(
             ("front_proxy_client", secrets.front_proxy_client),
             ("controller_manager_kubeconfig", secrets.controller_manager_kubeconfig),
             ("kubeconfig", secrets.kubeconfig),
+            ("encryption", secrets.encryption),
         ]
         .into_iter()
         .collect(),

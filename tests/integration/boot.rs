@@ -881,7 +881,7 @@ fn three_member_docs() -> Vec<serde_json::Value> {
 
 /// A client of one etcd member's v3 JSON gateway, with the apiserver's etcd client
 /// certificate, verifying the member's certificate for its DNS name.
-async fn etcd_member(booted: &Booted, member: &str) -> Client {
+pub(crate) async fn etcd_member(booted: &Booted, member: &str) -> Client {
     let ns = &booted.ns;
     let host = format!("{member}.demo-etcd.{ns}.svc");
     let address = booted.runner.resolve(&host);
@@ -928,7 +928,11 @@ current-context: etcd
 }
 
 /// POSTs to an etcd v3 gateway endpoint and returns the JSON answer.
-async fn etcd_call(client: &Client, path: &str, body: serde_json::Value) -> Result<serde_json::Value, String> {
+pub(crate) async fn etcd_call(
+    client: &Client,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<serde_json::Value, String> {
     let request = http::Request::post(path)
         .header("Content-Type", "application/json")
         .body(serde_json::to_vec(&body).unwrap())

@@ -163,9 +163,21 @@ async fn token_authenticates(booted: &Booted, namespace: &str) {
     );
 }
 
-/// No private key, raw or base64-encoded, in capn's log, its Events or the status.
+/// No private key, raw or base64-encoded, and not the encryption-at-rest key, in capn's
+/// log, its Events or the status.
 async fn no_key_material(booted: &Booted) {
-    let markers = ["PRIVATE KEY", "LS0tLS1CRUdJTi"];
+    let config = crate::harness::secret_value(
+        &crate::harness::secret(&booted.client, &booted.ns, "demo-encryption")
+            .await
+            .expect("the encryption key exists"),
+        "encryption-configuration.yaml",
+    );
+    let parsed: serde_json::Value = serde_saphyr::from_str(&config).unwrap();
+    let key = parsed["resources"][0]["providers"][0]["secretbox"]["keys"][0]["secret"]
+        .as_str()
+        .expect("a secretbox key")
+        .to_owned();
+    let markers = ["PRIVATE KEY", "LS0tLS1CRUdJTi", key.as_str()];
     let log = booted.capn_log().expect("capn runs as a process");
     assert!(log.len() > 1000, "capn logged at debug level: {} bytes", log.len());
     let events: Vec<String> = Api::<Event>::namespaced(booted.client.clone(), &booted.ns)

@@ -244,6 +244,78 @@ async fn a_deleted_ca_is_reported_at_once_changes_nothing_and_its_restore_reissu
     capn.stop().await;
 }
 
+/// The encryption-at-rest key, once recorded, is never made again: deleting it stops the
+/// pass with `EncryptionKeyMissing` and leaves every Secret and workload as it is; restoring
+/// it converges.
+#[tokio::test]
+async fn a_deleted_encryption_key_is_reported_and_never_replaced() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    bring_up(&client, &ns, "demo").await;
+    let recorded = wait_until("the status records the key", CONTROLLER_STEP, || async {
+        control_plane(&client, &ns, "demo").await.status?.encryption
+    })
+    .await;
+    assert_eq!(recorded.key, "key1");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let key = secrets.get("demo-encryption").await.unwrap();
+    let workloads = statefulset_versions(&client, &ns).await;
+
+    secrets
+        .delete("demo-encryption", &DeleteParams::default())
+        .await
+        .unwrap();
+    let condition = wait_until("CertificatesAvailable turns False", CONTROLLER_STEP, || async {
+        control_plane(&client, &ns, "demo")
+            .await
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "CertificatesAvailable" && c.status == "False")
+    })
+    .await;
+    assert_eq!(condition.reason, "EncryptionKeyMissing");
+    assert!(
+        condition.message.contains("will not make a new one"),
+        "{}",
+        condition.message
+    );
+    assert!(
+        secrets.get_opt("demo-encryption").await.unwrap().is_none(),
+        "no key was made"
+    );
+    assert_eq!(
+        statefulset_versions(&client, &ns).await,
+        workloads,
+        "no workload was touched"
+    );
+
+    let mut restored = key.clone();
+    restored.metadata = kube::api::ObjectMeta {
+        name: Some("demo-encryption".into()),
+        labels: key.metadata.labels.clone(),
+        ..Default::default()
+    };
+    secrets.create(&PostParams::default(), &restored).await.unwrap();
+    wait_until("CertificatesAvailable turns True again", CONTROLLER_STEP, || async {
+        control_plane(&client, &ns, "demo")
+            .await
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "CertificatesAvailable" && c.status == "True")
+    })
+    .await;
+    assert_eq!(
+        secrets.get("demo-encryption").await.unwrap().data,
+        key.data,
+        "the key is the one restored"
+    );
+    capn.stop().await;
+}
+
 /// The StatefulSets whose resourceVersion moved since `before`.
 async fn moved_statefulsets(client: &Client, ns: &str, before: &[(String, Option<String>)]) -> Vec<String> {
     let now = statefulset_versions(client, ns).await;

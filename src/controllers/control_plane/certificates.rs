@@ -1,14 +1,15 @@
-//! The control plane's certificates: the CAs and the service-account key (created once,
-//! never re-minted: docs/design.md §6), the admin `<cluster>-kubeconfig`, and when the
+//! The control plane's certificates: the CAs, the service-account key and the
+//! encryption-at-rest key (created once, never re-minted: docs/design.md §6), the admin `<cluster>-kubeconfig`, and when the
 //! earliest certificate expires and the next one is renewed.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use time::OffsetDateTime;
 
 use super::scope::Round;
-use crate::api::{ApiEndpoint, CertificateRenewal, NestedControlPlaneStatus};
+use crate::api::{ApiEndpoint, CertificateRenewal, EncryptionStatus, NestedControlPlaneStatus};
 use crate::controllers::ReconcileError;
 use crate::controllers::shared::certificates::CaRef;
+use crate::pki::encryption::{ENCRYPTED_RESOURCES, PROVIDER};
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, admin_leaf, admin_user, server_url,
 };
@@ -32,21 +33,32 @@ pub(super) async fn ensure_authorities(
     status: &mut NestedControlPlaneStatus,
 ) -> Result<Authorities, ReconcileError> {
     let may_create = !status.initialized && !is_true(&status.conditions, CERTIFICATES_AVAILABLE);
+    // The encryption key came later than the CAs: a control plane made by an older capn
+    // gets one (nothing was encrypted before it); once recorded, it is never made again.
+    let may_create_key = status.encryption.is_none();
     let (store, names) = (&round.store, &round.names);
-    // Four independent Secrets: read or created at once, not one after another.
-    let (ca, etcd_ca, proxy_ca, ()) = futures::try_join!(
+    // Five independent Secrets: read or created at once, not one after another.
+    let (ca, etcd_ca, proxy_ca, (), keys) = futures::try_join!(
         store.ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create),
         store.ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create),
         store.ensure_ca(&names.proxy_ca, FRONT_PROXY_CA_COMMON_NAME, may_create),
         store.ensure_service_account_key(&names.sa, may_create),
+        store.ensure_encryption_key(&names.encryption, may_create_key),
     )?;
+    if let Some(writer) = keys.and_then(|k| k.into_iter().next()) {
+        status.encryption = Some(Box::new(EncryptionStatus {
+            provider: PROVIDER.to_owned(),
+            key: writer,
+            resources: ENCRYPTED_RESOURCES.map(str::to_owned).to_vec(),
+        }));
+    }
     round.set(
         status,
         ConditionUpdate::new(
             CERTIFICATES_AVAILABLE,
             true,
             Reason::CertificatesAvailable,
-            "CAs and service-account key exist",
+            "CAs, service-account key and encryption key exist",
         ),
     );
     let mut expiry = Vec::new();

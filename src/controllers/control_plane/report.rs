@@ -289,7 +289,7 @@ pub(super) fn rolling_out(components: &Components) -> ConditionUpdate {
 /// error is Available's, whose status stays what the components make it (`ready`).
 pub(super) fn error_condition(error: &ReconcileError, ready: bool) -> ConditionUpdate {
     match error {
-        ReconcileError::CertificateAuthorityMissing(_) => {
+        ReconcileError::CertificateAuthorityMissing(_) | ReconcileError::EncryptionKeyMissing(_) => {
             ConditionUpdate::error(CERTIFICATES_AVAILABLE, false, error.reason(), error.to_string())
         }
         _ => ConditionUpdate::error(AVAILABLE, ready, error.reason(), error.to_string()),

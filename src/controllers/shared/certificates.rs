@@ -25,6 +25,9 @@ use time::format_description::well_known::Rfc3339;
 
 use crate::apply::{apply_params, create_params};
 use crate::controllers::{Context, ReconcileError};
+use crate::pki::encryption::{
+    EncryptionKey, encryption_configuration, encryption_configuration_from_secret, encryption_secret, key_names,
+};
 use crate::pki::{
     CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, RenewalPolicy, check_leaf,
     key_pair_from_secret, kubeconfig, kubeconfig_from_secret, kubeconfig_secret, service_account_key_pair, tls_secret,
@@ -466,6 +469,42 @@ impl<'a> CertificateStore<'a> {
         self.create(tls_secret(name, self.namespace, self.cluster, &pair))
             .await?;
         Ok(())
+    }
+
+    /// Ensures `<c>-encryption` (`name`) holds the apiserver's `EncryptionConfiguration`:
+    /// made with a new key (`key1`) when `may_create` (the status never recorded one),
+    /// otherwise read and never replaced. Returns the names of its keys when this pass read
+    /// or made it, `None` when the metadata cache shows it (the status keeps what it
+    /// recorded).
+    ///
+    /// # Errors
+    /// [`ReconcileError::EncryptionKeyMissing`] when it is gone and `may_create` is false;
+    /// a configuration without keys; API errors.
+    pub async fn ensure_encryption_key(
+        &self,
+        name: &str,
+        may_create: bool,
+    ) -> Result<Option<Vec<String>>, ReconcileError> {
+        if self.cached_version(name).is_some() && !may_create {
+            return Ok(None);
+        }
+        let existing = match self.fetch(name).await? {
+            Some(secret) => Some(secret),
+            None if may_create => {
+                let key = EncryptionKey::generate("key1").map_err(Self::pki_error(name))?;
+                let config = encryption_configuration(&[key]);
+                self.create(encryption_secret(name, self.namespace, self.cluster, &config))
+                    .await?
+            }
+            None => return Err(ReconcileError::EncryptionKeyMissing(name.to_owned())),
+        };
+        let config = existing
+            .as_ref()
+            .map(encryption_configuration_from_secret)
+            .transpose()
+            .map_err(Self::pki_error(name))?
+            .unwrap_or_default();
+        key_names(&config).map(Some).map_err(Self::pki_error(name))
     }
 
     /// Ensures Secret `name` holds a leaf certificate for `wanted` signed by `ca`: kept when
