@@ -29,6 +29,8 @@ pub const CA_ROTATION: &str = "CertificateAuthorityRotation";
 /// Condition type on the NestedControlPlane: a stepped upgrade is in progress (True), or
 /// why none moves (False: see the reasons whose [`Reason::conditions`] name it).
 pub const UPGRADING: &str = "Upgrading";
+/// True while a rotation of the encryption-at-rest key runs (`EncryptionKeyRotation`).
+pub const ENCRYPTION_KEY_ROTATION: &str = "EncryptionKeyRotation";
 /// Condition type on the NestedControlPlane: the last preflight before an upgrade step
 /// (reasons: [`crate::upgrade::preflight_reason`]).
 pub const UPGRADE_PREFLIGHT: &str = "UpgradePreflight";
@@ -145,7 +147,7 @@ reasons! {
     WaitingForPreflight: progress, [UPGRADING], "The next upgrade step waits for its preflight to pass.";
     UpgradeHeld: progress, [UPGRADING], "The upgrade waits for an acknowledgement or a change of spec; the message says which.";
     UpgradeStepFailed: failure, [UPGRADING], "An upgrade step did not complete in time: see the message and the components' conditions.";
-    Completed: success, [UPGRADING, CA_ROTATION], "The upgrade or rotation finished.";
+    Completed: success, [UPGRADING, CA_ROTATION, ENCRYPTION_KEY_ROTATION], "The upgrade or rotation finished.";
     PreflightPassed: success, [UPGRADE_PREFLIGHT], "Every check before the next upgrade step passed.";
     CertificateRenewalDue: failure, [UPGRADE_PREFLIGHT],
         "A certificate expires or renews within the upgrade step timeout: let the renewal finish first.";
@@ -170,6 +172,10 @@ reasons! {
     InvalidRotationRequest: failure, [CA_ROTATION], "The rotation annotation names no known authority: use ca, etcd, front-proxy or sa.";
     UserSuppliedAuthority: failure, [CA_ROTATION], "The authority was supplied by the user; capn does not rotate it.";
     RotationStateLost: failure, [CA_ROTATION], "The rotation's saved state was lost; the rotation starts again from its first phase.";
+    AddKey: progress, [ENCRYPTION_KEY_ROTATION], "Key rotation phase: every apiserver reads with the new key.";
+    EncryptWithNewKey: progress, [ENCRYPTION_KEY_ROTATION], "Key rotation phase: every apiserver encrypts with the new key.";
+    RewriteSecrets: progress, [ENCRYPTION_KEY_ROTATION], "Key rotation phase: every encrypted object is written again under the new key.";
+    DropOldKeys: progress, [ENCRYPTION_KEY_ROTATION], "Key rotation phase: the old keys are being dropped.";
     // BackupSucceeded (NestedEtcd with spec.backup)
     SnapshotVerified: success, [BACKUP_SUCCEEDED], "The last snapshot was uploaded and verified.";
     BackupsNotSupported: failure, [BACKUP_SUCCEEDED], "The channel's etcd provider does not declare backups.";

@@ -168,6 +168,32 @@ pub struct EncryptionStatus {
     pub key: String,
     /// The resources encrypted (`secrets`).
     pub resources: Vec<String>,
+    /// The key rotation in progress, or the last one (requested with the annotation
+    /// `controlplane.cluster.x-k8s.io/rotate-encryption-key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<EncryptionKeyRotation>,
+}
+
+/// A rotation of the encryption-at-rest key (docs/guide/certificates.md "Rotating the key").
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EncryptionKeyRotation {
+    /// The annotation's value that requested it; the same value again requests nothing.
+    pub request: String,
+    /// The new key's name (`key2`).
+    pub key: String,
+    /// `AddKey`, `EncryptWithNewKey`, `RewriteSecrets`, `DropOldKeys` or `Completed`.
+    pub phase: String,
+    pub start_time: Time,
+    /// The phases finished, with when.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<RotationPhaseRecord>,
+    /// What the phase waits for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Objects written again under the new key (`RewriteSecrets`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewritten: Option<i64>,
 }
 
 /// Cluster API's `rolloutBefore`: renew ahead of certificate expiry.

@@ -91,23 +91,123 @@ pub fn encryption_configuration(keys: &[EncryptionKey]) -> String {
 
 /// The names of the [`PROVIDER`] keys in `config`, in order (the one that encrypts first).
 ///
-/// Errors: [`PkiError::InvalidEncryptionConfiguration`] when `config` is not an
-/// `EncryptionConfiguration` with [`PROVIDER`] keys.
+/// Errors: as [`keys`].
 pub fn key_names(config: &str) -> Result<Vec<String>, PkiError> {
-    let invalid = |detail: &str| PkiError::InvalidEncryptionConfiguration(detail.to_owned());
-    let value: serde_json::Value = serde_saphyr::from_str(config).map_err(|e| invalid(&e.to_string()))?;
-    let names: Vec<String> = value["resources"]
+    Ok(keys(config)?.into_iter().map(|k| k.name).collect())
+}
+
+/// Every [`PROVIDER`] key in `config`, in order (the one that encrypts first), with its
+/// secret.
+///
+/// Errors: [`PkiError::InvalidEncryptionConfiguration`] when `config` has no key, or a key
+/// that is not 32 bytes of base64.
+pub fn keys(config: &str) -> Result<Vec<EncryptionKey>, PkiError> {
+    let invalid = |detail: String| PkiError::InvalidEncryptionConfiguration(detail);
+    let value: serde_json::Value = serde_saphyr::from_str(config).map_err(|e| invalid(e.to_string()))?;
+    let mut out = Vec::new();
+    for key in value["resources"]
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|r| r["providers"].as_array().into_iter().flatten())
         .flat_map(|p| p[PROVIDER]["keys"].as_array().into_iter().flatten())
-        .filter_map(|k| k["name"].as_str().map(str::to_owned))
-        .collect();
-    if names.is_empty() {
-        return Err(invalid(&format!("no {PROVIDER} key")));
+    {
+        let name = key["name"].as_str().unwrap_or_default().to_owned();
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(key["secret"].as_str().unwrap_or_default())
+            .map_err(|e| invalid(format!("key {name}: {e}")))?;
+        let secret: [u8; KEY_BYTES] = bytes
+            .try_into()
+            .map_err(|_| invalid(format!("key {name} is not {KEY_BYTES} bytes")))?;
+        if !out.iter().any(|k: &EncryptionKey| k.name == name) {
+            out.push(EncryptionKey { name, secret });
+        }
     }
-    Ok(names)
+    if out.is_empty() {
+        return Err(invalid(format!("no {PROVIDER} key")));
+    }
+    Ok(out)
+}
+
+/// The name of the next key: `key<n+1>` for the highest `key<n>` among `names`.
+pub fn next_key_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let highest = names
+        .into_iter()
+        .filter_map(|n| n.strip_prefix("key")?.parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    format!("key{}", highest + 1)
+}
+
+/// The phases of a key rotation, in order (docs/guide/certificates.md "Rotating the key").
+/// Each one that changes the configuration ends only once every apiserver runs with it, so
+/// at no moment does an apiserver meet a value encrypted with a key it lacks. Ordered as
+/// they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KeyRotationPhase {
+    /// The new key is added after the others: every apiserver can read with it, none
+    /// writes with it yet.
+    AddKey,
+    /// The new key comes first: every write is encrypted with it.
+    EncryptWithNewKey,
+    /// Every object of the encrypted resources is written again through the tenant's
+    /// apiserver, so that it is stored under the new key.
+    RewriteSecrets,
+    /// Only the new key is left (with `identity`).
+    DropOldKeys,
+    /// Done.
+    Completed,
+}
+
+impl KeyRotationPhase {
+    /// Every phase, in order.
+    pub const ALL: [Self; 5] = [
+        Self::AddKey,
+        Self::EncryptWithNewKey,
+        Self::RewriteSecrets,
+        Self::DropOldKeys,
+        Self::Completed,
+    ];
+
+    /// The phase's name in status.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::AddKey => "AddKey",
+            Self::EncryptWithNewKey => "EncryptWithNewKey",
+            Self::RewriteSecrets => "RewriteSecrets",
+            Self::DropOldKeys => "DropOldKeys",
+            Self::Completed => "Completed",
+        }
+    }
+
+    /// The phase named `name`, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
+    /// The phase after this one (`Completed` stays).
+    pub fn next(self) -> Self {
+        let i = Self::ALL.iter().position(|p| *p == self).unwrap_or(Self::ALL.len() - 1);
+        Self::ALL[(i + 1).min(Self::ALL.len() - 1)]
+    }
+}
+
+/// The keys the configuration must hold in `phase` of a rotation to the key `new`, given
+/// those it holds (`current`, the one that encrypts first); `None` for the phases that do not
+/// change it.
+pub fn keys_for_phase(
+    phase: KeyRotationPhase,
+    current: &[EncryptionKey],
+    new: &EncryptionKey,
+) -> Option<Vec<EncryptionKey>> {
+    let others = current.iter().filter(|k| k.name != new.name).cloned();
+    match phase {
+        KeyRotationPhase::AddKey => Some(others.chain([new.clone()]).collect()),
+        KeyRotationPhase::EncryptWithNewKey => Some([new.clone()].into_iter().chain(others).collect()),
+        KeyRotationPhase::DropOldKeys => Some(vec![new.clone()]),
+        KeyRotationPhase::RewriteSecrets | KeyRotationPhase::Completed => None,
+    }
 }
 
 /// The Secret `<c>-encryption` holding `config` under [`ENCRYPTION_CONFIG_KEY`], of type
@@ -175,6 +275,69 @@ mod tests {
         let error = key_names("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\n").unwrap_err();
         assert!(error.to_string().contains("no secretbox key"), "{error}");
         assert!(key_names(": not yaml [").is_err());
+    }
+
+    #[test]
+    fn a_rotation_adds_the_key_then_writes_with_it_then_drops_the_others() {
+        let (old, new) = (
+            EncryptionKey::generate("key1").unwrap(),
+            EncryptionKey::generate("key2").unwrap(),
+        );
+        let names = |keys: Option<Vec<EncryptionKey>>| keys.unwrap().into_iter().map(|k| k.name).collect::<Vec<_>>();
+        let current = [old.clone()];
+        assert_eq!(
+            names(keys_for_phase(KeyRotationPhase::AddKey, &current, &new)),
+            ["key1", "key2"]
+        );
+        let added = keys_for_phase(KeyRotationPhase::AddKey, &current, &new).unwrap();
+        // Resumed after its write: the same configuration, not a third key.
+        assert_eq!(
+            names(keys_for_phase(KeyRotationPhase::AddKey, &added, &new)),
+            ["key1", "key2"]
+        );
+        assert_eq!(
+            names(keys_for_phase(KeyRotationPhase::EncryptWithNewKey, &added, &new)),
+            ["key2", "key1"]
+        );
+        assert_eq!(keys_for_phase(KeyRotationPhase::RewriteSecrets, &added, &new), None);
+        assert_eq!(
+            names(keys_for_phase(KeyRotationPhase::DropOldKeys, &added, &new)),
+            ["key2"]
+        );
+        let phases: Vec<_> = std::iter::successors(Some(KeyRotationPhase::AddKey), |p| {
+            (*p != KeyRotationPhase::Completed).then(|| p.next())
+        })
+        .map(KeyRotationPhase::as_str)
+        .collect();
+        assert_eq!(
+            phases,
+            [
+                "AddKey",
+                "EncryptWithNewKey",
+                "RewriteSecrets",
+                "DropOldKeys",
+                "Completed"
+            ]
+        );
+        assert_eq!(
+            KeyRotationPhase::parse("RewriteSecrets"),
+            Some(KeyRotationPhase::RewriteSecrets)
+        );
+    }
+
+    #[test]
+    fn keys_are_read_back_with_their_secrets_and_named_in_sequence() {
+        let (a, b) = (
+            EncryptionKey::generate("key2").unwrap(),
+            EncryptionKey::generate("key1").unwrap(),
+        );
+        let read = keys(&encryption_configuration(&[a.clone(), b.clone()])).unwrap();
+        assert_eq!(read, [a, b]);
+        assert_eq!(next_key_name(["key1"]), "key2");
+        assert_eq!(next_key_name(["key9", "key10", "other"]), "key11");
+        assert_eq!(next_key_name([]), "key1");
+        let short = "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - secretbox:\n      keys:\n      - {name: key1, secret: c2hvcnQ=}\n";
+        assert!(keys(short).unwrap_err().to_string().contains("not 32 bytes"));
     }
 
     #[test]

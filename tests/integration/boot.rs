@@ -96,7 +96,8 @@ pub(crate) struct Booted {
     pub client: Client,
     pub ns: String,
     pub runner: Runner,
-    capn: Running,
+    /// Behind a lock so that capn can be killed while the test holds `&Booted` elsewhere.
+    capn: std::sync::Mutex<Running>,
     /// The client capn runs with in this process.
     capn_client: Client,
     /// capn's `--watch-filter` in this process, if any.
@@ -261,7 +262,7 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
         client,
         ns,
         runner,
-        capn,
+        capn: std::sync::Mutex::new(capn),
         capn_client,
         watch_filter,
         process_identity,
@@ -333,13 +334,15 @@ impl Booted {
     /// Stops capn at once, in the middle of whatever it does, and starts it again: `capn run`
     /// is sent SIGKILL; capn in this runtime has its task aborted (no request in flight
     /// completes, nothing is cleaned up).
-    pub async fn kill_and_restart_capn(&mut self) {
+    pub async fn kill_and_restart_capn(&self) {
         self.while_capn_is_down(async {}).await;
     }
 
-    /// [`Booted::kill_and_restart_capn`], with `meanwhile` done while capn is down.
-    pub async fn while_capn_is_down(&mut self, meanwhile: impl std::future::Future<Output = ()>) {
-        let restart = match std::mem::replace(&mut self.capn, Running::Stopped) {
+    /// [`Booted::kill_and_restart_capn`], with `meanwhile` done while capn is down. Takes
+    /// `&self`, so that a test can kill capn while it probes the tenant.
+    pub async fn while_capn_is_down(&self, meanwhile: impl std::future::Future<Output = ()>) {
+        let running = std::mem::replace(&mut *self.running(), Running::Stopped);
+        let restart = match running {
             Running::InProcess(capn) => {
                 capn.stop().await;
                 None
@@ -351,7 +354,7 @@ impl Booted {
             Running::Stopped => panic!("capn is not running"),
         };
         meanwhile.await;
-        self.capn = match restart {
+        *self.running() = match restart {
             None => Running::InProcess(Capn::start_with_settings(
                 &self.capn_client,
                 in_process_settings(&self.ns, &self.runner, self.watch_filter.as_deref()),
@@ -366,8 +369,16 @@ impl Booted {
         };
     }
 
+    fn running(&self) -> std::sync::MutexGuard<'_, Running> {
+        self.capn.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     pub async fn stop(self) {
-        match self.capn {
+        match self
+            .capn
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
             Running::InProcess(capn) => capn.stop().await,
             Running::Process(process, _) => drop(process),
             Running::Stopped => {}
@@ -377,7 +388,7 @@ impl Booted {
 
     /// capn's log so far, when it runs as a process.
     pub fn capn_log(&self) -> Option<String> {
-        match &self.capn {
+        match &*self.running() {
             Running::Process(process, _) => Some(process.log()),
             Running::InProcess(_) | Running::Stopped => None,
         }

@@ -622,7 +622,7 @@ async fn two_tenants_with_the_same_names_converge_after_capn_is_killed_mid_sync(
         format!("--kubelet-advertise-address={}", node.address()),
         format!("--kubelet-bind-address={}:0", node.address()),
     ];
-    let mut booted = boot_with("syncer, two tenants", None, StartCapn::Process(kubelet)).await;
+    let booted = boot_with("syncer, two tenants", None, StartCapn::Process(kubelet)).await;
     let (client, ns) = (booted.client.clone(), booted.ns.clone());
     crate::harness::apply_doc(
         &client,

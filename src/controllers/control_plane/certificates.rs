@@ -46,10 +46,12 @@ pub(super) async fn ensure_authorities(
         store.ensure_encryption_key(&names.encryption, may_create_key),
     )?;
     if let Some(writer) = keys.and_then(|k| k.into_iter().next()) {
+        let rotation = status.encryption.take().and_then(|e| e.rotation);
         status.encryption = Some(Box::new(EncryptionStatus {
             provider: PROVIDER.to_owned(),
             key: writer,
             resources: ENCRYPTED_RESOURCES.map(str::to_owned).to_vec(),
+            rotation,
         }));
     }
     round.set(

@@ -9,6 +9,7 @@
 
 mod certificates;
 mod components;
+pub mod encryption_rotation;
 mod report;
 pub mod rotation;
 mod scope;
@@ -160,8 +161,14 @@ async fn drive(
     authorities.expiry.extend(kubeconfig);
     certificates::record_schedule(&round, authorities.expiry, status);
     report::components(&round, &components, status);
+    // A key rotation waits for the apiservers, as a CA rotation waits for every component.
+    let rotation_again = encryption_rotation::step(&round, status).await?;
     // A stepped upgrade moves once the components are summarized (docs/design.md §10).
     let upgrade_again = upgrade::step(&round, &components, status).await;
+    let upgrade_again = match (upgrade_again, rotation_again) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     // Look again when the admin kubeconfig is due (the components watch their own).
     let renewal = recheck_after(&round.ncp.name_any(), round.store.next_renewal(), round.now.time);
     Ok(report::requeue(renewal, upgrade_again))

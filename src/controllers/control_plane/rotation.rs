@@ -132,11 +132,25 @@ fn start_requested(round: &Round<'_>, status: &mut NestedControlPlaneStatus) -> 
 /// The request to start, from the annotation's value: none while a rotation runs, and none
 /// when it is empty or the one the last rotation carried out.
 pub(super) fn new_request(annotation: Option<&str>, last: Option<&CertificateAuthorityRotation>) -> Option<String> {
-    if last.is_some_and(|r| r.phase != Phase::Completed.as_str()) {
+    new_request_after(
+        annotation,
+        last.map(|r| (r.request.as_str(), r.phase.as_str())),
+        Phase::Completed.as_str(),
+    )
+}
+
+/// [`new_request`] for any rotation: `last` is the last one's request and phase, and
+/// `completed` the name of its last phase.
+pub(super) fn new_request_after(
+    annotation: Option<&str>,
+    last: Option<(&str, &str)>,
+    completed: &str,
+) -> Option<String> {
+    if last.is_some_and(|(_, phase)| phase != completed) {
         return None;
     }
     let request = annotation?.trim();
-    (!request.is_empty() && last.is_none_or(|last| last.request != request)).then(|| request.to_string())
+    (!request.is_empty() && last.is_none_or(|(last, _)| last != request)).then(|| request.to_string())
 }
 
 /// The rotation in progress, with its authority and phase; `None` when none runs.
@@ -293,7 +307,7 @@ fn phase_reason(phase: Phase) -> Reason {
 
 /// Each component that mounts `secret`: ready, and on the digest of its Secrets as they
 /// are now?
-async fn observations(round: &Round<'_>, secret: &str) -> Result<Vec<ComponentObservation>, ReconcileError> {
+pub(super) async fn observations(round: &Round<'_>, secret: &str) -> Result<Vec<ComponentObservation>, ReconcileError> {
     let statuses = [
         observed::<NestedEtcd>(round),
         observed::<NestedAPIServer>(round),

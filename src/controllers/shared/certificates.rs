@@ -742,6 +742,34 @@ impl CertificateStore<'_> {
             .ok_or_else(|| ReconcileError::CertificateAuthorityMissing(name.to_string()))
     }
 
+    /// The `EncryptionConfiguration` in Secret `name` (`<c>-encryption`), read in full;
+    /// `Ok(None)` when it does not exist.
+    ///
+    /// # Errors
+    /// API errors; [`ReconcileError::Pki`] when the Secret lacks its configuration.
+    pub async fn read_encryption_config(&self, name: &str) -> Result<Option<String>, ReconcileError> {
+        match self.fetch(name).await? {
+            None => Ok(None),
+            Some(secret) => encryption_configuration_from_secret(&secret)
+                .map(Some)
+                .map_err(Self::pki_error(name)),
+        }
+    }
+
+    /// Writes `config` into Secret `name` (server-side apply; capn owns it afterwards).
+    ///
+    /// # Errors
+    /// API errors.
+    pub async fn write_encryption_config(&self, name: &str, config: &str) -> Result<(), ReconcileError> {
+        tracing::info!(
+            secret = name,
+            cluster = self.cluster,
+            "wrote the encryption configuration"
+        );
+        self.write(encryption_secret(name, self.namespace, self.cluster, config), None)
+            .await
+    }
+
     /// Deletes Secret `name`; gone already is fine.
     ///
     /// # Errors

@@ -1,0 +1,276 @@
+//! The NestedControlPlane's encryption key rotation (docs/guide/certificates.md "Rotating
+//! the key"; the phases are [`KeyRotationPhase`]'s). A rotation is requested with the
+//! annotation [`ROTATE_KEY_ANNOTATION`]; each pass writes `<c>-encryption` as the recorded
+//! phase wants it and moves on only once every apiserver is ready with it (the same wait as
+//! a CA rotation's), so no apiserver ever meets a value encrypted with a key it lacks. The
+//! phase is in status before the next phase's configuration is written: an interrupted
+//! rotation resumes where it stopped.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+
+use super::rotation::{new_request_after, observations};
+use super::scope::Round;
+use crate::api::{EncryptionKeyRotation, NestedControlPlaneStatus, RotationPhaseRecord};
+use crate::controllers::ReconcileError;
+use crate::controllers::shared::tenant::tenant_client;
+use crate::pki::encryption::{
+    EncryptionKey, KeyRotationPhase, encryption_configuration, key_names, keys, keys_for_phase, next_key_name,
+};
+use crate::pki::rotation::converged;
+use crate::status::{ConditionUpdate, ENCRYPTION_KEY_ROTATION, Reason};
+
+/// Annotation on a NestedControlPlane that requests a key rotation: any value (`1`, a date);
+/// a value equal to the last rotation's does nothing, so a new value rotates again.
+pub const ROTATE_KEY_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/rotate-encryption-key";
+
+/// How soon a pass looks again while a rotation runs (the apiservers' rolls also wake it).
+const LOOK_AGAIN: Duration = Duration::from_secs(5);
+
+/// The Secrets written again at once in `RewriteSecrets`.
+const REWRITES_AT_ONCE: usize = 4;
+
+/// Starts a requested rotation and moves the one in progress as far as it can, recording its
+/// phase and its condition in `status`. Returns when to look again while it runs.
+///
+/// # Errors
+/// API and PKI errors; [`ReconcileError::EncryptionKeyMissing`]. The caller retries.
+pub(super) async fn step(
+    round: &Round<'_>,
+    status: &mut NestedControlPlaneStatus,
+) -> Result<Option<Duration>, ReconcileError> {
+    let secret = round.names.encryption.clone();
+    let Some(encryption) = status.encryption.as_deref_mut() else {
+        // No key yet (the certificates stage makes it): nothing to rotate.
+        return Ok(None);
+    };
+    let annotation = round.ncp.annotations().get(ROTATE_KEY_ANNOTATION).map(String::as_str);
+    let last = encryption
+        .rotation
+        .as_ref()
+        .map(|r| (r.request.as_str(), r.phase.as_str()));
+    if let Some(request) = new_request_after(annotation, last, KeyRotationPhase::Completed.as_str()) {
+        let config = read(round, &secret).await?;
+        let names = key_names(&config).map_err(pki(&secret))?;
+        encryption.rotation = Some(EncryptionKeyRotation {
+            request,
+            key: next_key_name(names.iter().map(String::as_str)),
+            phase: KeyRotationPhase::AddKey.as_str().to_owned(),
+            start_time: round.now.k8s.clone(),
+            phases: Vec::new(),
+            message: String::new(),
+            rewritten: None,
+        });
+    }
+    let Some(rotation) = encryption.rotation.as_mut() else {
+        return Ok(None);
+    };
+    let Some(phase) = KeyRotationPhase::parse(&rotation.phase).filter(|p| *p != KeyRotationPhase::Completed) else {
+        return Ok(None);
+    };
+    let outcome = match phase {
+        KeyRotationPhase::RewriteSecrets => rewrite(round).await?,
+        _ => move_config(round, phase, &secret, &rotation.key).await?,
+    };
+    let phase = record(rotation, phase, outcome, &round.now.k8s);
+    let condition = condition(phase, rotation);
+    if phase >= KeyRotationPhase::RewriteSecrets {
+        encryption.key = rotation.key.clone();
+    }
+    round.set(status, condition);
+    Ok((phase != KeyRotationPhase::Completed).then_some(LOOK_AGAIN))
+}
+
+/// What one pass did in its phase.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    /// The phase took effect everywhere (with the objects rewritten, in `RewriteSecrets`).
+    Done(Option<i64>),
+    /// The phase waits; the message says for what.
+    Waiting(String),
+}
+
+/// A phase that changes the configuration: `<c>-encryption` written as the phase wants it,
+/// or, once it holds that, every apiserver waited for.
+async fn move_config(
+    round: &Round<'_>,
+    phase: KeyRotationPhase,
+    secret: &str,
+    key: &str,
+) -> Result<Outcome, ReconcileError> {
+    let config = read(round, secret).await?;
+    let current = keys(&config).map_err(pki(secret))?;
+    let new = match current.iter().find(|k| k.name == key) {
+        Some(found) => found.clone(),
+        // Made in `AddKey` (again, when its first write did not land: nothing was encrypted
+        // with a key no apiserver had).
+        None if phase == KeyRotationPhase::AddKey => EncryptionKey::generate(key).map_err(pki(secret))?,
+        None => {
+            return Ok(Outcome::Waiting(format!(
+                "the new key {key} is not in {secret} any more; restore the Secret, or request a rotation anew"
+            )));
+        }
+    };
+    let desired = keys_for_phase(phase, &current, &new).unwrap_or_else(|| current.clone());
+    if desired != current {
+        round
+            .store
+            .write_encryption_config(secret, &encryption_configuration(&desired))
+            .await?;
+        return Ok(Outcome::Waiting(format!("wrote {secret} for phase {}", phase.as_str())));
+    }
+    Ok(match converged(&observations(round, secret).await?) {
+        Ok(()) => Outcome::Done(None),
+        Err(waiting) => Outcome::Waiting(waiting),
+    })
+}
+
+/// `RewriteSecrets`: every Secret of the tenant written again, unchanged, through its
+/// apiserver, which stores it under the key it now encrypts with (the apiserver writes an
+/// unchanged object again when it read it with another key than its first: the
+/// re-encryption the Kubernetes documentation gives,
+/// <https://kubernetes.io/docs/tasks/administer-cluster/encrypt-data/#ensure-all-secrets-are-encrypted>).
+/// A Secret changed or deleted meanwhile was written under the new key already.
+async fn rewrite(round: &Round<'_>) -> Result<Outcome, ReconcileError> {
+    let client = tenant_client(round.ctx, round.ncp, round.ns).await?;
+    let secrets = Api::<Secret>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let count = secrets.len() as i64;
+    futures::stream::iter(secrets)
+        .map(|secret| {
+            let api = Api::<Secret>::namespaced(client.clone(), &secret.namespace().unwrap_or_default());
+            async move {
+                match api.replace(&secret.name_any(), &PostParams::default(), &secret).await {
+                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+                    other => other.map(drop),
+                }
+            }
+        })
+        .buffer_unordered(REWRITES_AT_ONCE)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(Outcome::Done(Some(count)))
+}
+
+/// Records `outcome` of `phase` in `rotation`; returns the phase it is in now.
+fn record(
+    rotation: &mut EncryptionKeyRotation,
+    phase: KeyRotationPhase,
+    outcome: Outcome,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> KeyRotationPhase {
+    match outcome {
+        Outcome::Waiting(message) => {
+            rotation.message = message;
+            phase
+        }
+        Outcome::Done(rewritten) => {
+            rotation.phases.push(RotationPhaseRecord {
+                phase: phase.as_str().to_owned(),
+                completion_time: now.clone(),
+            });
+            if rewritten.is_some() {
+                rotation.rewritten = rewritten;
+            }
+            let next = phase.next();
+            rotation.phase = next.as_str().to_owned();
+            rotation.message = String::new();
+            next
+        }
+    }
+}
+
+/// The `EncryptionKeyRotation` condition of a rotation in `phase`.
+fn condition(phase: KeyRotationPhase, rotation: &EncryptionKeyRotation) -> ConditionUpdate {
+    let key = &rotation.key;
+    let reason = match phase {
+        KeyRotationPhase::AddKey => Reason::AddKey,
+        KeyRotationPhase::EncryptWithNewKey => Reason::EncryptWithNewKey,
+        KeyRotationPhase::RewriteSecrets => Reason::RewriteSecrets,
+        KeyRotationPhase::DropOldKeys => Reason::DropOldKeys,
+        KeyRotationPhase::Completed => {
+            let rewritten = rotation.rewritten.unwrap_or_default();
+            return ConditionUpdate::new(
+                ENCRYPTION_KEY_ROTATION,
+                false,
+                Reason::Completed,
+                format!(
+                    "the encryption key was rotated to {key}; {rewritten} Secrets were written again under it and the old keys dropped"
+                ),
+            );
+        }
+    };
+    let waiting = if rotation.message.is_empty() {
+        "starting"
+    } else {
+        &rotation.message
+    };
+    ConditionUpdate::new(
+        ENCRYPTION_KEY_ROTATION,
+        true,
+        reason,
+        format!(
+            "rotating the encryption key to {key}, phase {}: {waiting}",
+            phase.as_str()
+        ),
+    )
+}
+
+/// The configuration in `<c>-encryption`; its absence is the missing key.
+async fn read(round: &Round<'_>, secret: &str) -> Result<String, ReconcileError> {
+    round
+        .store
+        .read_encryption_config(secret)
+        .await?
+        .ok_or_else(|| ReconcileError::EncryptionKeyMissing(secret.to_owned()))
+}
+
+fn pki(secret: &str) -> impl Fn(crate::pki::PkiError) -> ReconcileError + '_ {
+    move |source| ReconcileError::Pki {
+        secret: secret.to_owned(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rotation(phase: KeyRotationPhase) -> EncryptionKeyRotation {
+        EncryptionKeyRotation {
+            request: "1".into(),
+            key: "key2".into(),
+            phase: phase.as_str().into(),
+            start_time: crate::controllers::round::Now::take().k8s,
+            phases: Vec::new(),
+            message: String::new(),
+            rewritten: None,
+        }
+    }
+
+    #[test]
+    fn a_finished_phase_is_recorded_and_the_next_one_begins() {
+        let now = crate::controllers::round::Now::take().k8s;
+        let mut r = rotation(KeyRotationPhase::RewriteSecrets);
+        let next = record(&mut r, KeyRotationPhase::RewriteSecrets, Outcome::Done(Some(7)), &now);
+        assert_eq!(next, KeyRotationPhase::DropOldKeys);
+        assert_eq!(
+            (r.phase.as_str(), r.rewritten, r.phases.len()),
+            ("DropOldKeys", Some(7), 1)
+        );
+        let same = record(&mut r, next, Outcome::Waiting("apiserver demo is rolling".into()), &now);
+        assert_eq!(same, KeyRotationPhase::DropOldKeys);
+        assert_eq!(r.message, "apiserver demo is rolling");
+        let update = condition(same, &r);
+        assert!(update.status && update.message.contains("phase DropOldKeys: apiserver demo is rolling"));
+        r.phase = KeyRotationPhase::Completed.as_str().into();
+        let done = condition(KeyRotationPhase::Completed, &r);
+        assert!(!done.status && done.message.contains("7 Secrets"), "{}", done.message);
+    }
+}
