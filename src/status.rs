@@ -186,6 +186,7 @@ reasons! {
         "spec.backup is set and no snapshot was taken yet: the next comes at the schedule's next run or with a new backup-now value.";
     RestoreNotAllowed: failure, [SYNCED, READY], "A restore was asked for where it cannot run; the message says why.";
     SnapshotVersionUnsupported: failure, [SYNCED, READY], "The snapshot was taken by an etcd this channel cannot restore.";
+    SnapshotKeyMissing: failure, [SYNCED, READY], "The snapshot's Secrets are encrypted with keys the control plane's <cluster>-encryption lacks.";
     // WatchesHealthy
     WatchFailed: failure, [WATCHES_HEALTHY],
         "A watch capn depends on fails (forbidden by its RBAC, a resource the API does not serve): changes go unnoticed until it recovers.";

@@ -107,6 +107,11 @@ pub struct SnapshotStatus {
     pub key: String,
     /// SHA-256 of the object, lower-case hex.
     pub sha256: String,
+    /// The encryption-at-rest keys the tenant's Secrets in it are encrypted with, by
+    /// identity (`key1/sha256:<16 hex digits>`, never the key): a restore needs each of them
+    /// in its `<cluster>-encryption`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encryption_keys: Vec<String>,
 }
 
 /// Restore state of a NestedEtcd started from a snapshot.

@@ -80,6 +80,12 @@ pub struct SnapshotRecord {
     pub etcd_version: String,
     /// When the snapshot was taken, RFC 3339.
     pub taken_at: String,
+    /// The identities of the encryption-at-rest keys the control plane had when the
+    /// snapshot was taken (`crate::pki::encryption::key_identities`): a restore needs them
+    /// all in its `<c>-encryption`. Empty for a snapshot of a control plane without one (or
+    /// taken by an older capn).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub encryption_keys: Vec<String>,
 }
 
 #[cfg(test)]

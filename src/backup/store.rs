@@ -247,6 +247,7 @@ impl Store {
         revision: i64,
         etcd_version: &str,
         taken_at: &str,
+        encryption_keys: Vec<String>,
     ) -> Result<SnapshotRecord, StoreError>
     where
         S: Stream<Item = Result<Bytes, E>>,
@@ -291,6 +292,7 @@ impl Store {
             revision,
             etcd_version: etcd_version.to_string(),
             taken_at: taken_at.to_string(),
+            encryption_keys,
         };
         let json = serde_json::to_vec(&record).map_err(|e| StoreError::Record {
             key: sidecar_key(key),

@@ -130,6 +130,24 @@ pub fn keys(config: &str) -> Result<Vec<EncryptionKey>, PkiError> {
     Ok(out)
 }
 
+/// The identity of every key in `config` (`key1/sha256:0123456789abcdef`: its name and the
+/// first 16 hex digits of the SHA-256 of its bytes), in order: what a backup records of the
+/// keys its Secrets are encrypted with, never the keys. Names alone repeat (every control
+/// plane's first key is `key1`); the digest tells two keys of one name apart.
+///
+/// Errors: as [`keys`].
+pub fn key_identities(config: &str) -> Result<Vec<String>, PkiError> {
+    use sha2::Digest as _;
+    Ok(keys(config)?
+        .into_iter()
+        .map(|k| {
+            let digest = sha2::Sha256::digest(k.secret);
+            let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            format!("{}/sha256:{hex}", k.name)
+        })
+        .collect())
+}
+
 /// The name of the next key: `key<n+1>` for the highest `key<n>` among `names`.
 pub fn next_key_name<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
     let highest = names
@@ -338,6 +356,25 @@ mod tests {
         assert_eq!(next_key_name([]), "key1");
         let short = "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - secretbox:\n      keys:\n      - {name: key1, secret: c2hvcnQ=}\n";
         assert!(keys(short).unwrap_err().to_string().contains("not 32 bytes"));
+    }
+
+    #[test]
+    fn an_identity_tells_two_keys_of_one_name_apart_and_shows_no_key() {
+        let (a, b) = (
+            EncryptionKey::generate("key1").unwrap(),
+            EncryptionKey::generate("key1").unwrap(),
+        );
+        let (ia, ib) = (
+            key_identities(&encryption_configuration(std::slice::from_ref(&a))).unwrap(),
+            key_identities(&encryption_configuration(&[b])).unwrap(),
+        );
+        assert_ne!(ia, ib);
+        assert!(
+            ia[0].starts_with("key1/sha256:") && ia[0].len() == "key1/sha256:".len() + 16,
+            "{ia:?}"
+        );
+        assert!(!ia[0].contains(&a.secret_base64()));
+        assert_eq!(ia, key_identities(&encryption_configuration(&[a])).unwrap());
     }
 
     #[test]

@@ -59,6 +59,7 @@ async fn upload(bucket: &str, prefix: &str, time: &str, etcd_version: &str) -> S
             7,
             etcd_version,
             time,
+            Vec::new(),
         )
         .await
         .unwrap();

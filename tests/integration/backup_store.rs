@@ -94,7 +94,7 @@ async fn a_snapshot_streams_in_parts_is_verified_and_comes_back_byte_for_byte() 
     let data = payload(PART_SIZE * 5 / 2, 7);
     let key = snapshot_key("tenant/etcd", at("2026-12-01T04:00:00Z"));
     let record = store
-        .upload_snapshot(&key, chunks(&data), 4242, "3.6.8", "2026-12-01T04:00:00Z")
+        .upload_snapshot(&key, chunks(&data), 4242, "3.6.8", "2026-12-01T04:00:00Z", Vec::new())
         .await
         .unwrap();
     assert_eq!(record.size, data.len() as u64);
@@ -124,7 +124,7 @@ async fn a_corrupt_snapshot_is_refused_and_nothing_is_left_to_restore_from() {
     let data = payload(300 * 1024, 11);
     let key = snapshot_key("p", at("2026-12-01T05:00:00Z"));
     store
-        .upload_snapshot(&key, chunks(&data), 1, "3.6.8", "2026-12-01T05:00:00Z")
+        .upload_snapshot(&key, chunks(&data), 1, "3.6.8", "2026-12-01T05:00:00Z", Vec::new())
         .await
         .unwrap();
     // One flipped byte on the server's disk, same size.
@@ -155,7 +155,14 @@ async fn a_missing_snapshot_is_refused_naming_what_is_there() {
     let store = store(&bucket, "p");
     let key = snapshot_key("p", at("2026-12-01T06:00:00Z"));
     store
-        .upload_snapshot(&key, chunks(&payload(1000, 3)), 1, "3.6.8", "2026-12-01T06:00:00Z")
+        .upload_snapshot(
+            &key,
+            chunks(&payload(1000, 3)),
+            1,
+            "3.6.8",
+            "2026-12-01T06:00:00Z",
+            Vec::new(),
+        )
         .await
         .unwrap();
     let absent = snapshot_key("p", at("2026-11-30T06:00:00Z"));
@@ -173,7 +180,14 @@ async fn a_failed_upload_leaves_no_backup_and_retention_deletes_only_older_snaps
         let time = format!("2026-12-0{day}T03:00:00Z");
         let key = snapshot_key("r", at(&time));
         store
-            .upload_snapshot(&key, chunks(&payload(2048, day)), day as i64, "3.6.8", &time)
+            .upload_snapshot(
+                &key,
+                chunks(&payload(2048, day)),
+                day as i64,
+                "3.6.8",
+                &time,
+                Vec::new(),
+            )
             .await
             .unwrap();
         keys.push(key);
@@ -186,7 +200,7 @@ async fn a_failed_upload_leaves_no_backup_and_retention_deletes_only_older_snaps
         Err(std::io::Error::other("etcd went away")),
     ]);
     let err = store
-        .upload_snapshot(&failed, broken, 5, "3.6.8", "2026-12-05T03:00:00Z")
+        .upload_snapshot(&failed, broken, 5, "3.6.8", "2026-12-05T03:00:00Z", Vec::new())
         .await
         .unwrap_err();
     assert_eq!(err.reason(), "SnapshotStreamFailed", "{err}");
@@ -201,7 +215,14 @@ async fn a_failed_upload_leaves_no_backup_and_retention_deletes_only_older_snaps
     // Day 6 succeeds; retention 2 keeps days 6 and 4.
     let verified = snapshot_key("r", at("2026-12-06T03:00:00Z"));
     store
-        .upload_snapshot(&verified, chunks(&payload(2048, 6)), 6, "3.6.8", "2026-12-06T03:00:00Z")
+        .upload_snapshot(
+            &verified,
+            chunks(&payload(2048, 6)),
+            6,
+            "3.6.8",
+            "2026-12-06T03:00:00Z",
+            Vec::new(),
+        )
         .await
         .unwrap();
     let listed = store.list_keys().await.unwrap();

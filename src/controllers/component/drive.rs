@@ -177,7 +177,7 @@ async fn prepare_restore<K: ComponentResource>(
         Err(e) => return Ok(Err(Outcome::Invalid(e))),
     };
     Ok(
-        match K::prepare(ctx, object, ns, resolved.channel, &resolved.version).await? {
+        match K::prepare(ctx, object, ns, &cluster.name, resolved.channel, &resolved.version).await? {
             RestorePlan::None => Ok((None, None)),
             RestorePlan::Pending(vars, status) => Ok((Some(vars), Some(status))),
             RestorePlan::Refused { reason, message } => Err(Outcome::Refused { reason, message }),

@@ -97,12 +97,13 @@ pub trait ComponentResource:
     }
 
     /// What must be settled before the members are planned (etcd: a pending restore, see
-    /// [`crate::controllers::component::etcd::backup`]), decided against the resolved channel and release. Default:
-    /// nothing.
+    /// [`crate::controllers::component::etcd::backup`]), decided against the resolved channel
+    /// and release, for the cluster named `cluster`. Default: nothing.
     fn prepare(
         _ctx: &Context,
         _object: &Self,
         _ns: &str,
+        _cluster: &str,
         _channel: &crate::channel::Channel,
         _version: &semver::Version,
     ) -> impl Future<Output = Result<RestorePlan, ReconcileError>> + Send {

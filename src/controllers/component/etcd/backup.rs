@@ -75,6 +75,7 @@ pub async fn plan_restore(
     ctx: &Context,
     etcd: &NestedEtcd,
     ns: &str,
+    cluster: &str,
     channel: &Channel,
     version: &Version,
 ) -> Result<RestorePlan, ReconcileError> {
@@ -150,12 +151,15 @@ pub async fn plan_restore(
     if let Err(e) = store.verify(&key, record.size, &record.sha256).await {
         return Ok(refused_by_store(&e, &etcd.name_any()));
     }
+    if let Some(message) = missing_keys(ctx, ns, cluster, &key, &record).await? {
+        return Ok(RestorePlan::Refused {
+            reason: Reason::SnapshotKeyMissing.as_str(),
+            message,
+        });
+    }
     let snapshot = SnapshotStatus {
-        time: record.taken_at.clone(),
-        revision: record.revision,
-        size_bytes: i64::try_from(record.size).unwrap_or(i64::MAX),
         key: key.clone(),
-        sha256: record.sha256.clone(),
+        ..snapshot_status(&record)
     };
     let status = RestoreStatus {
         snapshot: Some(snapshot.clone()),
@@ -165,6 +169,62 @@ pub async fn plan_restore(
         vars(&snapshot, restore.source.credentials_secret.name.clone()),
         status,
     ))
+}
+
+/// What a verified snapshot's status shows of its record.
+fn snapshot_status(record: &crate::backup::naming::SnapshotRecord) -> SnapshotStatus {
+    SnapshotStatus {
+        time: record.taken_at.clone(),
+        revision: record.revision,
+        size_bytes: i64::try_from(record.size).unwrap_or(i64::MAX),
+        key: record.key.clone(),
+        sha256: record.sha256.clone(),
+        encryption_keys: record.encryption_keys.clone(),
+    }
+}
+
+/// Why snapshot `key` (its `record`) cannot be restored into cluster `cluster` as its
+/// encryption key stands: the snapshot's Secrets are encrypted with keys (by identity) that
+/// `<cluster>-encryption` does not hold, so the restored apiserver could read none of them.
+/// `None` when it holds them all (or the snapshot names none).
+///
+/// # Errors
+/// API errors reading the Secret.
+async fn missing_keys(
+    ctx: &Context,
+    ns: &str,
+    cluster: &str,
+    key: &str,
+    record: &crate::backup::naming::SnapshotRecord,
+) -> Result<Option<String>, ReconcileError> {
+    if record.encryption_keys.is_empty() {
+        return Ok(None);
+    }
+    let secret = crate::pki::SecretNames::new(cluster).encryption;
+    let held = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(ctx.client.clone(), ns)
+        .get_opt(&secret)
+        .await?
+        .and_then(|s| crate::pki::encryption::encryption_configuration_from_secret(&s).ok())
+        .and_then(|config| crate::pki::encryption::key_identities(&config).ok())
+        .unwrap_or_default();
+    let missing: Vec<&str> = record
+        .encryption_keys
+        .iter()
+        .filter(|k| !held.contains(k))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    let holds = if held.is_empty() {
+        "does not exist or holds no key".to_owned()
+    } else {
+        format!("holds {}", held.join(", "))
+    };
+    Ok(Some(format!(
+        "snapshot {key} holds the tenant's Secrets encrypted with {}, which {secret} lacks (it {holds}): put the {secret} you kept with your backups in place (docs/guide/backups.md \"Encryption keys\"); nothing was started",
+        missing.join(", ")
+    )))
 }
 
 fn region(destination: &BackupDestination) -> String {
@@ -507,13 +567,7 @@ fn record_finished(ctx: &Context, key: &str, status: &mut BackupStatus) -> Optio
                 Ok(deleted) => format!("retention deleted {deleted} object(s)"),
                 Err(e) => format!("retention failed, nothing was deleted: {e}"),
             };
-            status.last_snapshot = Some(SnapshotStatus {
-                time: record.taken_at.clone(),
-                revision: record.revision,
-                size_bytes: i64::try_from(record.size).unwrap_or(i64::MAX),
-                key: record.key.clone(),
-                sha256: record.sha256.clone(),
-            });
+            status.last_snapshot = Some(snapshot_status(&record));
             ConditionUpdate::new(
                 BACKUP_SUCCEEDED,
                 true,
@@ -618,8 +672,15 @@ async fn start_snapshot(
         Err(e) => return Ok(Some(refusal(Reason::EtcdUnreachable.as_str(), e.to_string()))),
     };
     let retention = usize::try_from(backup.retention.unwrap_or(crate::api::DEFAULT_RETENTION)).unwrap_or(1);
+    // The keys the Secrets in the snapshot are encrypted with, by identity (a restore
+    // checks them); the configuration is read whole, so this costs one read per snapshot.
+    let encryption_keys = store
+        .read_encryption_config(&names.encryption)
+        .await?
+        .and_then(|config| crate::pki::encryption::key_identities(&config).ok())
+        .unwrap_or_default();
     ctx.backups
-        .start(key, snapshot_job(client, objects, retention, trigger));
+        .start(key, snapshot_job(client, objects, retention, trigger, encryption_keys));
     Ok(None)
 }
 
@@ -632,6 +693,7 @@ async fn snapshot_job(
     store: Store,
     retention: usize,
     trigger: crate::backup::due::Trigger,
+    encryption_keys: Vec<String>,
 ) -> Finished {
     use futures::StreamExt;
     let taken = Timestamp::now();
@@ -674,7 +736,7 @@ async fn snapshot_job(
         });
         let all = futures::stream::once(async move { Ok::<_, String>(head) }).chain(rest);
         store
-            .upload_snapshot(&key, all, revision, &version, &taken.to_string())
+            .upload_snapshot(&key, all, revision, &version, &taken.to_string(), encryption_keys)
             .await
             .map_err(|e| (e.reason(), e.to_string()))
     };

@@ -39,10 +39,11 @@ impl ComponentResource for NestedEtcd {
         ctx: &Context,
         object: &Self,
         ns: &str,
+        cluster: &str,
         channel: &crate::channel::Channel,
         version: &semver::Version,
     ) -> Result<backup::RestorePlan, ReconcileError> {
-        backup::plan_restore(ctx, object, ns, channel, version).await
+        backup::plan_restore(ctx, object, ns, cluster, channel, version).await
     }
 
     /// Scheduled and on-demand snapshots ([`backup::backup_step`]).
