@@ -184,6 +184,7 @@ pub struct EncryptionKeyRotation {
     pub key: String,
     /// `AddKey`, `EncryptWithNewKey`, `RewriteSecrets`, `DropOldKeys` or `Completed`.
     pub phase: String,
+    /// When the rotation started.
     pub start_time: Time,
     /// The phases finished, with when.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
