@@ -247,6 +247,31 @@ mod tests {
         ControlPlaneRef::new("teams", "demo")
     }
 
+    /// The claims syncer: a copy the super cluster bound and defaulted is current; a storage
+    /// expansion the tenant asks for is not (it goes down); status is the tenant's (the
+    /// trait's defaults: nothing goes up, through the status subresource if it did).
+    #[test]
+    fn a_bound_copy_is_current_an_expansion_is_not_and_status_stays_the_tenants() {
+        let claim = tenant_claim();
+        let desired = Claims.copy(&control_plane(), &claim).unwrap().unwrap();
+        let mut live = desired.clone();
+        let spec = live.spec.as_mut().unwrap();
+        spec.volume_name = Some("pvc-s1".into());
+        spec.storage_class_name = Some("fast".into());
+        live.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert("pv.kubernetes.io/bind-completed".into(), "yes".into());
+        assert!(Claims.is_current(&desired, &live));
+        let mut expanded = claim.clone();
+        expanded.spec.as_mut().unwrap().resources =
+            Some(serde_json::from_value(serde_json::json!({"requests": {"storage": "2Gi"}})).unwrap());
+        let wanted = Claims.copy(&control_plane(), &expanded).unwrap().unwrap();
+        assert!(!Claims.is_current(&wanted, &live), "the expansion goes down");
+        assert_eq!(Claims.status_up(&claim, &live), None);
+        assert!(Claims.has_status_subresource());
+    }
+
     fn tenant_claim() -> PersistentVolumeClaim {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "data", "namespace": "shop", "uid": "t-claim", "resourceVersion": "7",
