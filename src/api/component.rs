@@ -107,6 +107,15 @@ pub struct EtcdStorage {
     /// a pod is rescheduled: for tests and throw-away clusters only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ephemeral: bool,
+    /// etcd's backend quota (`--quota-backend-bytes`), a quantity of bytes like `2Gi`: the
+    /// database size at which etcd raises its `NOSPACE` alarm and accepts only reads and
+    /// deletes. At most `size`. Default: sized from `size` as
+    /// `min(2Gi, max(size / 4, (size - 384MB) / 2))`, room for two copies of the database
+    /// (a defragmentation or a snapshot from the leader writes one beside it) and etcd's
+    /// write-ahead log; 345MB for the default 1Gi volume; etcd's own 2Gi on ephemeral
+    /// storage (docs/guide/etcd-operations.md "Quota"). etcd suggests at most 8Gi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_backend_bytes: Option<Quantity>,
 }
 
 /// Spec of a [`NestedEtcd`]: the shared component spec plus storage.

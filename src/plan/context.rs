@@ -19,7 +19,7 @@
 //! | `etcd.members` | etcd only: `[{name, host, peer_url, client_url}]` for every member (etcd lists, once it runs) |
 //! | `etcd.initial_cluster`, `etcd.initial_cluster_state` | etcd only: `--initial-cluster` (`name=peer_url,...`) and `--initial-cluster-state` (`new`, or `existing` while a member joins) |
 //! | `etcd.endpoints` | the etcd client URLs (apiserver: those NestedEtcd published; etcd: its own) |
-//! | `etcd.storage` | `{ephemeral, size, storage_class_name}` |
+//! | `etcd.storage` | `{ephemeral, size, storage_class_name, quota_backend_bytes}`; `quota_backend_bytes` (etcd only) is the `--quota-backend-bytes` in bytes, the spec's or sized from the volume ([`super::etcd_quota`]) |
 //! | `etcd.restore` | while a restore is pending: `{capn_image, endpoint, bucket, region, prefix, snapshot, credentials_secret}` (the snapshot's object key, resolved and verified by capn); none otherwise |
 //! | `apiserver.service`, `apiserver.port`, `apiserver.url` | apiserver Service name, port 6443, in-cluster URL |
 //! | `disruption.max_unavailable` | `maxUnavailable` of the component's PodDisruptionBudget (integer ≥ 0; [`super::policy::disruption`]) |
@@ -144,6 +144,8 @@ pub struct StorageVars {
     pub ephemeral: bool,
     pub size: String,
     pub storage_class_name: Option<String>,
+    /// etcd only: `--quota-backend-bytes`, in bytes ([`super::etcd_quota::quota_backend_bytes`]).
+    pub quota_backend_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]

@@ -8,6 +8,7 @@
 mod channel_check;
 mod context;
 mod digest;
+pub mod etcd_quota;
 mod labels;
 pub mod policy;
 mod rules;
@@ -314,10 +315,15 @@ pub fn check_input(
         ComponentKind::ApiServer => field_rules::Kind::NestedAPIServer,
         ComponentKind::ControllerManager => field_rules::Kind::NestedControllerManager,
     };
-    match field_rules::check_object(rules_of, &object).into_iter().next() {
-        Some(e) => Err(e.into()),
-        None => Ok(()),
+    if let Some(e) = field_rules::check_object(rules_of, &object).into_iter().next() {
+        return Err(e.into());
     }
+    // A rule across two fields (the quota against the volume), which the table of single
+    // fields cannot say.
+    if kind == ComponentKind::Etcd {
+        etcd_quota::quota_backend_bytes(etcd_storage, DEFAULT_ETCD_STORAGE, resource_name)?;
+    }
+    Ok(())
 }
 
 /// The field rules of the settings a component inherits from its control plane, reported
@@ -427,6 +433,13 @@ pub fn plan(
     };
     let mut context = build_context(cluster, request, &version, replicas, members, endpoints_for_templates);
     context.etcd.initial_cluster_state = initial_state.as_str().to_string();
+    if kind == ComponentKind::Etcd {
+        context.etcd.storage.quota_backend_bytes = Some(etcd_quota::quota_backend_bytes(
+            request.etcd_storage,
+            DEFAULT_ETCD_STORAGE,
+            request.resource_name,
+        )?);
+    }
     // Every object is a member of the component's ApplySet (KEP-3659): pruning and kubectl
     // both find the set by this label.
     context.labels.insert(
@@ -568,6 +581,7 @@ fn build_context(
                     .map(|q| q.0)
                     .unwrap_or_else(|| DEFAULT_ETCD_STORAGE.to_string()),
                 storage_class_name: storage.storage_class_name,
+                quota_backend_bytes: None,
             },
             restore: request.etcd_restore.cloned(),
         },

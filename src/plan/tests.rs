@@ -223,6 +223,93 @@ fn ephemeral_etcd_uses_empty_dir_and_no_claims() {
     assert!(volumes.iter().any(|v| v["name"] == "data" && v["emptyDir"].is_object()));
 }
 
+fn etcd_plan_with(version: &str, storage: &EtcdStorage) -> Result<Plan, PlanError> {
+    let spec = ComponentSpec {
+        version: Some(version.into()),
+        ..Default::default()
+    };
+    plan(
+        &registry(),
+        &cluster(),
+        &ComponentRequest {
+            etcd_storage: Some(storage),
+            ..request(ComponentKind::Etcd, &spec)
+        },
+        &Upstream::default(),
+    )
+}
+
+#[test]
+fn etcd_quota_is_rendered_from_the_spec_or_sized_from_the_volume_in_every_etcd_release() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    for version in ["3.6.8", "3.7.0"] {
+        let default = etcd_plan_with(version, &EtcdStorage::default()).unwrap();
+        let sts = find(&default, "StatefulSet");
+        // The default 1Gi volume: (1Gi - 384MB) / 2.
+        assert_eq!(
+            flag(sts, "quota-backend-bytes").as_deref(),
+            Some("344870912"),
+            "{version}"
+        );
+        let large = EtcdStorage {
+            size: Some(Quantity("20Gi".into())),
+            ..Default::default()
+        };
+        let sts_large = etcd_plan_with(version, &large).unwrap();
+        assert_eq!(
+            flag(find(&sts_large, "StatefulSet"), "quota-backend-bytes").as_deref(),
+            Some("2147483648"),
+            "{version}: etcd's own 2 GiB default on a large volume"
+        );
+        let set = EtcdStorage {
+            quota_backend_bytes: Some(Quantity("8Mi".into())),
+            ..Default::default()
+        };
+        let sts_set = etcd_plan_with(version, &set).unwrap();
+        assert_eq!(
+            flag(find(&sts_set, "StatefulSet"), "quota-backend-bytes").as_deref(),
+            Some("8388608"),
+            "{version}"
+        );
+    }
+}
+
+#[test]
+fn etcd_compacts_its_history_periodically_keeping_one_hour_in_every_etcd_release() {
+    for version in ["3.6.8", "3.7.0"] {
+        let p = etcd_plan_with(version, &EtcdStorage::default()).unwrap();
+        let sts = find(&p, "StatefulSet");
+        assert_eq!(
+            flag(sts, "auto-compaction-mode").as_deref(),
+            Some("periodic"),
+            "{version}"
+        );
+        assert_eq!(
+            flag(sts, "auto-compaction-retention").as_deref(),
+            Some("1h"),
+            "{version}"
+        );
+    }
+}
+
+#[test]
+fn etcd_quota_above_its_volume_is_refused_naming_the_field() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let storage = EtcdStorage {
+        size: Some(Quantity("1Gi".into())),
+        quota_backend_bytes: Some(Quantity("2Gi".into())),
+        ..Default::default()
+    };
+    let e = etcd_plan_with("3.6.8", &storage).unwrap_err();
+    assert_eq!(e.reason(), "InvalidEtcdQuota");
+    assert!(
+        e.to_string().contains(
+            "NestedEtcd demo: spec.storage.quotaBackendBytes: Invalid value: \"2Gi\": must not exceed spec.storage.size"
+        ),
+        "{e}"
+    );
+}
+
 #[test]
 fn apiserver_lists_every_etcd_member_and_has_a_cluster_ip_service() {
     let p = plan_of(ComponentKind::ApiServer, &ComponentSpec::default(), &three_endpoints()).unwrap();

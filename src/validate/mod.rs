@@ -559,6 +559,11 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         kinds: &[Kind::NestedEtcd],
+        path: "spec.storage.quotaBackendBytes",
+        syntax: Syntax::StorageSize,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
         path: "spec.storage.storageClassName",
         syntax: Syntax::ObjectName,
     },

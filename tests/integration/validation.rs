@@ -218,6 +218,24 @@ fn corpus() -> Vec<Case> {
     bad_component(
         &mut c,
         etcd,
+        "InvalidStorage",
+        "spec.storage.quotaBackendBytes",
+        ["0", "lots"]
+            .into_iter()
+            .map(|s| json!({"storage": {"quotaBackendBytes": s}}))
+            .collect(),
+    );
+    // Across two fields: no rule at admission; the controllers and render refuse it.
+    bad_component(
+        &mut c,
+        etcd,
+        "InvalidEtcdQuota",
+        "spec.storage.quotaBackendBytes",
+        vec![json!({"storage": {"size": "1Gi", "quotaBackendBytes": "2Gi"}})],
+    );
+    bad_component(
+        &mut c,
+        etcd,
         "InvalidName",
         "spec.storage.storageClassName",
         vec![json!({"storage": {"storageClassName": "Fast_SSD"}})],
