@@ -15,12 +15,15 @@
 //! - [`service`]: a tenant Service's copy, its super ClusterIP shown back, and the Service
 //!   environment variables of a tenant pod;
 //! - [`resource`]: the trait every resource syncer implements; [`custom`]: the generic one
-//!   for public custom resources.
+//!   for public custom resources; [`config`]: the ConfigMaps and Secrets pods use;
+//!   [`pods`]: the pod's rules on the trait.
 pub mod admission;
+pub mod config;
 pub mod custom;
 pub mod diff;
 pub mod names;
 pub mod pod;
+pub mod pods;
 pub mod resource;
 pub mod service;
 pub mod upward;

@@ -22,6 +22,8 @@
 //!   a concurrent tenant write is never overwritten blindly (a conflict waits for the next
 //!   pass).
 
+use std::collections::BTreeSet;
+
 use kube::Resource;
 use kube::api::Api;
 
@@ -70,9 +72,38 @@ pub trait ResourceSyncer: Send + Sync {
         None
     }
 
+    /// The tenant objects of `object`'s namespace its copy refers to (by their tenant
+    /// names), whose own copies must exist before it is made: a pod's ConfigMaps, Secrets
+    /// and claims. Each is copied by the syncer of its kind ([`ReferenceKind`]), and a copy
+    /// whose reference is missing in the tenant waits for it, as a kubelet waits for a
+    /// volume's source. None by default.
+    fn references(&self, object: &Self::Object) -> BTreeSet<Reference> {
+        let _ = object;
+        BTreeSet::new()
+    }
+
     /// Whether the kind has a `status` subresource, through which [`Self::status_up`]'s
     /// writes go (otherwise the whole object is replaced).
     fn has_status_subresource(&self) -> bool {
         true
     }
+}
+
+/// The kind of a referenced tenant object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReferenceKind {
+    ConfigMap,
+    Secret,
+    PersistentVolumeClaim,
+}
+
+/// A tenant object a copy refers to (a pod's ConfigMap, Secret or claim), by its tenant
+/// name in the namespace of the object that refers to it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Reference {
+    /// What kind of object is referred to.
+    pub kind: ReferenceKind,
+    /// Its tenant name; the super name is `ControlPlaneRef::super_name` of it, with
+    /// `NameLimit::Subdomain`.
+    pub name: String,
 }

@@ -87,6 +87,15 @@ pub fn tenant_status(tenant: &Pod, super_pod: &Pod, now: Timestamp) -> Upward {
         observed_generation: None,
         ..reported
     };
+    Upward {
+        status,
+        bind_to: bind_to(tenant, super_pod),
+    }
+}
+
+/// The node to bind the tenant pod `tenant` to: its super pod's, once that is scheduled,
+/// while the tenant pod is unbound (a pod is bound once).
+pub fn bind_to(tenant: &Pod, super_pod: &Pod) -> Option<String> {
     let scheduled = super_pod
         .spec
         .as_ref()
@@ -97,10 +106,7 @@ pub fn tenant_status(tenant: &Pod, super_pod: &Pod, now: Timestamp) -> Upward {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .is_some_and(|n| !n.is_empty());
-    Upward {
-        status,
-        bind_to: scheduled.filter(|_| !bound),
-    }
+    scheduled.filter(|_| !bound)
 }
 
 /// The kubelet's Ready condition over `conditions` with readiness gates `gates`; the

@@ -18,12 +18,14 @@ use super::caches::in_namespace;
 use super::scope::{FIELD_MANAGER, Tenant, typed};
 use super::written_lately::CACHE_LAG;
 use super::{nodes, pod_certificates, references, tokens, trust_bundles};
-use crate::syncer::diff::{Ownership, ownership, pod_drift};
+use crate::syncer::diff::{Ownership, ownership};
 use crate::syncer::names::NameLimit;
 use crate::syncer::names::tenancy::{MissingField, TenantObject};
-use crate::syncer::pod::{TranslateError, keep_live_immutables, translate};
+use crate::syncer::pod::{TranslateError, keep_live_immutables};
+use crate::syncer::pods::Pods;
+use crate::syncer::resource::ResourceSyncer;
 use crate::syncer::service::service_links;
-use crate::syncer::upward::tenant_status;
+use crate::syncer::upward::bind_to;
 
 /// How soon a pod that waits (for a tenant object it refers to, for its super pod to go)
 /// is looked at again without being woken.
@@ -158,7 +160,14 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
     if live.is_none() && waits_for_services(tenant, &pod, &waiting) {
         return Ok(Action::requeue(LINK_RETRY));
     }
-    let mut translation = match translate(&source, &tenant.target, &links) {
+    // The pod's rules (`crate::syncer::pods::Pods`, a `ResourceSyncer`): its copy, what it
+    // refers to, when the copy is current, and the status that goes up.
+    let syncer = Pods {
+        target: &tenant.target,
+        links: &links,
+        now: Timestamp::now(),
+    };
+    let mut translation = match syncer.translate(&source) {
         Ok(t) => t,
         Err(TranslateError::MissingField(e)) => return Err(e.into()),
         Err(refused) => {
@@ -185,12 +194,12 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
             spec.node_name = Some(node.clone());
         }
     }
-    if references::sync(tenant, &identity.namespace, &translation.references).await? {
+    if references::sync(tenant, &identity.namespace, &syncer.references(&source)).await? {
         next = Action::requeue(WAIT);
     }
     let created = live.is_none();
     let live = match live {
-        Some(live) if pod_drift(&translation.pod, &live).is_empty() => live,
+        Some(live) if syncer.is_current(&translation.pod, &live) => live,
         _ => match apply_super(tenant, &super_name, &translation.pod).await {
             Ok(applied) => {
                 let applied = Arc::new(applied);
@@ -230,7 +239,7 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
         let note = format!("tolerations not carried to the super cluster: {}", keys.join(", "));
         tenant.event(&*pod, false, "TolerationsDropped", note).await;
     }
-    let bound = upward(tenant, &pod, &live).await?;
+    let bound = upward(tenant, &syncer, &pod, &live).await?;
     // After the way up, as the kubelet asks only for the pods bound to it: a token bound to
     // the pod then carries its Node (the apiserver's node-name and node-uid claims), and a
     // certificate request names that Node.
@@ -403,12 +412,12 @@ async fn lost(tenant: &Tenant, pod: &Pod, node: &str) -> Result<Action, SyncErro
 
 /// The way up: the tenant pod bound to its super pod's node (whose tenant Node is made
 /// first), and its status from the super pod's. Returns whether the tenant pod is bound.
-async fn upward(tenant: &Tenant, pod: &Pod, live: &Pod) -> Result<bool, kube::Error> {
-    let up = tenant_status(pod, live, Timestamp::now());
+async fn upward(tenant: &Tenant, syncer: &Pods<'_>, pod: &Pod, live: &Pod) -> Result<bool, kube::Error> {
+    let bind_to = bind_to(pod, live);
     let api = Api::<Pod>::namespaced(tenant.tenant_client.clone(), &pod.namespace().unwrap_or_default());
     let unbound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none();
-    let bound = !unbound || up.bind_to.is_some();
-    if let Some(node) = up.bind_to.as_deref().filter(|_| unbound) {
+    let bound = !unbound || bind_to.is_some();
+    if let Some(node) = bind_to.as_deref().filter(|_| unbound) {
         nodes::ensure(tenant, node).await?;
         let binding = Binding {
             metadata: ObjectMeta {
@@ -433,7 +442,7 @@ async fn upward(tenant: &Tenant, pod: &Pod, live: &Pod) -> Result<bool, kube::Er
             Err(e) => return Err(e),
         }
     }
-    if changes(pod.status.as_ref(), &up.status) {
+    if let Some(up) = syncer.status_up(pod, live) {
         api.patch_status(
             &pod.name_any(),
             &PatchParams::default(),
@@ -442,46 +451,4 @@ async fn upward(tenant: &Tenant, pod: &Pod, live: &Pod) -> Result<bool, kube::Er
         .await?;
     }
     Ok(bound)
-}
-
-/// Whether merging `desired` into `current` (a JSON merge patch, as written) changes it.
-/// Comparing the merged result, not the two statuses, keeps a field the patch does not
-/// name from causing a write at every reconcile.
-fn changes(
-    current: Option<&k8s_openapi::api::core::v1::PodStatus>,
-    desired: &k8s_openapi::api::core::v1::PodStatus,
-) -> bool {
-    let current = serde_json::to_value(current.cloned().unwrap_or_default()).unwrap_or_default();
-    let mut merged = current.clone();
-    json_patch::merge(&mut merged, &serde_json::to_value(desired).unwrap_or_default());
-    merged != current
-}
-
-#[cfg(test)]
-mod tests {
-    use k8s_openapi::api::core::v1::PodStatus;
-
-    use super::changes;
-
-    fn status(value: serde_json::Value) -> PodStatus {
-        serde_json::from_value(value).unwrap()
-    }
-
-    #[test]
-    fn a_status_is_written_only_when_merging_it_would_change_the_tenant_pod() {
-        let current = status(serde_json::json!({
-            "phase": "Running", "podIP": "10.0.0.5", "nominatedNodeName": "n1",
-            "conditions": [{"type": "Ready", "status": "True"}]}));
-        // The same, without a field the merge leaves alone: no write.
-        let same = status(serde_json::json!({
-            "phase": "Running", "podIP": "10.0.0.5",
-            "conditions": [{"type": "Ready", "status": "True"}]}));
-        assert!(!changes(Some(&current), &same));
-        // A changed condition list is a write (lists are replaced whole).
-        let not_ready = status(serde_json::json!({
-            "phase": "Running", "podIP": "10.0.0.5",
-            "conditions": [{"type": "Ready", "status": "False"}]}));
-        assert!(changes(Some(&current), &not_ready));
-        assert!(changes(None, &same));
-    }
 }

@@ -1,32 +1,33 @@
 //! The tenant objects a pod refers to (ConfigMaps, Secrets, PersistentVolumeClaims of its
-//! namespace), copied under their mapped names into the workload namespace before the pod.
-//! The tenant is the source of truth: a copy that differs from its tenant object (changed
-//! in the tenant, or on the super side) is applied again.
+//! namespace), copied under their mapped names into the workload namespace before the pod,
+//! each by its kind's [`ResourceSyncer`] rules (`crate::syncer::config`, `Claims`).
+//! The tenant is the source of truth: a copy that is not current (changed in the tenant,
+//! or on the super side) is applied again.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::copies::delete;
 use super::scope::{CopyRecord, FIELD_MANAGER, Tenant, typed};
 use super::volumes::ensure_copy;
 use super::written_lately::CACHE_LAG;
-use crate::syncer::diff::metadata_drift;
+use crate::syncer::config::{ConfigMaps, Secrets};
+use crate::syncer::diff::{Ownership, ownership};
 use crate::syncer::names::NameLimit;
-use crate::syncer::names::tenancy::super_metadata;
+use crate::syncer::names::tenancy::TenantObject;
 use crate::syncer::pod::references::referenced as pod_references;
 use crate::syncer::pod::{Reference, ReferenceKind};
+use crate::syncer::resource::ResourceSyncer;
 use crate::syncer::volume::claim_copy;
-
-/// The legacy service-account token Secret type: a copy of one is made `Opaque`, so that
-/// the super cluster's token controller never fills it with a super-cluster token.
-const SERVICE_ACCOUNT_TOKEN_TYPE: &str = "kubernetes.io/service-account-token";
 
 /// Copies every reference of a pod in the tenant namespace `namespace`. Returns whether one
 /// of them does not exist in the tenant yet (the super pod waits for it, as a kubelet
@@ -41,86 +42,92 @@ pub(super) async fn sync(
 ) -> Result<bool, kube::Error> {
     let mut waiting = false;
     for reference in references {
+        let (name, sources) = (&reference.name, (namespace, reference.name.as_str()));
         let present = match reference.kind {
-            ReferenceKind::ConfigMap => config_map(tenant, namespace, &reference.name).await?,
-            ReferenceKind::Secret => secret(tenant, namespace, &reference.name).await?,
-            ReferenceKind::PersistentVolumeClaim => claim(tenant, namespace, &reference.name).await?,
+            ReferenceKind::ConfigMap => {
+                copy_used(
+                    tenant,
+                    &ConfigMaps,
+                    &tenant.tenant_config_maps,
+                    &tenant.super_config_maps,
+                    sources,
+                )
+                .await?
+            }
+            ReferenceKind::Secret => {
+                copy_used(tenant, &Secrets, &tenant.tenant_secrets, &tenant.super_secrets, sources).await?
+            }
+            ReferenceKind::PersistentVolumeClaim => claim(tenant, namespace, name).await?,
         };
         waiting |= !present;
     }
     Ok(waiting)
 }
 
-/// The copy's metadata, or `None` when the tenant object lacks its identity.
-fn copy_meta(tenant: &Tenant, meta: &ObjectMeta) -> Option<ObjectMeta> {
-    let mut copy = super_metadata(tenant.control_plane(), NameLimit::Subdomain, meta).ok()?;
-    tenant.mark(&mut copy);
-    Some(copy)
-}
-
-async fn config_map(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
-    if current(
+/// Makes sure the copy of the tenant object `namespace/name` of `syncer`'s kind is current
+/// (`sources`: the tenant's objects by metadata; `copies`: the super cache). Returns whether
+/// the tenant object exists and its copy may be used: `false` when it does not (yet), or
+/// when a super object of the copy's name is not its copy (the pod waits rather than
+/// mount what another owner put there).
+async fn copy_used<S, K>(
+    tenant: &Tenant,
+    syncer: &S,
+    sources: &Store<PartialObjectMeta<K>>,
+    copies: &Store<K>,
+    (namespace, name): (&str, &str),
+) -> Result<bool, kube::Error>
+where
+    S: ResourceSyncer<Object = K>,
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    if current(tenant, sources, copies, namespace, name) {
+        return Ok(true);
+    }
+    let Some(source) = syncer
+        .api(tenant.tenant_client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(false);
+    };
+    let (Ok(Some(mut copy)), Ok(identity)) = (
+        syncer.copy(tenant.control_plane(), &source),
+        TenantObject::of(source.meta()),
+    ) else {
+        return Ok(false);
+    };
+    tenant.mark(copy.meta_mut());
+    let live = cached(copies, tenant, &copy);
+    let copy_name = copy.meta().name.clone().unwrap_or_default();
+    let same = match live.as_ref().map(|l| {
+        (
+            l,
+            ownership(tenant.control_plane(), NameLimit::Subdomain, &identity, l.meta()),
+        )
+    }) {
+        Some((_, Ownership::Foreign)) => {
+            tracing::info!(kind = %K::kind(&()), copy = %copy_name, "a super object of the copy's name is not this tenant object's copy; the pods using it wait");
+            return Ok(false);
+        }
+        Some((_, Ownership::Stale)) => {
+            delete(&syncer.api(tenant.super_client.clone(), &tenant.namespace), &copy_name).await?;
+            None
+        }
+        Some((live, Ownership::Ours)) => Some(syncer.is_current(&copy, live)),
+        None => None,
+    };
+    apply_copy(
         tenant,
-        &tenant.tenant_config_maps,
-        &tenant.super_config_maps,
-        namespace,
-        name,
-    ) {
-        return Ok(true);
-    }
-    let Some(source) = Api::<ConfigMap>::namespaced(tenant.tenant_client.clone(), namespace)
-        .get_opt(name)
-        .await?
-    else {
-        return Ok(false);
-    };
-    let Some(metadata) = copy_meta(tenant, &source.metadata) else {
-        return Ok(false);
-    };
-    let copy = ConfigMap {
-        metadata,
-        data: source.data,
-        binary_data: source.binary_data,
-        immutable: None,
-    };
-    let live = cached(&tenant.super_config_maps, tenant, &copy);
-    let same = live.as_ref().map(|l| {
-        l.data == copy.data
-            && l.binary_data == copy.binary_data
-            && metadata_drift(&copy.metadata, &l.metadata).is_empty()
-    });
-    apply_copy(tenant, &copy, live.as_deref(), same, &source.metadata).await?;
-    Ok(true)
-}
-
-async fn secret(tenant: &Tenant, namespace: &str, name: &str) -> Result<bool, kube::Error> {
-    if current(tenant, &tenant.tenant_secrets, &tenant.super_secrets, namespace, name) {
-        return Ok(true);
-    }
-    let Some(source) = Api::<Secret>::namespaced(tenant.tenant_client.clone(), namespace)
-        .get_opt(name)
-        .await?
-    else {
-        return Ok(false);
-    };
-    let Some(metadata) = copy_meta(tenant, &source.metadata) else {
-        return Ok(false);
-    };
-    let type_ = source
-        .type_
-        .filter(|t| t != SERVICE_ACCOUNT_TOKEN_TYPE)
-        .or_else(|| Some("Opaque".to_owned()));
-    let copy = Secret {
-        metadata,
-        data: source.data,
-        type_,
-        ..Secret::default()
-    };
-    let live = cached(&tenant.super_secrets, tenant, &copy);
-    let same = live.as_ref().map(|l| {
-        l.data == copy.data && l.type_ == copy.type_ && metadata_drift(&copy.metadata, &l.metadata).is_empty()
-    });
-    apply_copy(tenant, &copy, live.as_deref(), same, &source.metadata).await?;
+        &copy,
+        live.as_deref().filter(|_| same.is_some()),
+        same,
+        source.meta(),
+    )
+    .await?;
     Ok(true)
 }
 
@@ -149,9 +156,7 @@ where
     let Some(source) = sources.get(&ObjectRef::new(name).within(namespace)) else {
         return false;
     };
-    let Some(copy_name) = copy_meta(tenant, &source.metadata).and_then(|m| m.name) else {
-        return false;
-    };
+    let copy_name = tenant.control_plane().super_name(NameLimit::Subdomain, namespace, name);
     let Some(copy) = copies.get(&ObjectRef::new(&copy_name).within(&tenant.namespace)) else {
         return false;
     };

@@ -197,11 +197,14 @@ pub(super) async fn run(start: Start) {
     };
     tokio::join!(
         dns,
-        queue.for_each(|_| async {}),
         drain(node_events),
         nodes::heartbeats(&tenant),
         patrol::run(&tenant),
         pod_events::run(&tenant, subscription.events),
+        // The resource syncers (`crate::syncer::resource::ResourceSyncer`), one line each:
+        // pods (and, first, the ConfigMaps, Secrets and claims they use) through their queue;
+        // the kinds copied one per tenant object through `copies::run`.
+        queue.for_each(|_| async {}),
         volumes::run(
             &tenant,
             futures::stream::select_all([

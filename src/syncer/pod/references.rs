@@ -17,24 +17,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec, Volume};
 
 use crate::syncer::names::{ControlPlaneRef, NameLimit};
-
-/// The kind of a referenced tenant object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ReferenceKind {
-    ConfigMap,
-    Secret,
-    PersistentVolumeClaim,
-}
-
-/// A tenant object a pod refers to, by its tenant name in the pod's namespace.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Reference {
-    /// What kind of object is referred to.
-    pub kind: ReferenceKind,
-    /// Its tenant name; the super name is `ControlPlaneRef::super_name` of it, with
-    /// `NameLimit::Subdomain`.
-    pub name: String,
-}
+pub use crate::syncer::resource::{Reference, ReferenceKind};
 
 /// Rewrites every reference of `spec` (a pod of `namespace`) and returns the tenant objects
 /// referred to.
