@@ -106,8 +106,13 @@ pub struct MemberStatus {
     pub raft_index: u64,
     pub raft_applied_index: u64,
     pub learner: bool,
-    /// Size of the backend database, bytes.
+    /// Size of the backend database file, bytes.
     pub db_size: i64,
+    /// Bytes of the database file holding data (`dbSizeInUse`); the rest is free pages a
+    /// defragmentation gives back (etcd 3.4+).
+    pub db_size_in_use: i64,
+    /// The member's `--quota-backend-bytes` (`dbSizeQuota`; etcd 3.6+, 0 before).
+    pub db_size_quota: i64,
     /// The store's revision when the status was taken (from the response header).
     pub revision: i64,
     /// Errors the member reports (alarms such as NOSPACE).
@@ -410,6 +415,8 @@ impl EtcdCluster<'_> {
             raft_applied_index: response.raft_applied_index(),
             learner: response.is_learner(),
             db_size: response.db_size(),
+            db_size_in_use: response.raft_used_db_size(),
+            db_size_quota: response.db_size_quota(),
             errors: response.errors().to_vec(),
             version: response.version().to_string(),
         })

@@ -50,7 +50,16 @@ async fn capn_reaches_tenant_etcd_by_name_with_its_own_certificate() {
     let status = etcd.status(&url).await.unwrap();
     assert_eq!(status.member_id, members[0].id);
     assert_eq!(status.leader, members[0].id, "a single member leads itself");
-    say(&format!("etcd client: member list and status through {url}"));
+    // Issue 40: the member runs with the quota capn sized from its default 1Gi volume.
+    assert_eq!(
+        u64::try_from(status.db_size_quota).ok(),
+        Some(capn::plan::etcd_quota::default_quota_backend_bytes(1 << 30)),
+        "{status:?}"
+    );
+    say(&format!(
+        "etcd client: member list and status through {url}; database {} bytes, {} in use, quota {}",
+        status.db_size, status.db_size_in_use, status.db_size_quota
+    ));
 
     // The member's certificate is verified for the name dialed: a name it does not carry,
     // mapped to the same address, is refused.
