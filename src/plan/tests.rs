@@ -293,6 +293,21 @@ fn etcd_compacts_its_history_periodically_keeping_one_hour_in_every_etcd_release
 }
 
 #[test]
+fn etcd_liveness_and_start_ignore_alarms_so_nospace_does_not_restart_members() {
+    for version in ["3.6.8", "3.7.0"] {
+        let p = etcd_plan_with(version, &EtcdStorage::default()).unwrap();
+        let container = &find(&p, "StatefulSet")["spec"]["template"]["spec"]["containers"][0];
+        for (probe, path) in [
+            ("startupProbe", "/livez"),
+            ("livenessProbe", "/livez"),
+            ("readinessProbe", "/readyz"),
+        ] {
+            assert_eq!(container[probe]["httpGet"]["path"], path, "{version} {probe}");
+        }
+    }
+}
+
+#[test]
 fn etcd_quota_above_its_volume_is_refused_naming_the_field() {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     let storage = EtcdStorage {
