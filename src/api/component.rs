@@ -216,6 +216,11 @@ impl MemberRemediation {
 pub struct NestedAPIServerSpec {
     #[serde(flatten)]
     pub component: ComponentSpec,
+    /// Audit logging (docs/guide/security.md "Audit"): when set, the apiserver records what
+    /// its audit policy keeps to a log file and optionally a webhook. Unset: no auditing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub audit: Option<Box<super::ApiServerAudit>>,
 }
 
 /// Spec of a [`NestedControllerManager`].

@@ -6,12 +6,14 @@
 //! `infrastructure.cluster.x-k8s.io/v1beta1`: [`NestedCluster`].
 //! This module holds types only; behaviour lives in the controllers.
 
+mod audit;
 mod backup;
 mod cluster;
 mod component;
 mod control_plane;
 mod templates;
 
+pub use audit::*;
 pub use backup::*;
 pub use cluster::*;
 pub use component::*;

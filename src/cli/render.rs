@@ -185,6 +185,15 @@ impl Origin<'_> {
                     Some("spec.version"),
                 )
             }
+            PlanError::AuditPolicy(e) => {
+                return Problem {
+                    object: Some(self.component.clone()),
+                    path: Some(crate::plan::audit::ReferenceError::PATH.to_string()),
+                    reason: e.reason,
+                    message: e.detail.clone(),
+                    cause: Some(Arc::new(error.clone())),
+                };
+            }
             PlanError::Channel(ChannelError::NoEtcdForKubernetes { .. }) => (self.ncp_object(), Some("spec.version")),
             PlanError::Channel(ChannelError::UnknownChannel { requested, .. }) => {
                 let own = own_channel.as_deref() == Some(requested.trim());
@@ -302,8 +311,23 @@ fn plan_component<K: ComponentResource>(
     component: &K,
     upstream: &Upstream,
     running: Running,
+    docs: &[Value],
 ) -> Result<Plan, PlanError> {
     let name = component.name_any();
+    // A referenced audit policy is read from the file, as the controllers read it from
+    // the cluster (a ConfigMap of that name in the input; the namespace is not compared).
+    let referenced = match crate::plan::audit::policy_reference(component.audit()) {
+        Some((config_map, key)) => {
+            let text = docs
+                .iter()
+                .find(|d| kind_of(d) == ("v1", "ConfigMap") && name_of(d) == config_map)
+                .and_then(|d| d.get("data"))
+                .and_then(|data| data.get(key))
+                .and_then(Value::as_str);
+            Some(crate::plan::audit::referenced_policy(&name, config_map, key, text)?)
+        }
+        None => None,
+    };
     let request = ComponentRequest {
         kind: K::KIND,
         resource_name: &name,
@@ -312,6 +336,10 @@ fn plan_component<K: ComponentResource>(
         etcd_restore: None,
         owner: owner_of(component),
         running,
+        audit: component.audit().map(|spec| crate::plan::AuditRequest {
+            spec,
+            referenced: referenced.as_ref(),
+        }),
     };
     plan(channels, cluster, &request, upstream)
 }
@@ -1035,7 +1063,7 @@ fn render_control_plane(
         }
     };
     let etcd_plan = keep(
-        plan_component(channels, &cluster, &etcd, &Upstream::default(), etcd_running),
+        plan_component(channels, &cluster, &etcd, &Upstream::default(), etcd_running, docs),
         &etcd_origin,
     );
     // Without an etcd plan the apiserver is still planned, against the endpoints etcd
@@ -1055,7 +1083,7 @@ fn render_control_plane(
         ..Upstream::default()
     };
     let apiserver_plan = keep(
-        plan_component(channels, &cluster, &apiserver, &upstream, apiserver_running),
+        plan_component(channels, &cluster, &apiserver, &upstream, apiserver_running, docs),
         &apiserver_origin,
     );
     let cm_plan = keep(
@@ -1065,6 +1093,7 @@ fn render_control_plane(
             &controller_manager,
             &Upstream::default(),
             cm_running,
+            docs,
         ),
         &cm_origin,
     );
@@ -1450,6 +1479,60 @@ mod tests {
             err.to_string()
                 .contains("spec.controlPlaneEndpoint.port: Invalid value: 70000: must be a TCP port"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn audit_settings_are_refused_with_their_path_and_a_referenced_policy_is_read_from_the_file() {
+        let apiserver = |audit: Value| component("NestedAPIServer", "demo-apiserver", json!({"audit": audit}));
+        let bad_level = render(vec![
+            ncp(None),
+            apiserver(json!({"policy": {"rules": [{"level": "Everything"}]}})),
+        ])
+        .unwrap_err();
+        assert_eq!(error_reason(&bad_level), Some("InvalidAuditPolicy"));
+        assert!(
+            bad_level.to_string().contains(
+                "NestedAPIServer demo-apiserver: spec.audit.policy.rules[0].level: Invalid value: \"Everything\": must be one of None, Metadata, Request, RequestResponse"
+            ),
+            "{bad_level}"
+        );
+        let by_ref = json!({"policyRef": {"name": "audit-policy", "key": "p.yaml"}});
+        let missing = render(vec![ncp(None), apiserver(by_ref.clone())]).unwrap_err();
+        assert_eq!(error_reason(&missing), Some("AuditPolicyMissing"));
+        assert!(
+            missing.to_string().contains(
+                "NestedAPIServer demo-apiserver: spec.audit.policyRef: ConfigMap audit-policy key p.yaml: not found"
+            ),
+            "{missing}"
+        );
+        let config_map = |text: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "audit-policy"}, "data": {"p.yaml": text}});
+        let invalid = render(vec![
+            ncp(None),
+            apiserver(by_ref.clone()),
+            config_map("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Sometimes\n"),
+        ])
+        .unwrap_err();
+        assert_eq!(error_reason(&invalid), Some("InvalidAuditPolicy"));
+        assert!(
+            invalid.to_string().contains(
+                "spec.audit.policyRef: ConfigMap audit-policy key p.yaml: rules[0].level: Invalid value: \"Sometimes\""
+            ),
+            "{invalid}"
+        );
+        let rendered = render(vec![
+            ncp(None),
+            apiserver(by_ref),
+            config_map("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Request\n"),
+        ])
+        .unwrap();
+        let policy = find(&rendered.objects, "ConfigMap", "demo-audit-policy");
+        assert!(
+            policy["data"]["policy.yaml"]
+                .as_str()
+                .unwrap()
+                .contains("\"level\": \"Request\""),
+            "{policy}"
         );
     }
 

@@ -53,6 +53,7 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
                 etcd_restore: None,
                 owner: OwnerReference::default(),
                 running: Running::default(),
+                audit: None,
             };
             let own_members = if kind == ComponentKind::Etcd {
                 members.clone()

@@ -28,6 +28,7 @@
 //! | `network_policy.capn` | capn's own pods, `{namespace, labels}`, or none when capn runs outside the super cluster |
 //! | `network_policy.apiserver_from` | NetworkPolicyPeers admitted to the apiserver besides the controller-manager and capn; none admits everyone |
 //! | `network_policy.metrics_from` | NetworkPolicyPeers admitted to the metrics ports; empty admits nobody |
+//! | `audit` | apiserver only, when its `spec.audit` is set (else none): `{policy_config_map, policy_key, policy, policy_digest, log: {max_size, max_backup, max_age}, webhook: {secret, key, mode} or none}` ([`super::audit`]) |
 //!
 //! Non-string values should go through `tojson` in templates.
 
@@ -54,6 +55,8 @@ pub struct RenderContext {
     pub disruption: DisruptionVars,
     pub spread: SpreadVars,
     pub network_policy: NetworkPolicyVars,
+    /// apiserver only: auditing, when the NestedAPIServer sets `spec.audit`.
+    pub audit: Option<super::audit::AuditVars>,
 }
 
 /// The pod selector labels of each component of the cluster.

@@ -5,6 +5,7 @@
 //!
 //! Pure: no client, no clock, no randomness. Nothing is applied unless the whole set planned.
 
+pub mod audit;
 mod channel_check;
 mod context;
 mod digest;
@@ -80,6 +81,18 @@ pub struct ComponentRequest<'a> {
     pub owner: OwnerReference,
     /// Releases running now, which the version rules compare against.
     pub running: Running,
+    /// apiserver only: `spec.audit` and the policy it references, read by the caller.
+    pub audit: Option<AuditRequest<'a>>,
+}
+
+/// The audit settings of a NestedAPIServer to plan ([`audit`]).
+#[derive(Clone, Copy, Debug)]
+pub struct AuditRequest<'a> {
+    /// `spec.audit`.
+    pub spec: &'a crate::api::ApiServerAudit,
+    /// The policy `spec.audit.policyRef` names, read and checked with
+    /// [`audit::referenced_policy`]; `None` without `policyRef`.
+    pub referenced: Option<&'a crate::api::AuditPolicy>,
 }
 
 /// Outputs of earlier components that a later one is rendered against.
@@ -209,6 +222,9 @@ pub enum PlanError {
     /// server gives at admission.
     #[error(transparent)]
     Field(#[from] crate::validate::FieldError),
+    /// `spec.audit.policyRef` names a policy that is missing or invalid.
+    #[error(transparent)]
+    AuditPolicy(#[from] audit::ReferenceError),
     #[error("rendered {kind}/{name} {message}")]
     InvalidObject {
         kind: String,
@@ -229,6 +245,7 @@ impl PlanError {
             Self::InvalidCertificateValidity(_) => "InvalidCertificateValidityPeriod",
             Self::NoEtcdEndpoints => "WaitingForEtcd",
             Self::Field(e) => e.reason(),
+            Self::AuditPolicy(e) => e.reason,
             Self::InvalidObject { .. } => "InvalidObject",
         }
     }
@@ -433,6 +450,7 @@ pub fn plan(
     };
     let mut context = build_context(cluster, request, &version, replicas, members, endpoints_for_templates);
     context.etcd.initial_cluster_state = initial_state.as_str().to_string();
+    context.audit = planned_audit(cluster, request)?;
     if kind == ComponentKind::Etcd {
         context.etcd.storage.quota_backend_bytes = Some(etcd_quota::quota_backend_bytes(
             request.etcd_storage,
@@ -479,6 +497,25 @@ pub fn plan(
         },
         startup_secrets,
     })
+}
+
+/// The render-context `audit` of an apiserver: none without `spec.audit`.
+///
+/// # Errors
+/// [`PlanError::AuditPolicy`] when `policyRef` is set and the caller found no policy.
+fn planned_audit(
+    cluster: &ClusterSettings,
+    request: &ComponentRequest<'_>,
+) -> Result<Option<audit::AuditVars>, PlanError> {
+    let Some(AuditRequest { spec, referenced }) = request.audit.filter(|_| request.kind == ComponentKind::ApiServer)
+    else {
+        return Ok(None);
+    };
+    audit::check_fields(request.resource_name, spec)?;
+    if let (Some((config_map, key)), None) = (audit::policy_reference(Some(spec)), referenced) {
+        audit::referenced_policy(request.resource_name, config_map, key, None)?;
+    }
+    Ok(audit::audit_vars(&cluster.name, Some(spec), referenced))
 }
 
 /// The names of the Secrets a channel declares its component's processes reload by
@@ -598,6 +635,7 @@ fn build_context(
         disruption: policy::disruption(request.kind, replicas),
         spread: policy::spread(request.spec.topology_spread.as_ref()),
         network_policy: policy::network_policy_vars(&cluster.network_policy),
+        audit: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn request(kind: ComponentKind, spec: &ComponentSpec) -> ComponentRequest<'_> {
         etcd_restore: None,
         owner: owner(kind),
         running: Running::default(),
+        audit: None,
     }
 }
 
@@ -213,6 +214,7 @@ fn ephemeral_etcd_uses_empty_dir_and_no_claims() {
             etcd_restore: None,
             owner: owner(ComponentKind::Etcd),
             running: Running::default(),
+            audit: None,
         },
         &Upstream::default(),
     )
@@ -958,6 +960,7 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
                 etcd_restore: restore,
                 owner: owner(ComponentKind::Etcd),
                 running: Running::default(),
+                audit: None,
             }
         }
         let mut kube_1_37 = cluster();

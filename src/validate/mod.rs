@@ -129,6 +129,20 @@ pub enum Syntax {
     S3Endpoint,
     /// An S3 bucket name.
     BucketName,
+    /// An audit policy rule's `level` (`audit.k8s.io/v1`).
+    AuditLevel,
+    /// An audit stage (`omitStages` items).
+    AuditStage,
+    /// An audit policy: at least one rule (kube-apiserver refuses a policy without rules).
+    AuditRules,
+    /// An audit policy rule: `nonResourceURLs` or `resources`/`namespaces`, not both.
+    AuditRule,
+    /// The audit settings: at most one of `policy` and `policyRef`.
+    AuditPolicySource,
+    /// `--audit-webhook-mode`.
+    AuditWebhookMode,
+    /// A key of a ConfigMap's or Secret's data.
+    DataKey,
 }
 
 /// One CEL rule of a syntax and the message shown when it fails.
@@ -169,6 +183,25 @@ const OBJECT_NAME_MESSAGE: &str = "must be an object name (lower-case RFC 1123 s
 const CRON_MESSAGE: &str = "must be a cron expression of five fields (minute hour day-of-month month day-of-week, like 0 3 * * *) or one of @hourly, @daily, @weekly, @monthly, @yearly, @annually";
 const S3_ENDPOINT_MESSAGE: &str = "must be the URL of an S3 API, http:// or https:// with a host and an optional port and nothing after, like https://s3.eu-west-1.amazonaws.com or http://minio.backup:9000";
 const BUCKET_MESSAGE: &str = "must be an S3 bucket name: 3 to 63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit";
+/// The levels of `audit.k8s.io/v1` (k8s.io/apiserver/pkg/apis/audit/v1 `Level`).
+pub const AUDIT_LEVELS: &[&str] = &["None", "Metadata", "Request", "RequestResponse"];
+/// The stages of `audit.k8s.io/v1` (`Stage`).
+pub const AUDIT_STAGES: &[&str] = &["RequestReceived", "ResponseStarted", "ResponseComplete", "Panic"];
+/// kube-apiserver's `--audit-webhook-mode` values.
+pub const AUDIT_WEBHOOK_MODES: &[&str] = &["batch", "blocking", "blocking-strict"];
+/// A ConfigMap or Secret data key (k8s.io/apimachinery `IsConfigMapKey`).
+const DATA_KEY: &str = "^[-._a-zA-Z0-9]+$";
+const AUDIT_LEVEL_MESSAGE: &str = "must be one of None, Metadata, Request, RequestResponse (audit.k8s.io/v1 levels)";
+const AUDIT_STAGE_MESSAGE: &str =
+    "must be one of RequestReceived, ResponseStarted, ResponseComplete, Panic (audit.k8s.io/v1 stages)";
+const AUDIT_RULES_MESSAGE: &str = "must have at least one rule: kube-apiserver refuses an audit policy without rules";
+const AUDIT_RULE_MESSAGE: &str =
+    "a rule applies either to nonResourceURLs or to resources and namespaces, not both (as kube-apiserver checks it)";
+const AUDIT_POLICY_SOURCE_MESSAGE: &str =
+    "policy and policyRef are exclusive: set at most one (neither: capn's default policy)";
+const AUDIT_WEBHOOK_MODE_MESSAGE: &str = "must be one of batch, blocking, blocking-strict (--audit-webhook-mode)";
+const DATA_KEY_MESSAGE: &str =
+    "must be a data key: letters, digits, '-', '_' and '.', at most 253 characters, like policy.yaml";
 const IMAGE_REPOSITORY_MESSAGE: &str =
     "must be a registry host with an optional port and path, like registry.k8s.io or localhost:5000/mirror";
 
@@ -195,6 +228,8 @@ impl Syntax {
             Self::CronSchedule => "InvalidBackupSchedule",
             Self::Retention { .. } => "InvalidBackupRetention",
             Self::S3Endpoint | Self::BucketName => "InvalidBackupDestination",
+            Self::AuditLevel | Self::AuditStage | Self::AuditRules | Self::AuditRule => "InvalidAuditPolicy",
+            Self::AuditPolicySource | Self::AuditWebhookMode | Self::DataKey => "InvalidAudit",
         }
     }
 
@@ -279,6 +314,22 @@ impl Syntax {
                 S3_ENDPOINT_MESSAGE
             )],
             Self::BucketName => vec![cel!(format!("self.matches('{}')", cel_pattern(BUCKET)), BUCKET_MESSAGE)],
+            Self::AuditLevel => vec![cel!(cel_one_of(AUDIT_LEVELS), AUDIT_LEVEL_MESSAGE)],
+            Self::AuditStage => vec![cel!(cel_one_of(AUDIT_STAGES), AUDIT_STAGE_MESSAGE)],
+            Self::AuditRules => vec![cel!("has(self.rules) && size(self.rules) > 0", AUDIT_RULES_MESSAGE)],
+            Self::AuditRule => vec![cel!(
+                "!(has(self.nonResourceURLs) && size(self.nonResourceURLs) > 0 && ((has(self.resources) && size(self.resources) > 0) || (has(self.namespaces) && size(self.namespaces) > 0)))",
+                AUDIT_RULE_MESSAGE
+            )],
+            Self::AuditPolicySource => vec![cel!(
+                "!(has(self.policy) && has(self.policyRef))",
+                AUDIT_POLICY_SOURCE_MESSAGE
+            )],
+            Self::AuditWebhookMode => vec![cel!(cel_one_of(AUDIT_WEBHOOK_MODES), AUDIT_WEBHOOK_MODE_MESSAGE)],
+            Self::DataKey => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(DATA_KEY)),
+                DATA_KEY_MESSAGE
+            )],
         }
     }
 
@@ -293,7 +344,15 @@ impl Syntax {
             Self::ImageRepository | Self::S3Endpoint => Some(255),
             Self::CronSchedule => Some(128),
             Self::BucketName => Some(63),
-            Self::Port | Self::FlagName | Self::Replicas { .. } | Self::Retention { .. } => None,
+            Self::AuditLevel | Self::AuditStage | Self::AuditWebhookMode => Some(32),
+            Self::DataKey => Some(253),
+            Self::Port
+            | Self::FlagName
+            | Self::Replicas { .. }
+            | Self::Retention { .. }
+            | Self::AuditRules
+            | Self::AuditRule
+            | Self::AuditPolicySource => None,
         }
     }
 
@@ -381,8 +440,49 @@ impl Syntax {
                 Some(s) if matches(BUCKET, s) => Ok(()),
                 _ => fail(0),
             },
+            Self::AuditLevel => one_of(string, AUDIT_LEVELS).then_some(()).ok_or(rules[0].message),
+            Self::AuditStage => one_of(string, AUDIT_STAGES).then_some(()).ok_or(rules[0].message),
+            Self::AuditWebhookMode => one_of(string, AUDIT_WEBHOOK_MODES)
+                .then_some(())
+                .ok_or(rules[0].message),
+            Self::AuditRules => match value.get("rules").and_then(Value::as_array) {
+                Some(rules) if !rules.is_empty() => Ok(()),
+                _ => fail(0),
+            },
+            Self::AuditRule => {
+                let set = |field: &str| {
+                    value
+                        .get(field)
+                        .and_then(Value::as_array)
+                        .is_some_and(|l| !l.is_empty())
+                };
+                if set("nonResourceURLs") && (set("resources") || set("namespaces")) {
+                    fail(0)
+                } else {
+                    Ok(())
+                }
+            }
+            Self::AuditPolicySource => match (value.get("policy"), value.get("policyRef")) {
+                (Some(a), Some(b)) if !a.is_null() && !b.is_null() => fail(0),
+                _ => Ok(()),
+            },
+            Self::DataKey => match string {
+                Some(s) if s.len() <= 253 && matches(DATA_KEY, s) => Ok(()),
+                _ => fail(0),
+            },
         }
     }
+}
+
+/// CEL: `self` is one of `values`.
+fn cel_one_of(values: &[&str]) -> String {
+    let quoted: Vec<String> = values.iter().map(|v| format!("'{v}'")).collect();
+    format!("self in [{}]", quoted.join(", "))
+}
+
+/// `value` is a string and one of `values`.
+fn one_of(value: Option<&str>, values: &[&str]) -> bool {
+    value.is_some_and(|v| values.contains(&v))
 }
 
 /// A regular expression as a CEL string literal (single-quoted; backslashes doubled). CEL's
@@ -453,6 +553,7 @@ pub struct Rule {
 
 const NCP: &[Kind] = &[Kind::NestedControlPlane];
 const COMPONENTS: &[Kind] = &[Kind::NestedEtcd, Kind::NestedAPIServer, Kind::NestedControllerManager];
+const APISERVER: &[Kind] = &[Kind::NestedAPIServer];
 const ALL: &[Kind] = &[
     Kind::NestedControlPlane,
     Kind::NestedEtcd,
@@ -609,6 +710,63 @@ pub const RULES: &[Rule] = &[
         path: "spec.restore.source.credentialsSecret.name",
         syntax: Syntax::ObjectName,
     },
+    // NestedAPIServer `spec.audit` (issue 39 item 2); a referenced policy is checked
+    // against the `spec.audit.policy` rules too (crate::plan::audit).
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit",
+        syntax: Syntax::AuditPolicySource,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.policy",
+        syntax: Syntax::AuditRules,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.policy.omitStages[]",
+        syntax: Syntax::AuditStage,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.policy.rules[]",
+        syntax: Syntax::AuditRule,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.policy.rules[].level",
+        syntax: Syntax::AuditLevel,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.policy.rules[].omitStages[]",
+        syntax: Syntax::AuditStage,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.policyRef.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.policyRef.key",
+        syntax: Syntax::DataKey,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.webhook.configSecretRef.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.webhook.configSecretRef.key",
+        syntax: Syntax::DataKey,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.audit.webhook.mode",
+        syntax: Syntax::AuditWebhookMode,
+    },
 ];
 
 /// Upper bounds on list and map sizes (OpenAPI `maxItems`/`maxProperties`), which keep the
@@ -619,6 +777,9 @@ pub const SIZE_BOUNDS: &[(&str, &str, i64)] = &[
     ("spec.extraArgs", "maxProperties", 64),
     ("spec.resources.requests", "maxProperties", 16),
     ("spec.resources.limits", "maxProperties", 16),
+    ("spec.audit.policy.rules", "maxItems", 256),
+    ("spec.audit.policy.omitStages", "maxItems", 4),
+    ("spec.audit.policy.rules[].omitStages", "maxItems", 4),
 ];
 
 /// A field that breaks its rule.

@@ -4,6 +4,7 @@
 mod backup;
 mod backup_store;
 mod boot;
+mod boot_audit;
 mod boot_backup;
 mod boot_certificates;
 mod boot_connect;

@@ -282,6 +282,7 @@ fn rendered(ns: &str) -> Vec<Value> {
             etcd_restore: None,
             owner: Default::default(),
             running: Running::default(),
+            audit: None,
         };
         let p = plan(&channels, &cluster, &request, &upstream).unwrap();
         objects.extend(p.objects.into_iter().map(|mut o| {

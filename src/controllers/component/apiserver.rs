@@ -6,6 +6,7 @@ use crate::status::Reason;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use kube::runtime::reflector::ObjectRef;
 
@@ -57,7 +58,32 @@ impl ComponentResource for NestedAPIServer {
         ctx: &Arc<Context>,
         subscriptions: &crate::controllers::shared::cache::Subscriptions,
     ) -> Option<BoxStream<'static, ObjectRef<Self>>> {
-        Some(successor_of::<NestedEtcd, Self>(ctx, subscriptions))
+        // And a change of the Secret an audit webhook configuration is read from (capn
+        // does not own it, so the Secret triggers of the control plane miss it).
+        let apiservers = ctx.clone();
+        let webhook_secrets = ctx.caches.secret_changes().flat_map(move |secret| {
+            let referring: Vec<ObjectRef<Self>> = apiservers
+                .caches
+                .apiservers
+                .state()
+                .iter()
+                .filter(|a| {
+                    a.metadata.namespace.as_deref() == Some(secret.namespace.as_str())
+                        && a.spec
+                            .audit
+                            .as_ref()
+                            .and_then(|audit| audit.webhook.as_ref())
+                            .is_some_and(|w| w.config_secret_ref.name == secret.name)
+                })
+                .map(|a| ObjectRef::from_obj(&**a))
+                .collect();
+            futures::stream::iter(referring)
+        });
+        Some(futures::stream::select(successor_of::<NestedEtcd, Self>(ctx, subscriptions), webhook_secrets).boxed())
+    }
+
+    fn audit(&self) -> Option<&crate::api::ApiServerAudit> {
+        self.spec.audit.as_deref()
     }
 
     /// Issues the serving certificate (SANs include the ClusterIP the super cluster

@@ -55,6 +55,7 @@ pub(super) async fn drive<K: ComponentResource>(
 ) -> Result<Outcome, ReconcileError> {
     let Read { ncp, cluster, running } = proceed!(read(object, ctx, ns).await);
     let (restore_vars, restore_status) = proceed!(prepare_restore(object, ctx, ns, &cluster).await);
+    let referenced_policy = proceed!(read_audit_references(object, ctx, ns).await);
     let policy = match renewal_policy(&ncp, ctx.settings.certificate_validity) {
         Ok(policy) => policy,
         Err(message) => return Ok(Outcome::Invalid(PlanError::InvalidCertificateValidity(message))),
@@ -90,6 +91,10 @@ pub(super) async fn drive<K: ComponentResource>(
         etcd_restore: restore_vars.as_ref(),
         owner,
         running,
+        audit: object.audit().map(|spec| crate::plan::AuditRequest {
+            spec,
+            referenced: referenced_policy.as_ref(),
+        }),
     };
     let plan = match plan(&ctx.channels, &cluster, &request, &upstream) {
         Ok(plan) => plan,
@@ -183,6 +188,68 @@ async fn prepare_restore<K: ComponentResource>(
             RestorePlan::Refused { reason, message } => Err(Outcome::Refused { reason, message }),
         },
     )
+}
+
+/// apiserver: what `spec.audit` references, read before planning (issue 39 item 2): the
+/// policy in the ConfigMap `policyRef` names (read and checked, `None` without
+/// `policyRef`), and that the webhook's Secret has its key. A missing or invalid one
+/// refuses the pass (condition, Event) and nothing is applied; it is read again within a
+/// minute, and a change of the webhook Secret wakes the apiserver at once.
+async fn read_audit_references<K: ComponentResource>(
+    object: &K,
+    ctx: &Context,
+    ns: &str,
+) -> Stage<Option<crate::api::AuditPolicy>> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let Some(audit) = object.audit() else {
+        return Ok(Ok(None));
+    };
+    let name = object.name_any();
+    if let Err(e) = crate::plan::audit::check_fields(&name, audit) {
+        return Ok(Err(Outcome::Invalid(e.into())));
+    }
+    let referenced = match crate::plan::audit::policy_reference(Some(audit)) {
+        Some((config_map, key)) => {
+            let found = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
+                .get_opt(config_map)
+                .await?;
+            let text = found.as_ref().and_then(|c| c.data.as_ref()).and_then(|d| d.get(key));
+            match crate::plan::audit::referenced_policy(&name, config_map, key, text.map(String::as_str)) {
+                Ok(policy) => Some(policy),
+                Err(e) => {
+                    return Ok(Err(Outcome::Refused {
+                        reason: e.reason,
+                        message: e.to_string(),
+                    }));
+                }
+            }
+        }
+        None => None,
+    };
+    if let Some(webhook) = &audit.webhook {
+        let secret = &webhook.config_secret_ref.name;
+        let key = webhook
+            .config_secret_ref
+            .key
+            .as_deref()
+            .unwrap_or(crate::plan::audit::WEBHOOK_CONFIG_KEY);
+        let found = Api::<Secret>::namespaced(ctx.client.clone(), ns)
+            .get_opt(secret)
+            .await?;
+        let has_key = found.is_some_and(|s| {
+            s.data.as_ref().is_some_and(|d| d.contains_key(key))
+                || s.string_data.as_ref().is_some_and(|d| d.contains_key(key))
+        });
+        if !has_key {
+            return Ok(Err(Outcome::Refused {
+                reason: "AuditWebhookConfigMissing",
+                message: format!(
+                    "NestedAPIServer {name}: spec.audit.webhook.configSecretRef: Secret {secret} key {key}: not found: create it with the webhook's kubeconfig file under that key (docs/guide/security.md \"Audit\")"
+                ),
+            }));
+        }
+    }
+    Ok(Ok(referenced))
 }
 
 /// Applies the plan rank by rank: the Services, then (once the kind's certificates are

@@ -122,6 +122,11 @@ pub trait ComponentResource:
         async { Ok(BackupReport::default()) }
     }
 
+    /// apiserver only: `spec.audit` (issue 39 item 2). Default: none.
+    fn audit(&self) -> Option<&crate::api::ApiServerAudit> {
+        None
+    }
+
     /// The Service this component publishes in its status (the apiserver's), from the
     /// objects as applied.
     fn service_output(_cluster: &ClusterSettings, _applied: &[serde_json::Value]) -> Option<ServiceOutput> {

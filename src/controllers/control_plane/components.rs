@@ -162,6 +162,7 @@ fn first_plan_of<K: ComponentResource>(round: &Round<'_>, fresh: &K) -> Option<P
             block_owner_deletion: Some(true),
         },
         running: Running::default(),
+        audit: None,
     };
     first_plan(&round.ctx.channels, &cluster, &request)
 }

@@ -444,6 +444,14 @@ impl Caches {
     }
 }
 
+impl Caches {
+    /// Every Secret change the cache sees, as it sees it (for components that mount a
+    /// Secret capn does not own, like an apiserver's audit webhook configuration).
+    pub fn secret_changes(&self) -> impl Stream<Item = Arc<CachedSecret>> + Send + 'static {
+        received(self.secret_events.subscribe(), "Secret")
+    }
+}
+
 /// What `receiver` receives, as a stream that ends when the sender is gone; a receiver
 /// that fell behind skips what it missed (logged, with the `kind` of what it carries).
 fn received<T: Clone + Send + 'static>(receiver: broadcast::Receiver<T>, kind: &'static str) -> impl Stream<Item = T> {
