@@ -303,6 +303,51 @@ fn corpus() -> Vec<Case> {
         "spec.channel",
         vec![json!({"channel": "../x"})],
     );
+    // spec.audit (issue 39 item 2): the policy's levels, stages and rules, and the settings.
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuditPolicy",
+        "spec.audit.policy.rules[1].level",
+        vec![json!({"audit": {"policy": {"rules": [{"level": "None"}, {"level": "Everything"}]}}})],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuditPolicy",
+        "spec.audit.policy.omitStages[0]",
+        vec![json!({"audit": {"policy": {"omitStages": ["Sometimes"], "rules": [{"level": "None"}]}}})],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuditPolicy",
+        "spec.audit.policy",
+        vec![json!({"audit": {"policy": {"rules": []}}})],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuditPolicy",
+        "spec.audit.policy.rules[0]",
+        vec![
+            json!({"audit": {"policy": {"rules": [{"level": "None", "nonResourceURLs": ["/x"], "namespaces": ["a"]}]}}}),
+        ],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAudit",
+        "spec.audit",
+        vec![json!({"audit": {"policy": {"rules": [{"level": "None"}]}, "policyRef": {"name": "p"}}})],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAudit",
+        "spec.audit.webhook.mode",
+        vec![json!({"audit": {"webhook": {"configSecretRef": {"name": "s"}, "mode": "sometimes"}}})],
+    );
 
     // Admitted, refused by the controllers: rules that need more than the one field.
     let long_label = "a-cluster-name-that-is-far-too-long-for-capn";
@@ -320,6 +365,22 @@ fn corpus() -> Vec<Case> {
             ncp("skew", json!({"version": "1.35"})),
         ],
         refused: Some(("SkewNotAllowed", "controller-manager 1.37.2 would be newer")),
+    });
+    // Admitted, refused by render and the controllers: the ConfigMap is in neither.
+    c.push(Case {
+        name: "audit-policy-missing".into(),
+        docs: vec![
+            component(
+                apiserver,
+                "audit-policy-missing-apiserver",
+                json!({"audit": {"policyRef": {"name": "no-such-policy"}}}),
+            ),
+            ncp("audit-policy-missing", json!({})),
+        ],
+        refused: Some((
+            "AuditPolicyMissing",
+            "spec.audit.policyRef: ConfigMap no-such-policy key policy.yaml: not found",
+        )),
     });
     c.push(Case {
         name: "unknown-version".into(),
@@ -353,6 +414,21 @@ fn corpus() -> Vec<Case> {
             json!({"clusterNetwork": {"services": {"cidrBlocks": ["fd00:10:96::/112"]}, "serviceDomain": "tenant.example"},
                    "controlPlaneEndpoint": {"host": "fd00::20", "port": 443}}),
         )],
+    ));
+    c.push(valid(
+        "audited",
+        vec![
+            component(
+                apiserver,
+                "audited-apiserver",
+                json!({"audit": {"policy": {"omitStages": ["RequestReceived"], "rules": [
+                    {"level": "None", "nonResourceURLs": ["/healthz*"]},
+                    {"level": "Metadata", "resources": [{"group": "", "resources": ["secrets"]}]},
+                    {"level": "RequestResponse"},
+                ]}, "log": {"maxSize": 10, "maxBackup": 1, "maxAge": 0}}}),
+            ),
+            ncp("audited", json!({})),
+        ],
     ));
     c.push(valid(
         "wildcard",
