@@ -2,7 +2,8 @@
 //! apiserver records a request made through the admin kubeconfig in its audit log (the file
 //! the runner's apiserver writes on its `audit-log` volume), and, once a webhook is
 //! configured, at a webhook receiver served by this test on the host. A webhook whose
-//! Secret is missing is refused with a condition and an Event until the Secret exists.
+//! Secret is missing is refused with a condition and an Event until the Secret exists. A
+//! changed policy rolls the apiserver, and the new process records by it.
 
 use std::sync::{Arc, Mutex};
 
@@ -216,6 +217,81 @@ async fn requests_to_the_tenant_are_audited_to_the_log_and_the_webhook() {
         "audit: the webhook received {} events; the request: {}",
         received.lock().unwrap().len(),
         json!({"verb": event["verb"], "resource": event["objectRef"]["resource"], "user": event["user"]["username"]})
+    ));
+
+    // A changed policy rolls the apiserver (it reads the policy only at start) and is what
+    // the new process records: ConfigMaps no more, ServiceAccounts still.
+    let digest = |sts: &k8s_openapi::api::apps::v1::StatefulSet| {
+        sts.spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get("controlplane.cluster.x-k8s.io/audit-policy-digest").cloned())
+    };
+    let old_digest = digest(
+        &crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
+            .await
+            .unwrap(),
+    );
+    let before = booted.runner.processes().len();
+    let policy = json!({"spec": {"audit": {"policy": {"omitStages": ["RequestReceived"], "rules": [
+        {"level": "None", "resources": [{"group": "", "resources": ["configmaps"]}]},
+        {"level": "Metadata"},
+    ]}}}});
+    apiservers
+        .patch("demo-apiserver", &PatchParams::default(), &Patch::Merge(&policy))
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for("the apiserver rolled with the new policy", BOOTED_STEP * 2, || async {
+            let restarted = booted
+                .runner
+                .processes()
+                .iter()
+                .skip(before)
+                .any(|p| p.pod == "demo-apiserver-0" && p.container == "kube-apiserver");
+            let ready = ncps.get("demo").await.ok()?.status?.ready;
+            (restarted && ready).then_some(())
+        })
+        .await;
+    let new_digest = digest(
+        &crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
+            .await
+            .unwrap(),
+    );
+    assert_ne!(old_digest, new_digest, "the pod template names the new policy");
+    let tenant = tenant_client(&booted).await;
+    let marker = booted
+        .runner
+        .wait_for("a request after the change is in the new log", BOOTED_STEP, || async {
+            let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "default");
+            let accounts = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(tenant.clone(), "default");
+            if config_maps.get_opt("not-audited").await.ok()?.is_none() {
+                let config_map: ConfigMap =
+                    serde_json::from_value(json!({"metadata": {"name": "not-audited"}})).ok()?;
+                config_maps.create(&PostParams::default(), &config_map).await.ok()?;
+            }
+            if accounts.get_opt("audited-marker").await.ok()?.is_none() {
+                let account = serde_json::from_value(json!({"metadata": {"name": "audited-marker"}})).ok()?;
+                accounts.create(&PostParams::default(), &account).await.ok()?;
+            }
+            log_events(&booted, "demo-apiserver-0").into_iter().find(|e| {
+                e["verb"] == "create"
+                    && e["objectRef"]["resource"] == "serviceaccounts"
+                    && e["objectRef"]["name"] == "audited-marker"
+            })
+        })
+        .await;
+    assert_eq!(marker["user"]["username"], "kubernetes-admin");
+    let events = log_events(&booted, "demo-apiserver-0");
+    assert!(
+        !events.iter().any(|e| e["objectRef"]["resource"] == "configmaps"),
+        "the new policy records no ConfigMap request"
+    );
+    say(&format!(
+        "audit: after the policy change the new log holds {} events, none about ConfigMaps",
+        events.len()
     ));
     receiver.abort();
     booted.stop().await;
