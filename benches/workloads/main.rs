@@ -27,7 +27,10 @@
 //!    straight to its super pod (medians), and `kubectl logs -f` throughput both ways;
 //! 6. a tenant Service: time from its create to the first request a tenant pod gets answered
 //!    through it, by its super address and by its name (the tenant's DNS), against a
-//!    Service made straight in the super cluster (medians).
+//!    Service made straight in the super cluster (medians);
+//! 7. a public custom resource (issue 37): a Widget created in a tenant, copied down, served
+//!    by a stand-in operator in the super cluster: time from create to its status back in
+//!    the tenant (median), and the syncer's requests per custom resource on each side.
 //!
 //! The node's pod network holds 252 pods: TENANTS × PODS + 2 must fit.
 //!
@@ -203,8 +206,9 @@ async fn run(tenants: usize, pods: usize, flood: usize, dir: &Path, audit_log: &
     let mut syncer = Command::new(&capn_binary)
         .args([
             "run",
+            // public-crds too: step 7's tenants need capn's copy of the Widget CRD.
             "--controllers",
-            "syncer",
+            "syncer,public-crds",
             "--metrics-bind-address=127.0.0.1:0",
             "--health-probe-bind-address=127.0.0.1:0",
         ])
@@ -240,19 +244,8 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
             .ok_or("the syncer made no workload namespace")?;
     }
     // ... and its start-up requests (workload namespaces, the workers' lists and watches)
-    // over: its request count still for two seconds.
-    let mut last = usize::MAX;
-    let mut still = 0;
-    let started = Instant::now();
-    while still < 2 {
-        if started.elapsed() > PHASE {
-            return Err("the syncer never went idle".to_owned());
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = syncer_requests(audit_log)?.len();
-        still = if now == last { still + 1 } else { 0 };
-        last = now;
-    }
+    // over.
+    until_idle(audit_log).await?;
     let idle = process::usage_of(pid)?;
     let audited_before = syncer_requests(audit_log)?.len();
     let tenant_audited_before = tenant_requests(tenants)?;
@@ -409,6 +402,7 @@ async fn phases(tenants: &[Tenant], pods: usize, flood: usize, pid: u32, audit_l
 
     streams(followed).await?;
     services(followed).await?;
+    custom_resources(tenants, followed, audit_log).await?;
 
     let per_pod_ms = all.as_secs_f64() * 1000.0 / (pods * others.len()) as f64;
     println!(
@@ -636,6 +630,156 @@ async fn services(tenant: &Tenant) -> Result<(), String> {
         through - direct,
         by_name - direct
     );
+    Ok(())
+}
+
+/// How many custom resources step 7 times.
+const CUSTOM_SAMPLES: usize = 10;
+/// The API group of step 7's public CRD.
+const WIDGET_GROUP: &str = "bench.capn.example.com";
+
+/// Step 7: Widgets (a public CRD of the super cluster that opts in with
+/// `tenancy.x-k8s.io/sync-instances`) created one after another in `tenant`; a stand-in for
+/// their operator in the super cluster sets `status.phase: Ready`. The time from each create
+/// to that status in the tenant (median), and the syncer's requests per Widget: on the super
+/// cluster (its audit log, the syncer's user) and on the tenants' apiservers (theirs),
+/// counted once the syncer is idle again.
+async fn custom_resources(tenants: &[Tenant], tenant: &Tenant, audit_log: &Path) -> Result<(), String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let super_client = capn_testkit::cluster().client();
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("widgets.{WIDGET_GROUP}"),
+            "labels": {"tenancy.x-k8s.io/super.public": "true"},
+            "annotations": {"tenancy.x-k8s.io/sync-instances": "true"}},
+        "spec": {"group": WIDGET_GROUP, "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                    "status": {"type": "object", "properties": {"phase": {"type": "string"}}}}}}}]}
+    }))
+    .map_err(|e| e.to_string())?;
+    let crds = Api::<CustomResourceDefinition>::all(super_client.clone());
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .map_err(|e| format!("creating the Widget CRD: {e}"))?;
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(WIDGET_GROUP, "v1", "Widget"), "widgets");
+    let widgets = Api::<DynamicObject>::namespaced_with(tenant.client.clone(), "default", &resource);
+    capn_testkit::poll_until(PHASE, || async {
+        widgets.list(&ListParams::default().limit(1)).await.ok()
+    })
+    .await
+    .ok_or("the tenant never served capn's copy of the Widget CRD")?;
+    let operator = tokio::spawn(widget_operator(super_client.clone(), resource.clone()));
+    until_idle(audit_log).await?;
+    let super_before = syncer_requests(audit_log)?.len();
+    let tenant_before = tenant_requests(tenants)?;
+    let mut times = Vec::new();
+    for i in 0..CUSTOM_SAMPLES {
+        let name = format!("w{i}");
+        let widget: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": format!("{WIDGET_GROUP}/v1"), "kind": "Widget",
+            "metadata": {"name": name}, "spec": {"size": i}
+        }))
+        .map_err(|e| e.to_string())?;
+        let started = Instant::now();
+        widgets
+            .create(&PostParams::default(), &widget)
+            .await
+            .map_err(|e| format!("creating Widget {name}: {e}"))?;
+        soon(|| async {
+            let status = widgets.get(&name).await.ok()?.data.get("status")?.clone();
+            (status["phase"] == "Ready").then_some(())
+        })
+        .await
+        .ok_or_else(|| format!("Widget {name}'s status never came back"))?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    until_idle(audit_log).await?;
+    let super_spent: Tally = syncer_requests(audit_log)?[super_before..]
+        .iter()
+        .filter(|r| r.key.resource.starts_with("widgets"))
+        .map(|r| r.key.clone())
+        .collect();
+    // The tenant's other syncer requests meanwhile (its Nodes' heartbeats) are not the
+    // Widgets'.
+    let tenant_spent: Tally = tenant_requests(tenants)?
+        .since(&tenant_before)
+        .top(usize::MAX)
+        .into_iter()
+        .filter(|(key, _)| key.resource.starts_with("widgets"))
+        .flat_map(|(key, n)| std::iter::repeat_n(key, usize::try_from(n).unwrap_or_default()))
+        .collect();
+    operator.abort();
+    let _ = widgets
+        .delete_collection(&Default::default(), &ListParams::default())
+        .await;
+    let _ = crds
+        .delete(&format!("widgets.{WIDGET_GROUP}"), &Default::default())
+        .await;
+    times.sort_by(f64::total_cmp);
+    let per = |n: u64| n as f64 / CUSTOM_SAMPLES as f64;
+    println!(
+        "\n7. A public custom resource (Widget), created in a tenant and served by the super cluster's operator, {CUSTOM_SAMPLES} one after another"
+    );
+    println!(
+        "   create → status back in the tenant: median {:.0} ms (fastest {:.0} ms, slowest {:.0} ms)",
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1]
+    );
+    println!(
+        "   syncer requests per custom resource: {:.1} on the super cluster, {:.1} on the tenant apiserver",
+        per(super_spent.total()),
+        per(tenant_spent.total())
+    );
+    print!("   super cluster:\n{}", super_spent.breakdown());
+    print!("   tenant:\n{}", tenant_spent.breakdown());
+    Ok(())
+}
+
+/// The stand-in for the Widgets' operator: every Widget in the super cluster gets
+/// `status.phase: Ready`.
+async fn widget_operator(client: Client, resource: kube::core::ApiResource) {
+    use futures::StreamExt;
+    use kube::core::DynamicObject;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let all = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    let mut widgets = watcher(all, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while let Some(change) = widgets.next().await {
+        let Ok(widget) = change else { continue };
+        if widget.data.get("status").is_some_and(|s| s["phase"] == "Ready") {
+            continue;
+        }
+        let api =
+            Api::<DynamicObject>::namespaced_with(client.clone(), &widget.namespace().unwrap_or_default(), &resource);
+        let patch = json!({"status": {"phase": "Ready"}});
+        let _ = api
+            .patch_status(&widget.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+            .await;
+    }
+}
+
+/// Waits until the syncer's request count in the super cluster's audit log has stood still
+/// for two seconds.
+async fn until_idle(audit_log: &Path) -> Result<(), String> {
+    let mut last = usize::MAX;
+    let mut still = 0;
+    let started = Instant::now();
+    while still < 2 {
+        if started.elapsed() > PHASE {
+            return Err("the syncer never went idle".to_owned());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = syncer_requests(audit_log)?.len();
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+    }
     Ok(())
 }
 

@@ -11,7 +11,8 @@
 //!   read of the tenant apiserver confirms it (`diff::orphans`; VirtualCluster's patrol
 //!   deleted live objects on a lagging cache, kubernetes-sigs/cluster-api-provider-nested#308);
 //! - a live object under the copy's name that is not this tenant object's copy
-//!   (`diff::Ownership::Foreign`) is never touched; the copy of an earlier tenant object of
+//!   (`diff::Ownership::Foreign`) is never touched (a Warning Event `NameConflict` on the
+//!   tenant object says so); the copy of an earlier tenant object of
 //!   the same name (`Stale`) is deleted first;
 //! - a copy is written with server-side apply, forced, under capn's field manager, only when
 //!   [`ResourceSyncer::is_current`] says it is not current; a refusal of the super cluster

@@ -5,7 +5,9 @@
 //! cluster. A Widget made in a tenant appears in the workload namespace, its status comes
 //! back, an edit goes down, a super-side spec edit and a tenant-side status write are put
 //! right, a Widget the super cluster refuses gets an Event in the tenant, deleting it
-//! removes the copy, and two tenants' Widgets of one name never meet. capn runs with the
+//! removes the copy, and two tenants' Widgets of one name never meet; a super object that
+//! holds a copy's name is left alone (`NameConflict` in the tenant), and a control plane
+//! that narrows the kinds to none loses its copies. capn runs with the
 //! clusterctl components' RBAC, the Widgets' rights aggregated from a labelled ClusterRole.
 
 use std::time::Instant;
@@ -307,6 +309,66 @@ async fn public_custom_resources_sync_down_and_their_status_up() {
     assert_eq!(copy_b.data["spec"]["size"], 7);
     assert_eq!(copies_a.get(&copy_name).await.unwrap().data["spec"]["size"], 5);
     assert_eq!(widgets_a.get("w1").await.unwrap().data["status"]["observedSize"], 5);
+
+    // A super object already holds the name tenant b's `w2` would be copied to, and is not
+    // its copy: left alone, and the tenant hears it (`NameConflict`).
+    let copies_b = Api::<DynamicObject>::namespaced_with(b.client.clone(), &plane_b.workload_namespace(), &resource);
+    let taken = plane_b.super_name(NameLimit::Subdomain, "default", "w2");
+    let mut foreign = widget(&group, &taken, 99);
+    foreign.metadata.namespace = Some(plane_b.workload_namespace());
+    copies_b.create(&PostParams::default(), &foreign).await.unwrap();
+    widgets_b
+        .create(&PostParams::default(), &widget(&group, "w2", 2))
+        .await
+        .unwrap();
+    let events_b = Api::<Event>::namespaced(tenant_b.clone(), "default");
+    let conflict = b
+        .runner
+        .wait_for("a NameConflict Event tells the tenant", BOOTED_STEP, || async {
+            events_b
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("w2")
+                        && e.reason.as_deref() == Some("NameConflict")
+                })
+        })
+        .await;
+    assert!(conflict.note.unwrap_or_default().contains(&taken));
+    assert_eq!(
+        copies_b.get(&taken).await.unwrap().data["spec"]["size"],
+        99,
+        "the foreign object is untouched"
+    );
+
+    // Tenant b's control plane narrows the kinds to none: its copies go, tenant a's stay.
+    Api::<capn::api::NestedControlPlane>::namespaced(b.client.clone(), &b.ns)
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"workloads": {"customResources": []}}})),
+        )
+        .await
+        .unwrap();
+    let copy_b_name = plane_b.super_name(NameLimit::Subdomain, "default", "w1");
+    b.runner
+        .wait_for("a kind narrowed away loses its copies", BOOTED_STEP, || async {
+            copies_b.get_opt(&copy_b_name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    assert_eq!(
+        copies_b.get(&taken).await.unwrap().data["spec"]["size"],
+        99,
+        "only copies go"
+    );
+    assert!(
+        copies_a.get_opt(&copy_name).await.unwrap().is_some(),
+        "tenant a keeps its copy"
+    );
+    copies_b.delete(&taken, &DeleteParams::default()).await.unwrap();
 
     // The super cluster refuses a Widget (its own admission policy): an Event in the tenant.
     let policy = format!("widgets-{group}");

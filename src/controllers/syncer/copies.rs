@@ -22,6 +22,9 @@ use crate::syncer::resource::ResourceSyncer;
 /// The Event reason of a copy the super cluster refused (its validation, its admission, its
 /// quota); the note carries the super apiserver's message.
 pub(super) const SUPER_CLUSTER_REFUSED: &str = "SuperClusterRefused";
+/// The Event reason of a tenant object whose copy's name is taken in the workload namespace
+/// by a super object that is not its copy (the pods' reason too).
+pub(super) const NAME_CONFLICT: &str = "NameConflict";
 
 /// Runs the passes of `syncer` until `wakes` ends ([`passes::run`]): over the tenant's
 /// objects in `objects` and their copies in `copies` (a cache of either side; only the
@@ -65,7 +68,7 @@ pub(super) async fn sync<S: ResourceSyncer>(
         let Some(Prepared { copy, identity, live }) = prepare(tenant, syncer, object, copies) else {
             continue;
         };
-        copied.insert(identity);
+        copied.insert(identity.clone());
         let name = copy.meta().name.clone().unwrap_or_default();
         let refused = match live {
             Some((live, Ownership::Ours)) if syncer.is_current(&copy, live) => {
@@ -73,14 +76,22 @@ pub(super) async fn sync<S: ResourceSyncer>(
                 None
             }
             Some((_, Ownership::Foreign)) => {
-                tracing::info!(kind = %S::Object::kind(&syncer.dynamic_type()), copy = %name, "a super object of the copy's name is not this tenant object's copy; left alone");
+                name_conflict(tenant, syncer, object, &name).await;
                 None
             }
             Some((_, Ownership::Stale)) => {
                 delete(&api, &name).await?;
                 apply(syncer, &api, &name, &copy).await?.err()
             }
-            Some((_, Ownership::Ours)) | None => apply(syncer, &api, &name, &copy).await?.err(),
+            Some((_, Ownership::Ours)) => apply(syncer, &api, &name, &copy).await?.err(),
+            None => match apply_unseen(tenant, syncer, &api, &copy, &identity).await? {
+                Unseen::Applied(_) => None,
+                Unseen::Refused(refusal) => Some(refusal),
+                Unseen::Foreign => {
+                    name_conflict(tenant, syncer, object, &name).await;
+                    None
+                }
+            },
         };
         if let Some(kube::Error::Api(e)) = refused {
             tracing::info!(kind = %S::Object::kind(&syncer.dynamic_type()), copy = %name, error = %e.message, "the super cluster refused a copy");
@@ -91,6 +102,73 @@ pub(super) async fn sync<S: ResourceSyncer>(
         }
     }
     delete_orphans(tenant, syncer, &api, copies, &copied).await
+}
+
+/// Tells the tenant that its object's copy name `name` is held in the workload namespace
+/// by an object that is not its copy (left alone), as for a pod; the Event recorder folds a
+/// repeat at every pass into one series.
+async fn name_conflict<S: ResourceSyncer>(tenant: &Tenant, syncer: &S, object: &S::Object, name: &str) {
+    let note = format!(
+        "the super cluster already has an object {name} in {} that is not this object's copy; it is left alone",
+        tenant.namespace
+    );
+    tenant
+        .event_with(object, &syncer.dynamic_type(), true, NAME_CONFLICT, note)
+        .await;
+}
+
+/// What became of a copy applied while the cache showed nothing of its name.
+pub(super) enum Unseen<K> {
+    /// Made (or found to be this tenant object's copy, and put right).
+    Applied(K),
+    /// The super cluster refused it (403, 422).
+    Refused(kube::Error),
+    /// An object of its name that is not its copy: left alone.
+    Foreign,
+}
+
+/// Applies `copy` (of the tenant object `owner`) when the cache shows no object of its
+/// name: first *without* forcing, so that an object of that name the cache does not hold (it
+/// lacks the tenancy labels the caches select by: made by hand, or by another owner) is not
+/// taken over; its fields held by another field manager make a conflict (409), and a read
+/// then tells whose it is. This tenant object's copy (a cache that lagged) is applied
+/// forced, an earlier namesake's deleted first, another object left alone.
+///
+/// # Errors
+/// A request failed otherwise than by a refusal of the copy.
+pub(super) async fn apply_unseen<S: ResourceSyncer>(
+    tenant: &Tenant,
+    syncer: &S,
+    api: &Api<S::Object>,
+    copy: &S::Object,
+    owner: &TenantObject,
+) -> Result<Unseen<S::Object>, kube::Error> {
+    let name = copy.meta().name.clone().unwrap_or_default();
+    let typed = typed_with(copy, &syncer.dynamic_type());
+    match api
+        .patch(&name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&typed))
+        .await
+    {
+        Ok(applied) => return Ok(Unseen::Applied(applied)),
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => return Ok(Unseen::Refused(kube::Error::Api(e))),
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    if let Some(live) = api.get_opt(&name).await? {
+        match ownership(tenant.control_plane(), syncer.name_limit(), owner, live.meta()) {
+            Ownership::Foreign => return Ok(Unseen::Foreign),
+            Ownership::Stale => delete(api, &name).await?,
+            Ownership::Ours => {}
+        }
+    }
+    let forced = api
+        .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&typed))
+        .await;
+    match forced {
+        Ok(applied) => Ok(Unseen::Applied(applied)),
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => Ok(Unseen::Refused(kube::Error::Api(e))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes `object` as [`ResourceSyncer::status_up`] wants it after its copy `live`, if it

@@ -112,7 +112,7 @@ pub(super) async fn reconcile(pod: Arc<Pod>, tenant: &Tenant) -> Result<Action, 
                 "the super cluster already has a pod {super_name} in {} that is not this pod's copy; it is left alone",
                 tenant.namespace
             );
-            tenant.event(&*pod, true, "NameConflict", note).await;
+            tenant.event(&*pod, true, super::copies::NAME_CONFLICT, note).await;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }
         Some(Ownership::Stale) => {

@@ -16,7 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::copies::delete;
+use super::copies::{Unseen, apply_unseen, delete};
 use super::scope::{CopyRecord, FIELD_MANAGER, Tenant, typed};
 use super::volumes::ensure_copy;
 use super::written_lately::CACHE_LAG;
@@ -122,13 +122,12 @@ where
     };
     apply_copy(
         tenant,
+        syncer,
         &copy,
-        live.as_deref().filter(|_| same.is_some()),
-        same,
-        source.meta(),
+        (live.as_deref().filter(|_| same.is_some()), same),
+        (source.meta(), &identity),
     )
-    .await?;
-    Ok(true)
+    .await
 }
 
 /// The cached super object of `copy`'s name.
@@ -169,16 +168,19 @@ where
 
 /// Applies the ConfigMap or Secret `copy` of the tenant object `source` to the workload
 /// namespace when [`claim_apply`] says so (`live`: the cached copy; `same`: whether it
-/// equals `copy`), and records the copy's version (see [`CopyRecord`]).
-async fn apply_copy<K>(
+/// equals `copy`, `None` when the cache shows none), and records the copy's version (see
+/// [`CopyRecord`]). Returns whether the copy may be used: not when an object of its name
+/// that the cache does not show turns out not to be its copy (`copies::apply_unseen`).
+async fn apply_copy<S, K>(
     tenant: &Tenant,
+    syncer: &S,
     copy: &K,
-    live: Option<&K>,
-    same: Option<bool>,
-    source: &ObjectMeta,
-) -> Result<(), kube::Error>
+    (live, same): (Option<&K>, Option<bool>),
+    (source, identity): (&ObjectMeta, &TenantObject),
+) -> Result<bool, kube::Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    S: ResourceSyncer<Object = K>,
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + Clone
         + serde::Serialize
         + serde::de::DeserializeOwned
@@ -193,22 +195,36 @@ where
             &version,
             live.and_then(|l| l.meta().resource_version.clone()),
         );
-        return Ok(());
+        return Ok(true);
     }
     if !claim_apply(tenant, &name, same, &version) {
-        return Ok(());
+        return Ok(true);
     }
-    let applied = Api::<K>::namespaced(tenant.super_client.clone(), &tenant.namespace)
-        .patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(typed(copy)),
-        )
-        .await;
+    let api = Api::<K>::namespaced(tenant.super_client.clone(), &tenant.namespace);
+    let applied = match same {
+        Some(_) => {
+            api.patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(typed(copy)),
+            )
+            .await
+        }
+        None => match apply_unseen(tenant, syncer, &api, copy, identity).await {
+            Ok(Unseen::Applied(applied)) => Ok(applied),
+            Ok(Unseen::Refused(refusal)) => Err(refusal),
+            Ok(Unseen::Foreign) => {
+                records(tenant).remove(&name);
+                tracing::info!(kind = %K::kind(&()), copy = %name, "a super object of the copy's name is not this tenant object's copy; the pods using it wait");
+                return Ok(false);
+            }
+            Err(e) => Err(e),
+        },
+    };
     match applied {
         Ok(applied) => {
             record(tenant, &name, &version, applied.meta().resource_version.clone());
-            Ok(())
+            Ok(true)
         }
         Err(e) => {
             // Forgotten, so that the next pass tries again.

@@ -216,7 +216,7 @@ impl SuperCaches {
 /// The label selector of the objects the syncer made: all, or with `--watch-filter` only
 /// those this instance made (`Tenant::mark` puts the filter's label on each), so that each
 /// instance caches its own shard.
-fn synced_selector(watch_filter: Option<&str>) -> String {
+pub(super) fn synced_selector(watch_filter: Option<&str>) -> String {
     match watch_filter {
         Some(value) => format!(
             "{},{}={value}",
