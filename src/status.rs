@@ -37,6 +37,9 @@ pub const UPGRADE_PREFLIGHT: &str = "UpgradePreflight";
 /// Condition type on NestedEtcd: the members etcd lists are the desired ones (False: the
 /// step under way, or why no step may be taken).
 pub const MEMBERS_SYNCED: &str = "MembersSynced";
+/// Condition type on NestedEtcd: True while etcd's `NOSPACE` alarm is raised (it accepts
+/// only reads and deletes), with the quota and the sizes in the message.
+pub const ETCD_SPACE_EXHAUSTED: &str = "EtcdSpaceExhausted";
 /// Condition type on the NestedControlPlane.
 pub const PUBLIC_CRDS_SYNCED: &str = "PublicCRDsSynced";
 /// Condition type on the NestedControlPlane: the syncer runs the tenant's pods in the super
@@ -164,6 +167,12 @@ reasons! {
     RemovingMember: progress, [MEMBERS_SYNCED], "A member is being removed (scale down).";
     ReplacingLostMember: progress, [MEMBERS_SYNCED], "A member that lost its data is being removed, to come back as a learner.";
     EtcdUnreachable: failure, [MEMBERS_SYNCED], "No etcd member answered; nothing is changed until etcd answers.";
+    // EtcdSpaceExhausted (NestedEtcd)
+    EtcdNoSpace: failure, [ETCD_SPACE_EXHAUSTED],
+        "etcd raised its NOSPACE alarm and refuses writes: capn compacts its history, defragments the members one at a time and disarms the alarm.";
+    EtcdDataExceedsQuota: failure, [ETCD_SPACE_EXHAUSTED],
+        "After compaction the data itself fills the quota: delete data through the tenant's apiserver, or raise spec.storage.quotaBackendBytes (and spec.storage.size).";
+    EtcdSpaceAvailable: success, [ETCD_SPACE_EXHAUSTED], "No NOSPACE alarm is raised: etcd accepts writes.";
     // CertificateAuthorityRotation: the phases while it runs, then Completed.
     NewAuthority: progress, [CA_ROTATION], "Rotation phase: the new authority was created.";
     TrustBoth: progress, [CA_ROTATION], "Rotation phase: every component trusts the old and the new authority.";
@@ -206,6 +215,7 @@ reasons! {
     PromotedLearner: progress, [], "An etcd learner was promoted to a voting member.";
     RemovedMember: progress, [], "An etcd member was removed (scale down).";
     RemovedLostMember: progress, [], "An etcd member that lost its data was removed, to come back as a learner.";
+    DefragmentedMember: progress, [], "An etcd member's database was defragmented (its free pages given back).";
 }
 
 impl Reason {

@@ -303,6 +303,52 @@ pub struct ComponentStatus {
     /// etcd only: the members as etcd lists them, and the leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdClusterStatus>,
+    /// etcd only: the database sizes against the quota, and the last defragmentation
+    /// (docs/guide/etcd-operations.md "Status").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: every object is cached (see api::tests).
+    pub etcd_space: Option<Box<EtcdSpaceStatus>>,
+}
+
+/// How much of its quota an etcd uses, as capn last recorded it. Sizes are recorded when
+/// they moved by at least 1/64 of the quota since the last record (so a busy tenant does
+/// not cost a status write per look); `capn_etcd_*` metrics carry the exact figures.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSpaceStatus {
+    /// The members' `--quota-backend-bytes`, bytes.
+    pub quota_backend_bytes: i64,
+    /// Each member that answered, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<EtcdMemberSpace>,
+    /// The last defragmentation capn ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_defragmentation: Option<EtcdDefragmentation>,
+}
+
+/// One member's database.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdMemberSpace {
+    /// The member's name (its pod's).
+    pub name: String,
+    /// Size of the database file, bytes: what the quota is compared with.
+    pub db_size: i64,
+    /// Bytes of it holding data; the rest is free pages a defragmentation gives back.
+    pub db_size_in_use: i64,
+}
+
+/// A defragmentation capn ran: one member at a time, followers first, the leader last.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdDefragmentation {
+    /// When it finished (RFC 3339).
+    pub time: String,
+    /// Why: `NOSPACE` (recovering from the alarm).
+    pub trigger: String,
+    /// The members, in the order they were defragmented.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
 }
 
 /// The members of a running etcd, as capn last read them through etcd's API.

@@ -22,7 +22,10 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, MemberAddOptions, TlsOptions};
+use etcd_client::{
+    AlarmAction, AlarmOptions, AlarmType, Certificate, Client, CompactionOptions, ConnectOptions, Identity,
+    MemberAddOptions, TlsOptions,
+};
 use time::OffsetDateTime;
 
 use super::hosts::HostsFile;
@@ -43,6 +46,9 @@ pub const REACH_TIMEOUT: Duration = Duration::from_secs(1);
 /// per-connection timeout: tonic would send it as the gRPC deadline of streaming calls too
 /// (a snapshot may stream for minutes).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a compaction or a defragmentation may take: both rewrite the database, which
+/// takes about a second per hundred MB on ordinary disks (etcd's quota is at most 8 GiB).
+pub const MAINTENANCE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Why talking to a tenant's etcd failed. Every variant is transient for the reconcile (it
 /// retries), and its message names the member dialed.
@@ -348,8 +354,22 @@ impl EtcdCluster<'_> {
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        self.call_within(CALL_TIMEOUT, operation, url, f).await
+    }
+
+    async fn call_within<T, F, Fut>(
+        &self,
+        timeout: Duration,
+        operation: &'static str,
+        url: &str,
+        f: F,
+    ) -> Result<T, EtcdError>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let client = self.client(url).await?;
-        match tokio::time::timeout(CALL_TIMEOUT, f(client)).await {
+        match tokio::time::timeout(timeout, f(client)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(source)) => Err(EtcdError::Call {
                 operation,
@@ -420,6 +440,68 @@ impl EtcdCluster<'_> {
             errors: response.errors().to_vec(),
             version: response.version().to_string(),
         })
+    }
+
+    /// The members that raised the `NOSPACE` alarm (their IDs), as the member at `via` knows
+    /// the cluster's alarms (alarms are replicated: every member lists all of them).
+    ///
+    /// # Errors
+    /// [`EtcdError::Call`] or [`EtcdError::Timeout`].
+    pub async fn nospace_alarms(&self, via: &str) -> Result<Vec<u64>, EtcdError> {
+        let response = self
+            .call("AlarmList", via, |mut c| async move {
+                c.alarm(AlarmAction::Get, AlarmType::None, None).await
+            })
+            .await?;
+        Ok(response
+            .alarms()
+            .iter()
+            .filter(|a| a.alarm() == AlarmType::Nospace)
+            .map(|a| a.member_id())
+            .collect())
+    }
+
+    /// Compacts the keyspace's history up to `revision` (every older version of a key is
+    /// dropped), waiting until the member at `via` applied it to its database (`physical`).
+    ///
+    /// # Errors
+    /// [`EtcdError::Call`] (a revision already compacted is an error etcd returns) or
+    /// [`EtcdError::Timeout`] after [`MAINTENANCE_TIMEOUT`].
+    pub async fn compact(&self, via: &str, revision: i64) -> Result<(), EtcdError> {
+        self.call_within(MAINTENANCE_TIMEOUT, "Compact", via, |mut c| async move {
+            c.compact(revision, Some(CompactionOptions::new().with_physical()))
+                .await
+                .map(drop)
+        })
+        .await
+    }
+
+    /// Defragments the database of the member at `client_url` (it rewrites the file
+    /// without its free pages, blocking its reads and writes meanwhile: one member at a
+    /// time, <https://etcd.io/docs/v3.6/op-guide/maintenance/#defragmentation>).
+    ///
+    /// # Errors
+    /// [`EtcdError::Call`] or [`EtcdError::Timeout`] after [`MAINTENANCE_TIMEOUT`].
+    pub async fn defragment(&self, client_url: &str) -> Result<(), EtcdError> {
+        self.call_within(MAINTENANCE_TIMEOUT, "Defragment", client_url, |mut c| async move {
+            c.defragment().await.map(drop)
+        })
+        .await
+    }
+
+    /// Disarms the `NOSPACE` alarm member `member_id` raised, asking through `via`.
+    ///
+    /// # Errors
+    /// [`EtcdError::Call`] or [`EtcdError::Timeout`].
+    pub async fn disarm_nospace(&self, via: &str, member_id: u64) -> Result<(), EtcdError> {
+        self.call("AlarmDisarm", via, |mut c| async move {
+            let mut options = AlarmOptions::new();
+            options.with_member(member_id);
+            c.alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(options))
+                .await
+                .map(drop)
+        })
+        .await
     }
 
     /// Adds a member with peer URL `peer_url` as a learner (etcd 3.4+: a non-voting member that

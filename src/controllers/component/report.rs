@@ -195,6 +195,13 @@ fn applied_status(
     if let Some(condition) = backup.condition {
         set(condition);
     }
+    let space = membership.space;
+    if let Some(condition) = space.condition {
+        set(condition);
+    }
+    if let Some(recorded) = space.status {
+        status.etcd_space = Some(Box::new(recorded));
+    }
     status.ready = ready;
     status.phase = Some(if ready { phase::READY } else { phase::PROVISIONING }.into());
     status.version = Some(plan.version.to_string());
@@ -219,6 +226,7 @@ fn applied_status(
     record_restore_and_backup(status, ready, restore, backup.status);
     let again = next_look(name, !provider_readiness, ready, next_renewal, now);
     let again = membership.requeue.map_or(again, |m| m.min(again));
+    let again = space.requeue.map_or(again, |s| s.min(again));
     let again = backup.requeue.map_or(again, |b| again.min(b));
     Action::requeue(again)
 }

@@ -44,6 +44,8 @@ pub struct Membership {
     pub settled: bool,
     /// When to look again.
     pub requeue: Option<Duration>,
+    /// etcd's space and `NOSPACE` recovery ([`super::space`]), read in the same stage.
+    pub space: super::space::SpaceReport,
 }
 
 /// Reads the members, takes at most one step, and returns what to render. A new etcd (never
@@ -75,6 +77,7 @@ pub async fn reconcile_members(
             condition: None,
             settled: true,
             requeue: None,
+            space: Default::default(),
         });
     }
     let (etcd, listed) = match connect(round, &known).await? {
@@ -315,6 +318,7 @@ async fn step(round: &Round<'_, NestedEtcd>, known: &Known, etcd: &EtcdCluster<'
         condition: Some(condition),
         settled,
         requeue,
+        space: Default::default(),
     }
 }
 
@@ -632,6 +636,7 @@ fn unchanged(
         condition: Some(condition),
         settled: false,
         requeue: Some(Duration::from_secs(5)),
+        space: Default::default(),
     }
 }
 

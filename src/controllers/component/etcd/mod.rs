@@ -3,6 +3,7 @@
 
 pub mod backup;
 pub mod membership;
+pub mod space;
 
 use std::sync::Arc;
 
@@ -91,6 +92,10 @@ impl ComponentResource for NestedEtcd {
                 .map(|c| c.capabilities.membership_changes)
         })
         .unwrap_or(false);
-        reconcile_members(round, supported).await
+        let mut membership = reconcile_members(round, supported).await?;
+        // The space step reads every member too; it rides on this step so that the pass
+        // has one etcd stage before planning (docs/guide/etcd-operations.md).
+        membership.space = space::space_step(round).await?;
+        Ok(membership)
     }
 }

@@ -1,0 +1,350 @@
+//! NestedEtcd space: every pass reads each member's Status (database size, in-use size,
+//! alarms), records the sizes against the quota, and recovers from a `NOSPACE` alarm the way
+//! etcd documents it: compact the history to the current revision, defragment the members one
+//! at a time (followers first, the leader last, each only while every other member answers),
+//! then disarm the alarm. If the data itself still fills the quota after compaction, nothing
+//! is defragmented or disarmed, and the condition says how to make room
+//! (docs/guide/etcd-operations.md "NOSPACE").
+//!
+//! Noticed within [`SPACE_POLL`]: the pass is looked at again that often. There is no alarm
+//! watch in etcd's API; a Status call per member every 10 s is small next to what a tenant's
+//! apiserver asks of its etcd.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::ObjectReference;
+use time::format_description::well_known::Rfc3339;
+
+use crate::api::{EtcdDefragmentation, EtcdMemberSpace, EtcdSpaceStatus, NestedEtcd};
+use crate::controllers::component::Round;
+use crate::controllers::events;
+use crate::etcd::space::{
+    Defragmentable, defragmentation_order, fits_after_defragmentation, human, reports_nospace, worth_recording,
+};
+use crate::etcd::{EtcdCluster, MemberStatus};
+use crate::pki::SecretNames;
+use crate::plan::etcd_members;
+use crate::plan::etcd_quota::quota_backend_bytes;
+use crate::status::{ConditionUpdate, ETCD_SPACE_EXHAUSTED, Reason};
+
+/// How often the members' space and alarms are read.
+pub const SPACE_POLL: Duration = Duration::from_secs(10);
+
+/// What the space step found and did this pass.
+#[derive(Debug, Default)]
+pub struct SpaceReport {
+    /// `status.etcdSpace` to write (`None`: keep what is recorded).
+    pub status: Option<EtcdSpaceStatus>,
+    /// [`ETCD_SPACE_EXHAUSTED`], when etcd answered.
+    pub condition: Option<ConditionUpdate>,
+    /// When to look again.
+    pub requeue: Option<Duration>,
+}
+
+/// One member as read this pass.
+struct Read {
+    name: String,
+    client_url: String,
+    status: Result<MemberStatus, String>,
+}
+
+/// Reads the members' space and recovers from `NOSPACE`. An etcd that was never applied,
+/// or whose members do not answer, is left alone (the membership step reports that).
+///
+/// # Errors
+/// API errors reading the etcd CA.
+pub async fn space_step(round: &Round<'_, NestedEtcd>) -> Result<SpaceReport, crate::controllers::ReconcileError> {
+    let Round {
+        ctx,
+        object,
+        store,
+        now,
+        ..
+    } = *round;
+    let recorded = object.status.as_ref().and_then(|s| s.etcd_space.as_deref());
+    let Some(replicas) = object
+        .status
+        .as_ref()
+        .filter(|s| s.version.is_some())
+        .and_then(|s| s.replicas)
+    else {
+        return Ok(SpaceReport::default());
+    };
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
+    let later = SpaceReport {
+        requeue: Some(SPACE_POLL),
+        ..SpaceReport::default()
+    };
+    let names = SecretNames::new(c);
+    let Some(ca) = store.require_ca(&names.etcd_ca).await? else {
+        return Ok(later);
+    };
+    let ca = store.load_ca(&ca).await?;
+    let etcd = match ctx.etcd.cluster(ns, c, &ca, now.time) {
+        Ok(etcd) => etcd,
+        Err(e) => {
+            tracing::debug!(namespace = %ns, cluster = %c, error = %e, "etcd space: no client");
+            return Ok(later);
+        }
+    };
+    let Ok(quota) = quota_backend_bytes(
+        object.spec.storage.as_ref(),
+        crate::plan::DEFAULT_ETCD_STORAGE,
+        &kube::ResourceExt::name_any(object),
+    ) else {
+        return Ok(later);
+    };
+    let quota = i64::try_from(quota).unwrap_or(i64::MAX);
+    let reads = read_all(&etcd, c, ns, replicas).await;
+    let answered: Vec<(&Read, &MemberStatus)> = reads
+        .iter()
+        .filter_map(|r| r.status.as_ref().ok().map(|s| (r, s)))
+        .collect();
+    if answered.is_empty() {
+        tracing::debug!(namespace = %ns, cluster = %c, "etcd space: no member answered Status");
+        return Ok(later);
+    }
+    tracing::debug!(namespace = %ns, cluster = %c, members = answered.len(), "etcd space: read");
+    // A member that reports its own quota (etcd 3.6+) is believed over the spec: it is the
+    // one etcd enforces (members not yet rolled to a new quota keep the old one).
+    let quota = answered
+        .iter()
+        .map(|(_, s)| s.db_size_quota)
+        .filter(|q| *q > 0)
+        .max()
+        .unwrap_or(quota);
+    let mut report = later;
+    let sizes = member_spaces(&answered);
+    let mut last_defragmentation = recorded.and_then(|r| r.last_defragmentation.clone());
+    let nospace = answered.iter().any(|(_, s)| reports_nospace(&s.errors));
+    let already_told = object
+        .status
+        .as_ref()
+        .is_some_and(|s| crate::status::is_true(&s.conditions, ETCD_SPACE_EXHAUSTED));
+    if nospace && !already_told {
+        // Told at once, even when the recovery below ends it in this same pass.
+        events::publish(
+            ctx,
+            object,
+            None,
+            Reason::EtcdNoSpace,
+            format!(
+                "etcd raised NOSPACE: its database reached the {} quota ({} on the largest member); writes are refused until capn compacts, defragments and disarms it",
+                human(quota),
+                human(sizes.iter().map(|m| m.db_size).max().unwrap_or_default())
+            ),
+            "AlarmList",
+        )
+        .await;
+    }
+    report.condition = Some(if nospace {
+        match recover(round, &etcd, &reads, quota).await {
+            Recovery::Disarmed(defragmentation) => {
+                last_defragmentation = Some(defragmentation);
+                ConditionUpdate::new(
+                    ETCD_SPACE_EXHAUSTED,
+                    false,
+                    Reason::EtcdSpaceAvailable,
+                    format!(
+                        "capn compacted, defragmented and disarmed NOSPACE; the quota is {}",
+                        human(quota)
+                    ),
+                )
+            }
+            Recovery::DataExceedsQuota { in_use } => ConditionUpdate::new(
+                ETCD_SPACE_EXHAUSTED,
+                true,
+                Reason::EtcdDataExceedsQuota,
+                format!(
+                    "etcd raised NOSPACE: after compaction the data takes {} of the {} quota (more than {}%), so defragmenting cannot make room; delete data through the tenant's apiserver (deletes are accepted; capn compacts, defragments and disarms once it fits), or raise spec.storage.quotaBackendBytes (at most spec.storage.size; raise that too)",
+                    human(in_use),
+                    human(quota),
+                    crate::etcd::space::DISARM_BELOW_PERCENT
+                ),
+            ),
+            Recovery::Failed(message) => ConditionUpdate::new(
+                ETCD_SPACE_EXHAUSTED,
+                true,
+                Reason::EtcdNoSpace,
+                format!(
+                    "etcd raised NOSPACE: its database reached the {} quota ({} on the largest member); recovering: {message}",
+                    human(quota),
+                    human(sizes.iter().map(|m| m.db_size).max().unwrap_or_default())
+                ),
+            ),
+        }
+    } else {
+        ConditionUpdate::new(
+            ETCD_SPACE_EXHAUSTED,
+            false,
+            Reason::EtcdSpaceAvailable,
+            format!("no NOSPACE alarm; the quota is {}", human(quota)),
+        )
+    });
+    tracing::debug!(namespace = %ns, cluster = %c, nospace, condition = ?report.condition, "etcd space: judged");
+    let defragmented = last_defragmentation.as_ref() != recorded.and_then(|r| r.last_defragmentation.as_ref());
+    if defragmented || worth_recording(recorded, quota, &sizes) {
+        report.status = Some(EtcdSpaceStatus {
+            quota_backend_bytes: quota,
+            members: if defragmented {
+                member_spaces(
+                    &read_all(&etcd, c, ns, replicas)
+                        .await
+                        .iter()
+                        .filter_map(|r| r.status.as_ref().ok().map(|s| (r, s)))
+                        .collect::<Vec<_>>(),
+                )
+            } else {
+                sizes
+            },
+            last_defragmentation,
+        });
+    }
+    Ok(report)
+}
+
+fn member_spaces(answered: &[(&Read, &MemberStatus)]) -> Vec<EtcdMemberSpace> {
+    answered
+        .iter()
+        .map(|(r, s)| EtcdMemberSpace {
+            name: r.name.clone(),
+            db_size: s.db_size,
+            db_size_in_use: s.db_size_in_use,
+        })
+        .collect()
+}
+
+/// Every member's Status, in ordinal order.
+async fn read_all(etcd: &EtcdCluster<'_>, c: &str, ns: &str, replicas: i32) -> Vec<Read> {
+    join_all(etcd_members(c, ns, replicas.max(1)).into_iter().map(|m| async move {
+        let status = etcd.status(&m.client_url).await.map_err(|e| e.to_string());
+        Read {
+            name: m.name,
+            client_url: m.client_url,
+            status,
+        }
+    }))
+    .await
+}
+
+/// How a recovery from `NOSPACE` ended.
+enum Recovery {
+    Disarmed(EtcdDefragmentation),
+    DataExceedsQuota { in_use: i64 },
+    Failed(String),
+}
+
+/// Compaction to the current revision, then (if the data then fits) defragmentation one
+/// member at a time, followers first and the leader last, then the alarm disarmed.
+async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &[Read], quota: i64) -> Recovery {
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
+    let answered: Vec<(&Read, &MemberStatus)> = reads
+        .iter()
+        .filter_map(|r| r.status.as_ref().ok().map(|s| (r, s)))
+        .collect();
+    if answered.len() < reads.len() {
+        return Recovery::Failed("waiting until every member answers".into());
+    }
+    let leader = answered.iter().map(|(_, s)| s.leader).find(|l| *l != 0).unwrap_or(0);
+    if leader == 0 {
+        return Recovery::Failed("waiting for a leader".into());
+    }
+    let Some(via) = answered
+        .iter()
+        .find(|(_, s)| s.member_id == leader)
+        .map(|(r, _)| r.client_url.clone())
+    else {
+        return Recovery::Failed("the leader is not one of the members capn dials".into());
+    };
+    // Compaction drops every revision but the newest of each key; etcd answers an error for
+    // a revision already compacted, which leaves nothing to do.
+    let revision = answered.iter().map(|(_, s)| s.revision).max().unwrap_or(0);
+    if let Err(e) = etcd.compact(&via, revision).await
+        && !e.to_string().contains("compacted")
+    {
+        return Recovery::Failed(format!("compaction to revision {revision}: {e}"));
+    }
+    // Each member applies the compaction itself; its in-use size tells what its file would
+    // shrink to.
+    let after = read_all(etcd, c, ns, i32::try_from(reads.len()).unwrap_or(1)).await;
+    let in_use: Vec<i64> = after
+        .iter()
+        .filter_map(|r| r.status.as_ref().ok().map(|s| s.db_size_in_use))
+        .collect();
+    if in_use.len() < reads.len() {
+        return Recovery::Failed("a member stopped answering after compaction".into());
+    }
+    if !fits_after_defragmentation(&in_use, quota) {
+        return Recovery::DataExceedsQuota {
+            in_use: in_use.iter().copied().max().unwrap_or_default(),
+        };
+    }
+    let members = answered
+        .iter()
+        .map(|(r, s)| Defragmentable {
+            name: r.name.clone(),
+            id: s.member_id,
+            client_url: r.client_url.clone(),
+        })
+        .collect();
+    let mut done = Vec::new();
+    for member in defragmentation_order(members, leader) {
+        // Only while every other member answers: a defragmenting member does not serve, and
+        // with another one down the cluster would lose its quorum meanwhile.
+        let others = join_all(
+            reads
+                .iter()
+                .filter(|r| r.client_url != member.client_url)
+                .map(|r| etcd.status(&r.client_url)),
+        )
+        .await;
+        if others.iter().any(|s| s.as_ref().map_or(true, |s| s.leader == 0)) {
+            return Recovery::Failed(format!(
+                "defragmented {done:?}; waiting to defragment {} until every other member answers with a leader",
+                member.name
+            ));
+        }
+        if let Err(e) = etcd.defragment(&member.client_url).await {
+            return Recovery::Failed(format!("defragmenting {}: {e}", member.name));
+        }
+        events::publish(
+            round.ctx,
+            round.object,
+            Some(member_pod(ns, &member.name)),
+            Reason::DefragmentedMember,
+            format!(
+                "defragmented {} (NOSPACE recovery{})",
+                member.name,
+                if member.id == leader { ", the leader, last" } else { "" }
+            ),
+            "Defragment",
+        )
+        .await;
+        done.push(member.name);
+    }
+    let alarmed = match etcd.nospace_alarms(&via).await {
+        Ok(alarmed) => alarmed,
+        Err(e) => return Recovery::Failed(format!("listing the alarms: {e}")),
+    };
+    for member in alarmed {
+        if let Err(e) = etcd.disarm_nospace(&via, member).await {
+            return Recovery::Failed(format!("disarming NOSPACE of member {member:x}: {e}"));
+        }
+    }
+    Recovery::Disarmed(EtcdDefragmentation {
+        time: round.now.time.format(&Rfc3339).unwrap_or_default(),
+        trigger: crate::etcd::space::NOSPACE.into(),
+        members: done,
+    })
+}
+
+fn member_pod(ns: &str, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(ns.into()),
+        name: Some(name.into()),
+        ..ObjectReference::default()
+    }
+}

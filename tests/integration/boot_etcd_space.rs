@@ -1,0 +1,197 @@
+//! Issue 40 item 1: etcd's space on a booted tenant. A NestedEtcd with a quota of a few MiB
+//! is filled through the tenant's apiserver until etcd raises NOSPACE; capn says so on the
+//! NestedEtcd (condition and Warning Event), and once the data is deleted it compacts,
+//! defragments and disarms the alarm, and the tenant accepts writes again.
+//!
+//! Timings are printed, not asserted.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use capn::api::NestedEtcd;
+use capn::status::ETCD_SPACE_EXHAUSTED;
+use k8s_openapi::api::core::v1::{ConfigMap, Event};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
+
+/// The quota: a few MiB, filled by a handful of ConfigMaps.
+const QUOTA: &str = "8Mi";
+
+fn docs() -> Vec<serde_json::Value> {
+    vec![
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+            "kind": "NestedEtcd",
+            "metadata": {"name": "demo-etcd"},
+            "spec": {"replicas": 1, "storage": {"quotaBackendBytes": QUOTA}},
+        }),
+        json!({
+            "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+            "kind": "NestedControlPlane",
+            "metadata": {"name": "demo"},
+            "spec": {"version": "1.36", "etcd": {"name": "demo-etcd"}},
+        }),
+    ]
+}
+
+/// A ConfigMap of about 900 KiB (the apiserver takes at most 1 MiB per object).
+fn big(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([("filler".to_owned(), "x".repeat(900 * 1024))])),
+        ..ConfigMap::default()
+    }
+}
+
+async fn space_condition(booted: &Booted) -> Option<Condition> {
+    Api::<NestedEtcd>::namespaced(booted.client.clone(), &booted.ns)
+        .get("demo-etcd")
+        .await
+        .ok()?
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == ETCD_SPACE_EXHAUSTED)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nospace_is_reported_and_recovered_once_the_data_is_deleted_and_the_tenant_writes_again() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("capn=warn,capn::controllers::component::etcd::space=debug")
+        .with_test_writer()
+        .try_init();
+    let booted = boot_with("etcd NOSPACE", Some(docs()), StartCapn::InProcess).await;
+    let tenant = booted.nested(&booted.kubeconfig().await).await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(tenant, "default");
+
+    // Fill until etcd refuses: each ConfigMap is about 900 KiB, the quota 8 MiB.
+    let mut written = Vec::new();
+    let refused_at = loop {
+        assert!(
+            written.len() < 40,
+            "40 ConfigMaps of 900 KiB were accepted under an 8 MiB quota"
+        );
+        let name = format!("filler-{}", written.len());
+        match config_maps.create(&PostParams::default(), &big(&name)).await {
+            Ok(_) => written.push(name),
+            Err(e) if e.to_string().contains("database space exceeded") => break Instant::now(),
+            Err(e) => panic!("writing {name}: {e}"),
+        }
+    };
+    say(&format!(
+        "etcd NOSPACE: the tenant refused the write after {} ConfigMaps of 900 KiB: database space exceeded",
+        written.len()
+    ));
+
+    // capn notices within seconds (a Warning Event), compacts and defragments; what the
+    // apiserver's history and fragmentation took comes back, so the writes go on until the
+    // data itself fills the quota, which capn then says, with the way out.
+    let events = Api::<Event>::namespaced(booted.client.clone(), &booted.ns);
+    let warned = booted
+        .runner
+        .wait_for("a Warning Event EtcdNoSpace", BOOTED_STEP, || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.type_.as_deref() == Some("Warning")
+                        && e.reason.as_deref() == Some("EtcdNoSpace")
+                        && e.involved_object.name.as_deref() == Some("demo-etcd")
+                })
+        })
+        .await;
+    let noticed = refused_at.elapsed();
+    say(&format!(
+        "etcd NOSPACE: Warning Event within {noticed:.1?} of the refused write: {}",
+        warned.message.unwrap_or_default()
+    ));
+    let mut refused = 1;
+    let deadline = Instant::now() + BOOTED_STEP;
+    let data_exceeds = loop {
+        if let Some(c) = space_condition(&booted)
+            .await
+            .filter(|c| c.status == "True" && c.reason == "EtcdDataExceedsQuota")
+        {
+            break c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no EtcdSpaceExhausted=True EtcdDataExceedsQuota within {BOOTED_STEP:?}: {:?}",
+            space_condition(&booted).await
+        );
+        let name = format!("filler-{}", written.len() + refused);
+        match config_maps.create(&PostParams::default(), &big(&name)).await {
+            Ok(_) => written.push(name),
+            Err(e) if e.to_string().contains("database space exceeded") => refused += 1,
+            Err(e) => panic!("writing {name}: {e}"),
+        }
+    };
+    say(&format!(
+        "etcd NOSPACE: {} ConfigMaps written, {refused} writes refused; condition: {}",
+        written.len(),
+        data_exceeds.message
+    ));
+    assert!(
+        data_exceeds.message.contains("spec.storage.quotaBackendBytes") && data_exceeds.message.contains("8.0MiB"),
+        "the message names the quota and how to raise it: {}",
+        data_exceeds.message
+    );
+
+    // Deletes are accepted under NOSPACE; capn then compacts, defragments and disarms.
+    let deleting = Instant::now();
+    for name in &written {
+        config_maps.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    let recovered = booted
+        .runner
+        .wait_for("EtcdSpaceExhausted=False", BOOTED_STEP, || async {
+            space_condition(&booted).await.filter(|c| c.status == "False")
+        })
+        .await;
+    assert_eq!(recovered.reason, "EtcdSpaceAvailable", "{recovered:?}");
+    let space = Api::<NestedEtcd>::namespaced(booted.client.clone(), &booted.ns)
+        .get("demo-etcd")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.etcd_space)
+        .expect("status.etcdSpace");
+    assert_eq!(space.quota_backend_bytes, 8 << 20);
+    let defragmentation = space
+        .last_defragmentation
+        .clone()
+        .expect("a defragmentation was recorded");
+    assert_eq!(defragmentation.members, ["demo-etcd-0"]);
+    assert_eq!(defragmentation.trigger, "NOSPACE");
+    say(&format!(
+        "etcd NOSPACE: disarmed {:.1?} after the deletes began; sizes now {:?}",
+        deleting.elapsed(),
+        space.members
+    ));
+
+    // The tenant writes again.
+    let again = Instant::now();
+    booted
+        .runner
+        .wait_for("the tenant accepts a write", BOOTED_STEP, || async {
+            config_maps
+                .create(&PostParams::default(), &big("after-recovery"))
+                .await
+                .ok()
+        })
+        .await;
+    say(&format!(
+        "etcd NOSPACE: the tenant wrote again {:.1?} after the alarm was disarmed",
+        again.elapsed()
+    ));
+    booted.stop().await;
+}
