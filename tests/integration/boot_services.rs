@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 
-use capn::syncer::names::ControlPlaneRef;
+use capn::syncer::names::{ControlPlaneRef, NameLimit};
 use capn::syncer::service::{SUPER_CLUSTER_IP, SUPER_NODE_PORTS};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -420,6 +420,47 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         })
         .await;
 
+    say(
+        "an ExternalName Service (not copied: the tenant's DNS answers it) turned into a ClusterIP one is copied with the tenant's ClusterIP",
+    );
+    let renamed: Service = serde_json::from_value(json!({
+        "metadata": {"name": "renamed", "namespace": "default"},
+        "spec": {"type": "ExternalName", "externalName": "example.com"}
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &renamed).await.unwrap();
+    let renamed_copy = ControlPlaneRef::new(&ns, "demo").super_name(NameLimit::Label, "default", "renamed");
+    let turned = services
+        .patch(
+            "renamed",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"type": "ClusterIP", "externalName": null,
+                "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})),
+        )
+        .await
+        .unwrap();
+    let tenant_address = turned.spec.and_then(|s| s.cluster_ip).unwrap();
+    booted
+        .runner
+        .wait_for("the copy has the tenant's ClusterIP", BOOTED_STEP, || async {
+            let spec = copies.get_opt(&renamed_copy).await.ok()??.spec?;
+            (spec.cluster_ip.as_deref() == Some(tenant_address.as_str())).then_some(())
+        })
+        .await;
+    booted
+        .runner
+        .wait_for(
+            "the client pod reaches a web pod at the tenant's ClusterIP",
+            BOOTED_STEP * 2,
+            || async {
+                web_pods(&tenant)
+                    .await
+                    .contains(&dial_hostname(client_ip, &tenant_address).await?)
+                    .then_some(())
+            },
+        )
+        .await;
+
     say("a change made to the copy on the super side is reverted");
     let copy_name = copy.name_any();
     copies
@@ -439,7 +480,7 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .await;
 
     say("deleting the tenant Services deletes their copies and the EndpointSlice's");
-    for name in ["web", "outside", "db", "docs", "clash", "exposed"] {
+    for name in ["web", "outside", "db", "docs", "clash", "exposed", "renamed"] {
         services.delete(name, &DeleteParams::default()).await.unwrap();
     }
     booted
