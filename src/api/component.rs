@@ -312,7 +312,7 @@ pub struct ComponentStatus {
 
 /// How much of its quota an etcd uses, as capn last recorded it. Sizes are recorded when
 /// they moved by at least 1/64 of the quota since the last record (so a busy tenant does
-/// not cost a status write per look); `capn_etcd_*` metrics carry the exact figures.
+/// not cost a status write per look).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdSpaceStatus {

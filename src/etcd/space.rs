@@ -20,6 +20,14 @@ pub fn reports_nospace(errors: &[String]) -> bool {
     errors.iter().any(|e| e.contains(NOSPACE))
 }
 
+/// Whether a member's Status `errors` report anything besides alarms. Alarms are the
+/// cluster's, listed by every member alike: `NOSPACE` says nothing about the member that
+/// reports it (it answers, it knows a leader), so it must not count as the member being
+/// unhealthy, which would refuse membership changes and count towards its replacement.
+pub fn reports_member_errors(errors: &[String]) -> bool {
+    errors.iter().any(|e| !e.contains("alarm:"))
+}
+
 /// Whether the data would fit under the quota with room to write again: every member's
 /// in-use size (after compaction, what a defragmentation shrinks its file to) below
 /// [`DISARM_BELOW_PERCENT`] of the quota. `false` without any size.
@@ -88,6 +96,15 @@ mod tests {
         assert!(reports_nospace(&["memberID:8e9e05c52164694d alarm:NOSPACE ".into()]));
         assert!(!reports_nospace(&["memberID:1 alarm:CORRUPT ".into()]));
         assert!(!reports_nospace(&[]));
+    }
+
+    #[test]
+    fn an_alarm_is_not_an_error_of_the_member_that_reports_it() {
+        assert!(!reports_member_errors(&[
+            "memberID:8e9e05c52164694d alarm:NOSPACE ".into()
+        ]));
+        assert!(reports_member_errors(&["etcdserver: no leader".into()]));
+        assert!(!reports_member_errors(&[]));
     }
 
     #[test]

@@ -507,7 +507,8 @@ async fn read_health(
 }
 
 /// The planner's view and the status of each listed member. A member is healthy when its
-/// Status answered, it knows a leader and reports no error; it is lost when it has been
+/// Status answered, it knows a leader and reports no error (alarms, which every member
+/// lists for the cluster, are not its errors); it is lost when it has been
 /// unhealthy for `timeout` (the time it became unhealthy is kept in status across
 /// reconciles and restarts of capn).
 fn views(
@@ -528,7 +529,9 @@ fn views(
         } else {
             m.name.clone()
         };
-        let healthy = h.as_ref().is_ok_and(|s| s.leader != 0 && s.errors.is_empty());
+        let healthy = h
+            .as_ref()
+            .is_ok_and(|s| s.leader != 0 && !crate::etcd::space::reports_member_errors(&s.errors));
         let id = format!("{:x}", m.id);
         let since = if healthy {
             None
