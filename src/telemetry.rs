@@ -68,6 +68,34 @@ struct KindLabel {
     kind: String,
 }
 
+/// One control plane: the finest grain capn's high-volume series have (never a member or
+/// an object), so their count is bounded by the control planes capn runs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControlPlaneLabels {
+    namespace: String,
+    cluster: String,
+}
+
+/// An etcd's space as one pass read it, for [`Metrics::set_etcd_space`]; sizes in bytes,
+/// each the largest over the members that answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EtcdSpaceFigures {
+    pub db_size: i64,
+    pub db_size_in_use: i64,
+    pub quota: i64,
+    pub nospace: bool,
+}
+
+/// The `capn_etcd_*` series.
+#[derive(Default)]
+struct EtcdSeries {
+    db_size: Family<ControlPlaneLabels, Gauge>,
+    db_size_in_use: Family<ControlPlaneLabels, Gauge>,
+    quota: Family<ControlPlaneLabels, Gauge>,
+    nospace: Family<ControlPlaneLabels, Gauge>,
+    defragmentations: Family<ControlPlaneLabels, Counter>,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     controller: String,
@@ -84,6 +112,7 @@ pub struct Metrics {
     managed: Family<ControllerLabel, Gauge>,
     tenant_connections: Family<ConnectionLabels, Counter>,
     watch_failing: Family<KindLabel, Gauge>,
+    etcd: EtcdSeries,
     /// Objects per component resource, so the gauge is a sum that stays right on updates.
     inventory: Mutex<HashMap<(String, String), i64>>,
     ready: AtomicBool,
@@ -131,8 +160,38 @@ impl Default for Metrics {
             "1 while capn's watch of a kind fails (forbidden by RBAC, a resource the API does not serve), else 0",
             watch_failing.clone(),
         );
+        let etcd = EtcdSeries::default();
+        registry.register_with_unit(
+            "etcd_database_size",
+            "Size of the largest member's database file (what etcd's quota is compared with), by control plane",
+            prometheus_client::registry::Unit::Bytes,
+            etcd.db_size.clone(),
+        );
+        registry.register_with_unit(
+            "etcd_database_in_use",
+            "Bytes of the largest member's database holding data (the rest is free pages a defragmentation gives back), by control plane",
+            prometheus_client::registry::Unit::Bytes,
+            etcd.db_size_in_use.clone(),
+        );
+        registry.register_with_unit(
+            "etcd_quota",
+            "The members' --quota-backend-bytes, by control plane",
+            prometheus_client::registry::Unit::Bytes,
+            etcd.quota.clone(),
+        );
+        registry.register(
+            "etcd_nospace",
+            "1 while etcd's NOSPACE alarm is raised (writes refused), else 0, by control plane",
+            etcd.nospace.clone(),
+        );
+        registry.register(
+            "etcd_defragmentations",
+            "Members capn defragmented, by control plane",
+            etcd.defragmentations.clone(),
+        );
         Self {
             registry,
+            etcd,
             reconciles,
             errors,
             durations,
@@ -185,6 +244,28 @@ impl Metrics {
                 controller: controller.to_string(),
             })
             .set(total);
+    }
+
+    /// Records what one pass read of the etcd of control plane `cluster` in `namespace`.
+    /// Read at least every 10 s ([`crate::controllers::component::etcd::space::SPACE_POLL`]);
+    /// the series of a deleted control plane stay until capn restarts.
+    pub fn set_etcd_space(&self, namespace: &str, cluster: &str, figures: EtcdSpaceFigures) {
+        let labels = control_plane_labels(namespace, cluster);
+        self.etcd.db_size.get_or_create(&labels).set(figures.db_size);
+        self.etcd
+            .db_size_in_use
+            .get_or_create(&labels)
+            .set(figures.db_size_in_use);
+        self.etcd.quota.get_or_create(&labels).set(figures.quota);
+        self.etcd.nospace.get_or_create(&labels).set(i64::from(figures.nospace));
+    }
+
+    /// Counts one member of `cluster`'s etcd defragmented.
+    pub fn count_etcd_defragmentation(&self, namespace: &str, cluster: &str) {
+        self.etcd
+            .defragmentations
+            .get_or_create(&control_plane_labels(namespace, cluster))
+            .inc();
     }
 
     /// Counts one connection to a tenant through `path` (`port-forward`) that `opened` or
@@ -255,6 +336,13 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+fn control_plane_labels(namespace: &str, cluster: &str) -> ControlPlaneLabels {
+    ControlPlaneLabels {
+        namespace: namespace.to_owned(),
+        cluster: cluster.to_owned(),
     }
 }
 
@@ -361,6 +449,39 @@ mod tests {
             "{}",
             m.encode()
         );
+    }
+
+    #[test]
+    fn etcd_space_is_one_series_per_control_plane() {
+        let m = Metrics::default();
+        let figures = EtcdSpaceFigures {
+            db_size: 9_000_000,
+            db_size_in_use: 7_000_000,
+            quota: 8_388_608,
+            nospace: true,
+        };
+        m.set_etcd_space("tenant-a", "demo", figures);
+        m.set_etcd_space(
+            "tenant-a",
+            "demo",
+            EtcdSpaceFigures {
+                nospace: false,
+                ..figures
+            },
+        );
+        m.count_etcd_defragmentation("tenant-a", "demo");
+        let text = m.encode();
+        let labels = "{namespace=\"tenant-a\",cluster=\"demo\"}";
+        for line in [
+            format!("capn_etcd_database_size_bytes{labels} 9000000"),
+            format!("capn_etcd_database_in_use_bytes{labels} 7000000"),
+            format!("capn_etcd_quota_bytes{labels} 8388608"),
+            format!("capn_etcd_nospace{labels} 0"),
+            format!("capn_etcd_defragmentations_total{labels} 1"),
+        ] {
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        assert_eq!(text.matches("capn_etcd_quota_bytes{").count(), 1, "{text}");
     }
 
     #[test]

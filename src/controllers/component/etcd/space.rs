@@ -116,8 +116,18 @@ pub async fn space_step(round: &Round<'_, NestedEtcd>) -> Result<SpaceReport, cr
         .unwrap_or(quota);
     let mut report = later;
     let sizes = member_spaces(&answered);
-    let mut last_defragmentation = recorded.and_then(|r| r.last_defragmentation.clone());
     let nospace = answered.iter().any(|(_, s)| reports_nospace(&s.errors));
+    ctx.metrics.set_etcd_space(
+        ns,
+        c,
+        crate::telemetry::EtcdSpaceFigures {
+            db_size: sizes.iter().map(|m| m.db_size).max().unwrap_or_default(),
+            db_size_in_use: sizes.iter().map(|m| m.db_size_in_use).max().unwrap_or_default(),
+            quota,
+            nospace,
+        },
+    );
+    let mut last_defragmentation = recorded.and_then(|r| r.last_defragmentation.clone());
     let already_told = object
         .status
         .as_ref()
@@ -321,6 +331,7 @@ async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &
             "Defragment",
         )
         .await;
+        round.ctx.metrics.count_etcd_defragmentation(ns, c);
         done.push(member.name);
     }
     let alarmed = match etcd.nospace_alarms(&via).await {
