@@ -166,9 +166,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDRESS:PORT", default_value = "0.0.0.0:10250")]
     pub kubelet_bind_address: std::net::SocketAddr,
     /// The address tenant apiservers dial for the kubelet API, announced as each tenant
-    /// Node's InternalIP: capn's pod IP in a super cluster (the clusterctl Deployment passes
-    /// the downward API's `POD_IP`). Unset, no kubelet API is served and tenant Nodes
-    /// announce only their hostname.
+    /// Node's InternalDNS (their InternalIP is the super node's): capn's pod IP in a super
+    /// cluster (the clusterctl Deployment passes the downward API's `POD_IP`). Unset, no
+    /// kubelet API is served.
     #[arg(long, env = "POD_IP", value_name = "ADDRESS")]
     pub kubelet_advertise_address: Option<std::net::IpAddr>,
     /// Whether capn serves each tenant's cluster DNS (docs/design.md §11 "DNS"), at

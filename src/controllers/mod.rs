@@ -108,7 +108,7 @@ pub struct Settings {
     pub syncer_patrol: std::time::Duration,
     /// The tenant Nodes' kubelet API, served by the syncer (`capn run
     /// --kubelet-bind-address`, `--kubelet-advertise-address`; [`crate::kubelet`]); `None`
-    /// serves none, and tenant Nodes announce only their hostname.
+    /// serves none, and tenant Nodes name no kubelet API.
     pub kubelet: Option<crate::kubelet::KubeletEndpoint>,
     /// The tenants' cluster DNS, served by the syncer ([`crate::dns`]); `None` serves none,
     /// and tenant pods keep the DNS settings they were written with (a `ClusterFirst` pod

@@ -246,9 +246,10 @@ fn apiserver_args(etcd_url: &str, port: u16, cert_dir: &Path, files: &Credential
         "--authorization-mode=RBAC".to_owned(),
         format!("--token-auth-file={}", files.tokens.display()),
         format!("--service-cluster-ip-range={}", crate::SUPER_SERVICE_CIDR),
-        // The test node's kubelet API (logs, exec, port-forward) is at its InternalIP; its hostname resolves
-        // nowhere.
-        "--kubelet-preferred-address-types=InternalIP".to_owned(),
+        // The test node's kubelet API (logs, exec, port-forward) is at its InternalDNS (its
+        // InternalIP serves node ports; node adaptation 9); the runners' Nodes have only an
+        // InternalIP; a hostname resolves nowhere.
+        "--kubelet-preferred-address-types=InternalDNS,InternalIP".to_owned(),
     ]
 }
 

@@ -411,7 +411,27 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         format!("80/TCP={WEB_NODE_PORT}"),
         "the tenant's own node port was free"
     );
-    let node = SocketAddr::new(capn_testkit::node().node_port_address().into(), WEB_NODE_PORT);
+    // At the InternalIP of the tenant Node a web pod runs on, as a client in the tenant
+    // would dial it: the super node's (item 5 of issue 36).
+    let web_pod = Api::<Pod>::namespaced(tenant.clone(), "default")
+        .get(&web_pods(&tenant).await[0])
+        .await
+        .unwrap();
+    let tenant_node = Api::<k8s_openapi::api::core::v1::Node>::all(tenant.clone())
+        .get(web_pod.spec.unwrap().node_name.as_deref().unwrap())
+        .await
+        .unwrap();
+    let internal_ip = tenant_node
+        .status
+        .unwrap()
+        .addresses
+        .unwrap()
+        .into_iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address)
+        .unwrap();
+    assert_eq!(internal_ip, capn_testkit::node().node_port_address().to_string());
+    let node = SocketAddr::new(internal_ip.parse().unwrap(), WEB_NODE_PORT);
     booted
         .runner
         .wait_for("a web pod answers at the node port", BOOTED_STEP * 2, || async {

@@ -1,10 +1,10 @@
 //! The tenant's Nodes: one for each super node that runs a tenant pod, made when the first
 //! pod is bound to it and removed when none is left (docs/design.md §11). A tenant Node
 //! carries what scheduling and `kubectl get nodes` need (the well-known labels, capacity,
-//! allocatable, node info and the `Ready` condition) and no super-cluster address: its
-//! addresses are its hostname and, when capn serves the kubelet API (`crate::kubelet`),
-//! capn's endpoint for it as `InternalIP` with its port as the kubelet endpoint, which is
-//! where the tenant apiserver asks for logs. The syncer renews its Lease in `kube-node-lease` as the kubelet
+//! allocatable, node info and the `Ready` condition) and the super node's `InternalIP` and
+//! `ExternalIP` (where its pods run and its node ports answer); when capn serves the kubelet
+//! API (`crate::kubelet`), capn's endpoint for it as `InternalDNS` with its port as the
+//! kubelet endpoint, which is where the tenant apiserver asks for logs. The syncer renews its Lease in `kube-node-lease` as the kubelet
 //! does (every 10 seconds, for 40), so the tenant's node lifecycle controller sees a
 //! healthy node and never evicts its pods; its `Ready` condition follows the super node's.
 
@@ -70,21 +70,39 @@ pub(super) fn tenant_node(super_node: &Node, now: Timestamp, kubelet: Option<Soc
             allocatable: status.allocatable,
             node_info: status.node_info,
             conditions: Some(ready(super_node, now)),
-            addresses: Some(addresses(&name, kubelet)),
+            addresses: Some(addresses(&name, super_node, kubelet)),
             daemon_endpoints: daemon_endpoints(kubelet),
             ..NodeStatus::default()
         }),
     }
 }
 
-/// A tenant Node's addresses: capn's kubelet API endpoint, if any, then the hostname.
-fn addresses(name: &str, kubelet: Option<SocketAddr>) -> Vec<NodeAddress> {
-    let internal = kubelet.map(|k| NodeAddress {
-        type_: "InternalIP".to_owned(),
+/// The address type under which a tenant Node names capn's kubelet API, first in the
+/// tenant apiserver's `--kubelet-preferred-address-types` (the `stable` channel's): the
+/// apiserver then asks capn for logs, exec and port-forward, while `InternalIP` stays the
+/// super node's. Its value is an IP address, which the apiserver dials as it would a name.
+pub const KUBELET_ADDRESS_TYPE: &str = "InternalDNS";
+
+/// A tenant Node's addresses (issue 36, "node-level fidelity"): the super node's
+/// `InternalIP` and `ExternalIP` addresses, where the tenant's pods on it run (their
+/// `status.hostIP`) and its node ports answer; capn's kubelet API endpoint, if any, as
+/// [`KUBELET_ADDRESS_TYPE`]; and the hostname. The super node's own DNS names are not shown
+/// (they name the platform's machines, and the type is capn's).
+fn addresses(name: &str, super_node: &Node, kubelet: Option<SocketAddr>) -> Vec<NodeAddress> {
+    let super_addresses = super_node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+        .cloned();
+    let kubelet = kubelet.map(|k| NodeAddress {
+        type_: KUBELET_ADDRESS_TYPE.to_owned(),
         address: k.ip().to_string(),
     });
-    internal
-        .into_iter()
+    super_addresses
+        .chain(kubelet)
         .chain([NodeAddress {
             type_: "Hostname".to_owned(),
             address: name.to_owned(),
@@ -241,7 +259,7 @@ async fn beat(tenant: &Tenant, node: &Node, with_status: bool) -> Result<(), kub
         // The kubelet endpoint too: another capn replica that took over announces its own.
         let patch = serde_json::json!({"status": {
             "conditions": ready(&super_node, Timestamp::now()),
-            "addresses": addresses(&node.name_any(), tenant.kubelet),
+            "addresses": addresses(&node.name_any(), &super_node, tenant.kubelet),
             "daemonEndpoints": daemon_endpoints(tenant.kubelet).unwrap_or_default(),
         }});
         Api::<Node>::all(tenant.tenant_client.clone())
@@ -283,7 +301,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_tenant_node_shows_capacity_and_readiness_but_no_super_address() {
+    fn a_tenant_node_shows_capacity_readiness_and_where_its_pods_run() {
         let super_node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "worker-1", "labels": {
                 "kubernetes.io/hostname": "worker-1", "kubernetes.io/os": "linux",
@@ -291,7 +309,11 @@ mod tests {
             "status": {
                 "capacity": {"cpu": "8", "pods": "110"},
                 "allocatable": {"cpu": "7500m", "pods": "110"},
-                "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
+                "addresses": [
+                    {"type": "InternalIP", "address": "10.0.0.7"},
+                    {"type": "InternalDNS", "address": "ip-10-0-0-7.platform.internal"},
+                    {"type": "ExternalIP", "address": "203.0.113.7"},
+                    {"type": "Hostname", "address": "ip-10-0-0-7"}],
                 "conditions": [
                     {"type": "MemoryPressure", "status": "False"},
                     {"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
@@ -305,12 +327,18 @@ mod tests {
         assert!(!labels.contains_key("secret.example/rack") && !labels.contains_key("node-role.kubernetes.io/infra"));
         let status = node.status.unwrap();
         assert_eq!(status.allocatable.unwrap()["cpu"].0, "7500m");
+        let pairs = |addresses: Vec<NodeAddress>| -> Vec<(String, String)> {
+            addresses.into_iter().map(|a| (a.type_, a.address)).collect()
+        };
+        let pair = |t: &str, a: &str| (t.to_owned(), a.to_owned());
         assert_eq!(
-            status.addresses.unwrap(),
-            [NodeAddress {
-                type_: "Hostname".into(),
-                address: "worker-1".into()
-            }]
+            pairs(status.addresses.unwrap()),
+            [
+                pair("InternalIP", "10.0.0.7"),
+                pair("ExternalIP", "203.0.113.7"),
+                pair("Hostname", "worker-1")
+            ],
+            "the super node's IPs (its pods' hostIP, its node ports), never its DNS names"
         );
         let conditions = status.conditions.unwrap();
         assert_eq!(conditions.len(), 1);
@@ -320,22 +348,35 @@ mod tests {
         );
         assert_eq!(conditions[0].last_heartbeat_time, Some(Time(now)));
         assert_eq!(status.daemon_endpoints, None);
-        // With capn's kubelet API, the Node names capn's endpoint, never the super node's.
+        // With capn's kubelet API, the Node names capn's endpoint under the type the tenant
+        // apiserver prefers, never the super node's kubelet.
         let node = tenant_node(&super_node, now, Some("192.0.2.9:10250".parse().unwrap()));
         let status = node.status.unwrap();
-        let addresses: Vec<_> = status
-            .addresses
-            .unwrap()
-            .into_iter()
-            .map(|a| (a.type_, a.address))
-            .collect();
         assert_eq!(
-            addresses,
+            pairs(status.addresses.unwrap()),
             [
-                ("InternalIP".to_owned(), "192.0.2.9".to_owned()),
-                ("Hostname".to_owned(), "worker-1".to_owned())
+                pair("InternalIP", "10.0.0.7"),
+                pair("ExternalIP", "203.0.113.7"),
+                pair(KUBELET_ADDRESS_TYPE, "192.0.2.9"),
+                pair("Hostname", "worker-1")
             ]
         );
         assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
+    }
+
+    #[test]
+    fn the_channel_prefers_the_address_type_of_capns_kubelet_api() {
+        for release in ["1.35.4", "1.36.3", "1.37.2"] {
+            let path = format!(
+                "{}/channels/stable/{release}/apiserver/statefulset.yaml",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let template = std::fs::read_to_string(&path).unwrap();
+            let flag = template
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("- --kubelet-preferred-address-types="))
+                .unwrap_or_else(|| panic!("{path} sets no --kubelet-preferred-address-types"));
+            assert_eq!(flag.split(',').next(), Some(KUBELET_ADDRESS_TYPE), "{path}");
+        }
     }
 }

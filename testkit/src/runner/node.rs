@@ -5,8 +5,10 @@
 //! thread of its own that lives as long as the process. It
 //! - registers the Node `capn-node-<random>` (capacity and allocatable: 16 CPUs, 64 GiB,
 //!   110 pods, or `$CAPN_TEST_NODE_MAX_PODS` like the kubelet's `--max-pods`, up to the 252
-//!   addresses of its pod network; addresses: its bridge's host-side address as InternalIP, and its name as
-//!   Hostname; the kubelet's port as `kubeletEndpoint`; Ready with no pressure), renews its
+//!   addresses of its pod network; addresses: the node namespace's address on its pod
+//!   network as InternalIP (where its kube-proxy serves node ports), its bridge's host-side
+//!   address, where its kubelet API listens, as InternalDNS, and its name as Hostname; the
+//!   kubelet's port as `kubeletEndpoint`; Ready with no pressure), renews its
 //!   Lease in `kube-node-lease` and the conditions' heartbeat every 10 s;
 //! - starts the real kube-scheduler of the super cluster's release against the super
 //!   cluster (admin kubeconfig, leader election off) and waits for its `/healthz`, and the
@@ -87,8 +89,11 @@
 //!    namespace, not the host's, which routes the super cluster's Service CIDR for the
 //!    node's pods; it masquerades all Service traffic (`masqueradeAll`: no `br_netfilter`
 //!    here), so a backend sees the node namespace's address as its client; NodePorts answer
-//!    on the node namespace's address ([`Node::node_port_address`]), not on the Node's
-//!    InternalIP (the host's side of the pod network). See `proxy.rs`.
+//!    on the node namespace's address ([`Node::node_port_address`]), which is the Node's
+//!    InternalIP. The kubelet API is on the host's side of the pod network, which the Node
+//!    names as InternalDNS and the test super cluster's apiserver prefers
+//!    (`--kubelet-preferred-address-types=InternalDNS,InternalIP`), as a tenant apiserver
+//!    prefers capn's kubelet API under that type. See `proxy.rs`.
 
 pub(super) mod kubelet;
 pub(super) mod objects;
@@ -167,13 +172,15 @@ impl Node {
         &self.name
     }
 
-    /// Its InternalIP: the host's address on the node's pod network.
+    /// Where its kubelet API listens (its InternalDNS): the host's address on the node's pod
+    /// network, which every pod network of this host reaches.
     pub fn address(&self) -> Ipv4Addr {
         self.runner.host_address()
     }
 
-    /// Where the node serves `NodePort` Services (its kube-proxy's `nodePortAddresses`): the
-    /// node namespace's address on its pod network, which the host and every pod reach.
+    /// Where the node serves `NodePort` Services (its kube-proxy's `nodePortAddresses`), its
+    /// InternalIP: the node namespace's address on its pod network, which the host and every
+    /// pod reach.
     pub fn node_port_address(&self) -> Ipv4Addr {
         lock(&self.runner.shared.network)
             .as_ref()
@@ -328,7 +335,11 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
         let libraries = pod::libraries(&binary)?;
         lock(&shared.state).libraries.insert(binary, libraries);
     }
-    let uid = objects::register(&client, &name, shared.host_ip, &release).await?;
+    let node_address = lock(&shared.network)
+        .as_ref()
+        .map(|network| network.node_address())
+        .ok_or("the node has no pod network")?;
+    let uid = objects::register(&client, &name, (node_address, shared.host_ip), &release).await?;
     let scheduler = objects::start_scheduler(&binaries["kube-scheduler"], &shared.dir).await?;
     let proxy = proxy::start(&binaries["kube-proxy"], &shared, &name).await?;
     let mut tasks = watch_volume_sources(

@@ -39,12 +39,20 @@ fn micro_time(t: SystemTime) -> String {
         .to_string()
 }
 
-/// Registers the Node `name` at `address`, as a kubelet of `release` (`1.36.3`): its status
-/// written at once (Ready), its not-ready taint lifted, its Lease created. Returns its uid.
+/// Registers the Node `name`, as a kubelet of `release` (`1.36.3`): its status written at
+/// once (Ready), its not-ready taint lifted, its Lease created. Its `InternalIP` is
+/// `address`, where its kube-proxy serves node ports; its kubelet API is at `kubelet`, named
+/// as `InternalDNS`, the type the test super cluster's apiserver prefers (node adaptation
+/// 9). Returns its uid.
 ///
 /// # Errors
 /// When the API server refuses.
-pub(super) async fn register(client: &Client, name: &str, address: Ipv4Addr, release: &str) -> Result<String, String> {
+pub(super) async fn register(
+    client: &Client,
+    name: &str,
+    (address, kubelet): (Ipv4Addr, Ipv4Addr),
+    release: &str,
+) -> Result<String, String> {
     let nodes: Api<Node> = Api::all(client.clone());
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": {
@@ -68,6 +76,7 @@ pub(super) async fn register(client: &Client, name: &str, address: Ipv4Addr, rel
         "allocatable": capacity(),
         "addresses": [
             {"type": "InternalIP", "address": address.to_string()},
+            {"type": "InternalDNS", "address": kubelet.to_string()},
             {"type": "Hostname", "address": name},
         ],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
