@@ -349,6 +349,9 @@ pub struct EtcdDefragmentation {
     /// The members, in the order they were defragmented.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
+    /// The leader when it began (defragmented last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
 }
 
 /// The members of a running etcd, as capn last read them through etcd's API.

@@ -298,6 +298,10 @@ async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &
             client_url: r.client_url.clone(),
         })
         .collect();
+    let leader_name = answered
+        .iter()
+        .find(|(_, s)| s.member_id == leader)
+        .map(|(r, _)| r.name.clone());
     let mut done = Vec::new();
     for member in defragmentation_order(members, leader) {
         // Only while every other member answers: a defragmenting member does not serve, and
@@ -347,6 +351,7 @@ async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &
         time: round.now.time.format(&Rfc3339).unwrap_or_default(),
         trigger: crate::etcd::space::NOSPACE.into(),
         members: done,
+        leader: leader_name,
     })
 }
 
