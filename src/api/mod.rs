@@ -7,6 +7,7 @@
 //! This module holds types only; behaviour lives in the controllers.
 
 mod audit;
+mod authentication;
 mod backup;
 mod cluster;
 mod component;
@@ -14,6 +15,7 @@ mod control_plane;
 mod templates;
 
 pub use audit::*;
+pub use authentication::*;
 pub use backup::*;
 pub use cluster::*;
 pub use component::*;

@@ -340,6 +340,7 @@ fn plan_component<K: ComponentResource>(
             spec,
             referenced: referenced.as_ref(),
         }),
+        authentication: component.authentication(),
     };
     plan(channels, cluster, &request, upstream)
 }

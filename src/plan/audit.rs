@@ -469,6 +469,7 @@ mod tests {
                 owner: Default::default(),
                 running: Running::default(),
                 audit: audit.map(|spec| AuditRequest { spec, referenced }),
+                authentication: None,
             };
             let upstream = Upstream {
                 etcd_endpoints: etcd_members("demo", "tenant-a", 1)

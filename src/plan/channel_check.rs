@@ -54,6 +54,7 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
                 owner: OwnerReference::default(),
                 running: Running::default(),
                 audit: None,
+                authentication: None,
             };
             let own_members = if kind == ComponentKind::Etcd {
                 members.clone()

@@ -29,6 +29,7 @@
 //! | `network_policy.apiserver_from` | NetworkPolicyPeers admitted to the apiserver besides the controller-manager and capn; none admits everyone |
 //! | `network_policy.metrics_from` | NetworkPolicyPeers admitted to the metrics ports; empty admits nobody |
 //! | `audit` | apiserver only, when its `spec.audit` is set (else none): `{policy_config_map, policy_key, policy, policy_digest, log: {max_size, max_backup, max_age}, webhook: {secret, key, mode} or none}` ([`super::audit`]) |
+//! | `authentication` | apiserver only, when its `spec.authentication` is set (else none): `{config_map, key, configuration, anonymous_digest}` ([`super::authentication`]) |
 //!
 //! Non-string values should go through `tojson` in templates.
 
@@ -57,6 +58,9 @@ pub struct RenderContext {
     pub network_policy: NetworkPolicyVars,
     /// apiserver only: auditing, when the NestedAPIServer sets `spec.audit`.
     pub audit: Option<super::audit::AuditVars>,
+    /// apiserver only: structured authentication, when the NestedAPIServer sets
+    /// `spec.authentication`.
+    pub authentication: Option<super::authentication::AuthenticationVars>,
 }
 
 /// The pod selector labels of each component of the cluster.

@@ -6,6 +6,7 @@
 //! Pure: no client, no clock, no randomness. Nothing is applied unless the whole set planned.
 
 pub mod audit;
+pub mod authentication;
 mod channel_check;
 mod context;
 mod digest;
@@ -83,6 +84,8 @@ pub struct ComponentRequest<'a> {
     pub running: Running,
     /// apiserver only: `spec.audit` and the policy it references, read by the caller.
     pub audit: Option<AuditRequest<'a>>,
+    /// apiserver only: `spec.authentication`.
+    pub authentication: Option<&'a crate::api::ApiServerAuthentication>,
 }
 
 /// The audit settings of a NestedAPIServer to plan ([`audit`]).
@@ -451,6 +454,7 @@ pub fn plan(
     let mut context = build_context(cluster, request, &version, replicas, members, endpoints_for_templates);
     context.etcd.initial_cluster_state = initial_state.as_str().to_string();
     context.audit = planned_audit(cluster, request)?;
+    context.authentication = planned_authentication(cluster, request)?;
     if kind == ComponentKind::Etcd {
         context.etcd.storage.quota_backend_bytes = Some(etcd_quota::quota_backend_bytes(
             request.etcd_storage,
@@ -516,6 +520,34 @@ fn planned_audit(
         audit::referenced_policy(request.resource_name, config_map, key, None)?;
     }
     Ok(audit::audit_vars(&cluster.name, Some(spec), referenced))
+}
+
+/// The render-context `authentication` of an apiserver: none without `spec.authentication`.
+///
+/// # Errors
+/// [`PlanError::Field`] when it breaks a rule of [`authentication::check_fields`].
+fn planned_authentication(
+    cluster: &ClusterSettings,
+    request: &ComponentRequest<'_>,
+) -> Result<Option<authentication::AuthenticationVars>, PlanError> {
+    let Some(spec) = request
+        .authentication
+        .filter(|_| request.kind == ComponentKind::ApiServer)
+    else {
+        return Ok(None);
+    };
+    authentication::check_fields(
+        request.resource_name,
+        spec,
+        &service_account_issuer(&cluster.dns_domain),
+    )?;
+    Ok(authentication::authentication_vars(&cluster.name, Some(spec)))
+}
+
+/// The tenant apiserver's `--service-account-issuer` (the `stable` channel's): the issuer
+/// of its own service-account tokens.
+pub fn service_account_issuer(dns_domain: &str) -> String {
+    format!("https://kubernetes.default.svc.{dns_domain}")
 }
 
 /// The names of the Secrets a channel declares its component's processes reload by
@@ -636,6 +668,7 @@ fn build_context(
         spread: policy::spread(request.spec.topology_spread.as_ref()),
         network_policy: policy::network_policy_vars(&cluster.network_policy),
         audit: None,
+        authentication: None,
     }
 }
 

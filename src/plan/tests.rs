@@ -44,6 +44,7 @@ fn request(kind: ComponentKind, spec: &ComponentSpec) -> ComponentRequest<'_> {
         owner: owner(kind),
         running: Running::default(),
         audit: None,
+        authentication: None,
     }
 }
 
@@ -215,6 +216,7 @@ fn ephemeral_etcd_uses_empty_dir_and_no_claims() {
             owner: owner(ComponentKind::Etcd),
             running: Running::default(),
             audit: None,
+            authentication: None,
         },
         &Upstream::default(),
     )
@@ -961,6 +963,7 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
                 owner: owner(ComponentKind::Etcd),
                 running: Running::default(),
                 audit: None,
+                authentication: None,
             }
         }
         let mut kube_1_37 = cluster();

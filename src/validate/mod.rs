@@ -143,6 +143,18 @@ pub enum Syntax {
     AuditWebhookMode,
     /// A key of a ConfigMap's or Secret's data.
     DataKey,
+    /// The JWT authenticators of an `AuthenticationConfiguration`: distinct issuer URLs.
+    JwtAuthenticators,
+    /// A JWT issuer URL: `https://`, no user, query or fragment.
+    JwtIssuerUrl,
+    /// A JWT issuer's audiences: at least one.
+    JwtAudiences,
+    /// A claim mapping that must be set: exactly one of `claim` and `expression`; a
+    /// `prefix` with `claim`, none with `expression`.
+    RequiredClaimMapping,
+    /// A claim mapping that may be empty: at most one of `claim` and `expression`, and the
+    /// same prefix rules.
+    OptionalClaimMapping,
 }
 
 /// One CEL rule of a syntax and the message shown when it fails.
@@ -202,6 +214,19 @@ const AUDIT_POLICY_SOURCE_MESSAGE: &str =
 const AUDIT_WEBHOOK_MODE_MESSAGE: &str = "must be one of batch, blocking, blocking-strict (--audit-webhook-mode)";
 const DATA_KEY_MESSAGE: &str =
     "must be a data key: letters, digits, '-', '_' and '.', at most 253 characters, like policy.yaml";
+/// An issuer URL as kube-apiserver accepts it (k8s.io/apiserver pkg/apis/apiserver/validation
+/// `validateURL`): scheme https, a host, no user information, query or fragment.
+const ISSUER_URL: &str = "^https://[^/?#@\\s]+(/[^?#\\s]*)?$";
+const JWT_DUPLICATE_MESSAGE: &str =
+    "issuer URLs must be distinct: kube-apiserver refuses two JWT authenticators of one issuer";
+const JWT_ISSUER_MESSAGE: &str =
+    "must be an https:// URL with a host and no user, query or fragment (kube-apiserver's rule for issuer URLs)";
+const JWT_AUDIENCES_MESSAGE: &str = "must list at least one audience";
+const CLAIM_ONE_MESSAGE: &str = "set exactly one of claim and expression";
+const CLAIM_AT_MOST_ONE_MESSAGE: &str = "set at most one of claim and expression";
+const CLAIM_PREFIX_MESSAGE: &str =
+    "prefix is required when claim is set (\"\" for none), as kube-apiserver requires it";
+const EXPRESSION_PREFIX_MESSAGE: &str = "prefix may not be set with expression: put it in the expression";
 const IMAGE_REPOSITORY_MESSAGE: &str =
     "must be a registry host with an optional port and path, like registry.k8s.io or localhost:5000/mirror";
 
@@ -230,6 +255,11 @@ impl Syntax {
             Self::S3Endpoint | Self::BucketName => "InvalidBackupDestination",
             Self::AuditLevel | Self::AuditStage | Self::AuditRules | Self::AuditRule => "InvalidAuditPolicy",
             Self::AuditPolicySource | Self::AuditWebhookMode | Self::DataKey => "InvalidAudit",
+            Self::JwtAuthenticators
+            | Self::JwtIssuerUrl
+            | Self::JwtAudiences
+            | Self::RequiredClaimMapping
+            | Self::OptionalClaimMapping => "InvalidAuthentication",
         }
     }
 
@@ -330,6 +360,25 @@ impl Syntax {
                 format!("self.matches('{}')", cel_pattern(DATA_KEY)),
                 DATA_KEY_MESSAGE
             )],
+            Self::JwtAuthenticators => vec![cel!(
+                "self.all(a, self.filter(b, b.issuer.url == a.issuer.url).size() == 1)",
+                JWT_DUPLICATE_MESSAGE
+            )],
+            Self::JwtIssuerUrl => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(ISSUER_URL)),
+                JWT_ISSUER_MESSAGE
+            )],
+            Self::JwtAudiences => vec![cel!("size(self) > 0", JWT_AUDIENCES_MESSAGE)],
+            Self::RequiredClaimMapping => vec![
+                cel!("has(self.claim) != has(self.expression)", CLAIM_ONE_MESSAGE),
+                cel!("!has(self.claim) || has(self.prefix)", CLAIM_PREFIX_MESSAGE),
+                cel!("!has(self.expression) || !has(self.prefix)", EXPRESSION_PREFIX_MESSAGE),
+            ],
+            Self::OptionalClaimMapping => vec![
+                cel!("!(has(self.claim) && has(self.expression))", CLAIM_AT_MOST_ONE_MESSAGE),
+                cel!("!has(self.claim) || has(self.prefix)", CLAIM_PREFIX_MESSAGE),
+                cel!("!has(self.expression) || !has(self.prefix)", EXPRESSION_PREFIX_MESSAGE),
+            ],
         }
     }
 
@@ -346,13 +395,18 @@ impl Syntax {
             Self::BucketName => Some(63),
             Self::AuditLevel | Self::AuditStage | Self::AuditWebhookMode => Some(32),
             Self::DataKey => Some(253),
+            Self::JwtIssuerUrl => Some(512),
             Self::Port
             | Self::FlagName
             | Self::Replicas { .. }
             | Self::Retention { .. }
             | Self::AuditRules
             | Self::AuditRule
-            | Self::AuditPolicySource => None,
+            | Self::AuditPolicySource
+            | Self::JwtAuthenticators
+            | Self::JwtAudiences
+            | Self::RequiredClaimMapping
+            | Self::OptionalClaimMapping => None,
         }
     }
 
@@ -470,6 +524,41 @@ impl Syntax {
                 Some(s) if s.len() <= 253 && matches(DATA_KEY, s) => Ok(()),
                 _ => fail(0),
             },
+            Self::JwtAuthenticators => {
+                let urls: Vec<Option<&str>> = value
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|a| a.pointer("/issuer/url").and_then(Value::as_str))
+                    .collect();
+                let distinct: std::collections::BTreeSet<_> = urls.iter().collect();
+                if distinct.len() == urls.len() { Ok(()) } else { fail(0) }
+            }
+            Self::JwtIssuerUrl => match string {
+                Some(s) if s.len() <= 512 && matches(ISSUER_URL, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::JwtAudiences => match value.as_array() {
+                Some(audiences) if !audiences.is_empty() => Ok(()),
+                _ => fail(0),
+            },
+            Self::RequiredClaimMapping | Self::OptionalClaimMapping => {
+                let has = |field: &str| value.get(field).is_some_and(|v| !v.is_null());
+                let (claim, expression, prefix) = (has("claim"), has("expression"), has("prefix"));
+                let first = match self {
+                    Self::RequiredClaimMapping => claim != expression,
+                    _ => !(claim && expression),
+                };
+                if !first {
+                    fail(0)
+                } else if claim && !prefix {
+                    fail(1)
+                } else if expression && prefix {
+                    fail(2)
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 }
@@ -767,6 +856,34 @@ pub const RULES: &[Rule] = &[
         path: "spec.audit.webhook.mode",
         syntax: Syntax::AuditWebhookMode,
     },
+    // NestedAPIServer `spec.authentication` (issue 39 item 1): what kube-apiserver checks of
+    // an AuthenticationConfiguration that can be checked without its release (the CEL
+    // expressions are compiled by kube-apiserver only).
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authentication.configuration.jwt",
+        syntax: Syntax::JwtAuthenticators,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authentication.configuration.jwt[].issuer.url",
+        syntax: Syntax::JwtIssuerUrl,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authentication.configuration.jwt[].issuer.audiences",
+        syntax: Syntax::JwtAudiences,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authentication.configuration.jwt[].claimMappings.username",
+        syntax: Syntax::RequiredClaimMapping,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authentication.configuration.jwt[].claimMappings.groups",
+        syntax: Syntax::OptionalClaimMapping,
+    },
 ];
 
 /// Upper bounds on list and map sizes (OpenAPI `maxItems`/`maxProperties`), which keep the
@@ -780,6 +897,12 @@ pub const SIZE_BOUNDS: &[(&str, &str, i64)] = &[
     ("spec.audit.policy.rules", "maxItems", 256),
     ("spec.audit.policy.omitStages", "maxItems", 4),
     ("spec.audit.policy.rules[].omitStages", "maxItems", 4),
+    ("spec.authentication.configuration.jwt", "maxItems", 64),
+    (
+        "spec.authentication.configuration.jwt[].issuer.audiences",
+        "maxItems",
+        16,
+    ),
 ];
 
 /// A field that breaks its rule.

@@ -5,6 +5,7 @@ mod backup;
 mod backup_store;
 mod boot;
 mod boot_audit;
+mod boot_authentication;
 mod boot_backup;
 mod boot_certificates;
 mod boot_connect;

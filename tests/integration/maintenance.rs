@@ -283,6 +283,7 @@ fn rendered(ns: &str) -> Vec<Value> {
             owner: Default::default(),
             running: Running::default(),
             audit: None,
+            authentication: None,
         };
         let p = plan(&channels, &cluster, &request, &upstream).unwrap();
         objects.extend(p.objects.into_iter().map(|mut o| {

@@ -303,6 +303,35 @@ fn corpus() -> Vec<Case> {
         "spec.channel",
         vec![json!({"channel": "../x"})],
     );
+    // spec.authentication (issue 39 item 1): what kube-apiserver refuses at start.
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthentication",
+        "spec.authentication.configuration.jwt",
+        vec![
+            json!({"authentication": {"configuration": {"jwt": [{"issuer": {"url": "https://a.example", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub", "prefix": "oidc:"}}}, {"issuer": {"url": "https://a.example", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub", "prefix": "oidc:"}}}]}}}),
+        ],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthentication",
+        "spec.authentication.configuration.jwt[0].issuer.url",
+        vec![
+            json!({"authentication": {"configuration": {"jwt": [{"issuer": {"url": "http://a.example", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub", "prefix": "oidc:"}}}]}}}),
+            json!({"authentication": {"configuration": {"jwt": [{"issuer": {"url": "https://a.example?x=1", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub", "prefix": "oidc:"}}}]}}}),
+        ],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthentication",
+        "spec.authentication.configuration.jwt[0].claimMappings.username",
+        vec![
+            json!({"authentication": {"configuration": {"jwt": [{"issuer": {"url": "https://a.example", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub"}}}]}}}),
+        ],
+    );
     // spec.audit (issue 39 item 2): the policy's levels, stages and rules, and the settings.
     bad_component(
         &mut c,
@@ -366,6 +395,23 @@ fn corpus() -> Vec<Case> {
         ],
         refused: Some(("SkewNotAllowed", "controller-manager 1.37.2 would be newer")),
     });
+    // Admitted, refused by render and the controllers: the issuer is the tenant's own
+    // service-account issuer, which only they know.
+    c.push(Case {
+        name: "sa-issuer".into(),
+        docs: vec![
+            component(
+                apiserver,
+                "sa-issuer-apiserver",
+                json!({"authentication": {"configuration": {"jwt": [{"issuer": {"url": "https://kubernetes.default.svc.cluster.local", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub", "prefix": "oidc:"}}}]}}}),
+            ),
+            ncp("sa-issuer", json!({})),
+        ],
+        refused: Some((
+            "InvalidAuthentication",
+            "must not be the tenant's own service-account issuer",
+        )),
+    });
     // Admitted, refused by render and the controllers: the ConfigMap is in neither.
     c.push(Case {
         name: "audit-policy-missing".into(),
@@ -428,6 +474,17 @@ fn corpus() -> Vec<Case> {
                 ]}, "log": {"maxSize": 10, "maxBackup": 1, "maxAge": 0}}}),
             ),
             ncp("audited", json!({})),
+        ],
+    ));
+    c.push(valid(
+        "authenticated",
+        vec![
+            component(
+                apiserver,
+                "authenticated-apiserver",
+                json!({"authentication": {"configuration": {"jwt": [{"issuer": {"url": "https://sso.example.com/tenants/a", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub", "prefix": ""}}}]}}}),
+            ),
+            ncp("authenticated", json!({})),
         ],
     ));
     c.push(valid(

@@ -70,6 +70,7 @@ impl ComponentResource for NestedAPIServer {
                 .filter(|a| {
                     a.metadata.namespace.as_deref() == Some(secret.namespace.as_str())
                         && a.spec
+                            .security
                             .audit
                             .as_ref()
                             .and_then(|audit| audit.webhook.as_ref())
@@ -83,7 +84,11 @@ impl ComponentResource for NestedAPIServer {
     }
 
     fn audit(&self) -> Option<&crate::api::ApiServerAudit> {
-        self.spec.audit.as_deref()
+        self.spec.security.audit.as_deref()
+    }
+
+    fn authentication(&self) -> Option<&crate::api::ApiServerAuthentication> {
+        self.spec.security.authentication.as_deref()
     }
 
     /// Issues the serving certificate (SANs include the ClusterIP the super cluster

@@ -95,6 +95,7 @@ pub(super) async fn drive<K: ComponentResource>(
             spec,
             referenced: referenced_policy.as_ref(),
         }),
+        authentication: object.authentication(),
     };
     let plan = match plan(&ctx.channels, &cluster, &request, &upstream) {
         Ok(plan) => plan,

@@ -127,6 +127,11 @@ pub trait ComponentResource:
         None
     }
 
+    /// apiserver only: `spec.authentication` (issue 39 item 1). Default: none.
+    fn authentication(&self) -> Option<&crate::api::ApiServerAuthentication> {
+        None
+    }
+
     /// The Service this component publishes in its status (the apiserver's), from the
     /// objects as applied.
     fn service_output(_cluster: &ClusterSettings, _applied: &[serde_json::Value]) -> Option<ServiceOutput> {

@@ -1,0 +1,217 @@
+//! Issue 39 item 1 (structured authentication), on a booted control plane: a JWT issuer
+//! served by this test (HTTPS with a certificate from rcgen, its discovery document and
+//! JWKS; tokens signed ES256 with ring) is configured through `spec.authentication`; a token
+//! it signs authenticates to the tenant as the mapped user (SelfSubjectReview), and a
+//! changed claim mapping (the username prefix) takes effect in the same apiserver process,
+//! without a restart.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use capn::api::NestedAPIServer;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use kube::api::{Api, Patch, PatchParams};
+use ring::rand::SystemRandom;
+use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair as _};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use serde_json::{Value, json};
+
+use crate::boot::{BOOTED_STEP, StartCapn, boot_with, say, whoami};
+
+const AUDIENCE: &str = "capn-tenant";
+
+fn b64url(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// A JWT issuer at `https://<address>:<port>`: serves `/.well-known/openid-configuration`
+/// and `/jwks`, and signs tokens with its one ES256 key.
+struct Issuer {
+    url: String,
+    /// The PEM certificate of its server (self-signed, for the issuer's IP address): the
+    /// `certificateAuthority` the apiserver trusts it with.
+    ca: String,
+    key: EcdsaKeyPair,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Issuer {
+    async fn start(address: std::net::Ipv4Addr) -> Self {
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+        // The public key is the uncompressed point: 0x04, then x and y (32 bytes each).
+        let point = key.public_key().as_ref().to_vec();
+        let jwks = json!({"keys": [{"kty": "EC", "crv": "P-256", "alg": "ES256", "use": "sig", "kid": "k1",
+            "x": b64url(&point[1..33]), "y": b64url(&point[33..65])}]});
+
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+            .await
+            .unwrap();
+        let url = format!("https://{address}:{}", listener.local_addr().unwrap().port());
+        let discovery = json!({"issuer": url, "jwks_uri": format!("{url}/jwks"),
+            "response_types_supported": ["id_token"], "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": ["ES256"]});
+        let certified = rcgen::generate_simple_self_signed(vec![address.to_string()]).unwrap();
+        let ca = certified.cert.pem();
+        let chain = vec![CertificateDer::from(certified.cert.der().to_vec())];
+        let private = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()));
+        let tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, private)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let router = axum::Router::new()
+            .route(
+                "/.well-known/openid-configuration",
+                axum::routing::get(move || std::future::ready(axum::Json(discovery.clone()))),
+            )
+            .route(
+                "/jwks",
+                axum::routing::get(move || std::future::ready(axum::Json(jwks.clone()))),
+            );
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, router) = (acceptor.clone(), router.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else { return };
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
+                        .await;
+                });
+            }
+        });
+        Issuer { url, ca, key, task }
+    }
+
+    /// A token for `subject`, valid for an hour.
+    fn token(&self, subject: &str) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let header = json!({"alg": "ES256", "typ": "JWT", "kid": "k1"});
+        let claims = json!({"iss": self.url, "aud": AUDIENCE, "sub": subject,
+            "iat": now, "nbf": now - 60, "exp": now + 3600});
+        let input = format!(
+            "{}.{}",
+            b64url(header.to_string().as_bytes()),
+            b64url(claims.to_string().as_bytes())
+        );
+        let signature = self.key.sign(&SystemRandom::new(), input.as_bytes()).unwrap();
+        format!("{input}.{}", b64url(signature.as_ref()))
+    }
+}
+
+fn authentication(issuer: &Issuer, prefix: &str) -> Value {
+    json!({"spec": {"authentication": {"configuration": {"jwt": [{
+        "issuer": {"url": issuer.url, "audiences": [AUDIENCE], "certificateAuthority": issuer.ca},
+        "claimMappings": {"username": {"claim": "sub", "prefix": prefix}},
+    }]}}}})
+}
+
+/// Who `token` is to the tenant apiserver; `None` while no apiserver pod is ready (a roll)
+/// or the request fails.
+async fn user_of(booted: &crate::boot::Booted, kubeconfig: &str, token: &str) -> Option<String> {
+    let mut config = booted.runner.client_config(kubeconfig).await.ok()?;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_owned().into()),
+        ..kube::config::AuthInfo::default()
+    };
+    whoami(&kube::Client::try_from(config).ok()?).await.ok()
+}
+
+/// The pid and start time of every kube-apiserver process demo-apiserver-0 ran.
+fn apiserver_processes(booted: &crate::boot::Booted) -> Vec<(i32, u64)> {
+    booted
+        .runner
+        .processes()
+        .into_iter()
+        .filter(|p| p.pod == "demo-apiserver-0" && p.container == "kube-apiserver")
+        .map(|p| (p.pid, p.start_time))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_of_a_configured_issuer_logs_in_and_a_changed_mapping_applies_without_a_restart() {
+    let booted = boot_with("authentication", None, StartCapn::InProcess).await;
+    let issuer = Issuer::start(booted.runner.host_address()).await;
+    let apiservers = Api::<NestedAPIServer>::namespaced(booted.client.clone(), &booted.ns);
+    let before = apiserver_processes(&booted).len();
+    apiservers
+        .patch(
+            "demo-apiserver",
+            &PatchParams::default(),
+            &Patch::Merge(&authentication(&issuer, "oidc:")),
+        )
+        .await
+        .unwrap();
+    let kubeconfig = booted.kubeconfig().await;
+    let token = issuer.token("alice");
+    // The flag is new: the apiserver rolls once to read the file.
+    let user = booted
+        .runner
+        .wait_for(
+            "the issuer's token authenticates as oidc:alice",
+            BOOTED_STEP * 2,
+            || async {
+                let user = user_of(&booted, &kubeconfig, &token).await?;
+                (user == "oidc:alice").then_some(user)
+            },
+        )
+        .await;
+    assert!(
+        apiserver_processes(&booted).len() > before,
+        "the new flag rolled the apiserver"
+    );
+    say(&format!("authentication: the issuer's token is {user}"));
+
+    // A new prefix: the apiserver reloads the file; the same process answers.
+    let processes = apiserver_processes(&booted);
+    let template = crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template;
+    let changed = std::time::Instant::now();
+    apiservers
+        .patch(
+            "demo-apiserver",
+            &PatchParams::default(),
+            &Patch::Merge(&authentication(&issuer, "sso:")),
+        )
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for("the new mapping applies: sso:alice", BOOTED_STEP * 3, || async {
+            let user = user_of(&booted, &kubeconfig, &token).await?;
+            (user == "sso:alice").then_some(())
+        })
+        .await;
+    say(&format!(
+        "authentication: the new prefix applied {:.1?} after the change, in the same process",
+        changed.elapsed()
+    ));
+    assert_eq!(
+        apiserver_processes(&booted),
+        processes,
+        "no kube-apiserver process was started: the running one reloaded the file"
+    );
+    let now = crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template;
+    assert_eq!(now, template, "the pod template did not change");
+    issuer.task.abort();
+    booted.stop().await;
+}
