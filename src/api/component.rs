@@ -216,11 +216,26 @@ impl MemberRemediation {
 pub struct NestedAPIServerSpec {
     #[serde(flatten)]
     pub component: ComponentSpec,
+    /// `audit` and `authentication` (docs/guide/security.md), flattened into the spec.
+    #[serde(flatten)]
+    // Boxed together: every object is cached (see api::tests), and two boxes of their own
+    // would cost every object 16 bytes more than one.
+    pub security: Box<ApiServerSecurity>,
+}
+
+/// The security settings of a NestedAPIServer (issue 39), which few objects set.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiServerSecurity {
     /// Audit logging (docs/guide/security.md "Audit"): when set, the apiserver records what
     /// its audit policy keeps to a log file and optionally a webhook. Unset: no auditing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    // Boxed: few objects set it, and every object is cached (see api::tests).
     pub audit: Option<Box<super::ApiServerAudit>>,
+    /// Structured authentication (docs/guide/security.md "Authentication"): JWT issuers and
+    /// the anonymous authenticator, as Kubernetes' `AuthenticationConfiguration`. Unset:
+    /// certificates, service-account and bootstrap tokens only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<Box<super::ApiServerAuthentication>>,
 }
 
 /// Spec of a [`NestedControllerManager`].
