@@ -185,6 +185,8 @@ reasons! {
     EncryptWithNewKey: progress, [ENCRYPTION_KEY_ROTATION], "Key rotation phase: every apiserver encrypts with the new key.";
     RewriteSecrets: progress, [ENCRYPTION_KEY_ROTATION], "Key rotation phase: every encrypted object is written again under the new key.";
     DropOldKeys: progress, [ENCRYPTION_KEY_ROTATION], "Key rotation phase: the old keys are being dropped.";
+    InvalidKeyRotationSchedule: failure, [ENCRYPTION_KEY_ROTATION],
+        "spec.encryption.keyRotationSchedule is no CronJob schedule: no rotation starts on it until it is mended (the annotation still starts one).";
     // BackupSucceeded (NestedEtcd with spec.backup)
     SnapshotVerified: success, [BACKUP_SUCCEEDED], "The last snapshot was uploaded and verified.";
     BackupsNotSupported: failure, [BACKUP_SUCCEEDED], "The channel's etcd provider does not declare backups.";

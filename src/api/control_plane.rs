@@ -98,6 +98,25 @@ pub struct NestedControlPlaneSpec {
     /// Security `baseline`, with no quota and no default limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<Workloads>,
+    /// Encryption at rest of the tenant's Secrets (docs/guide/certificates.md "Encryption
+    /// at rest"): on whatever this says; this sets when its key rotates by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<EncryptionSpec>,
+}
+
+/// When the tenant's encryption-at-rest key rotates.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EncryptionSpec {
+    /// A schedule on which the key rotates, as if the annotation
+    /// `controlplane.cluster.x-k8s.io/rotate-encryption-key` had been given a new value: a
+    /// CronJob schedule (five fields, or `@monthly` and the other aliases), in UTC. The first
+    /// run after the last rotation started (or after the control plane was made) starts
+    /// one; a capn that was down across several runs rotates once. Absent: only on request.
+    /// Gardener rotates its shoots' etcd encryption key every 28 days; `0 3 1 * *` rotates
+    /// on the first of every month at 03:00.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_rotation_schedule: Option<String>,
 }
 
 /// How a tenant's pods run in the super cluster (docs/design.md §11). They all run in one
@@ -178,7 +197,8 @@ pub struct EncryptionStatus {
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EncryptionKeyRotation {
-    /// The annotation's value that requested it; the same value again requests nothing.
+    /// The annotation's value that requested it (a scheduled rotation keeps the last
+    /// one's); the same value again requests nothing.
     pub request: String,
     /// The new key's name (`key2`).
     pub key: String,
@@ -195,6 +215,10 @@ pub struct EncryptionKeyRotation {
     /// Objects written again under the new key (`RewriteSecrets`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewritten: Option<i64>,
+    /// The run of `spec.encryption.keyRotationSchedule` that started it; absent when the
+    /// annotation did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled: Option<Time>,
 }
 
 /// Cluster API's `rolloutBefore`: renew ahead of certificate expiry.

@@ -763,6 +763,11 @@ pub const RULES: &[Rule] = &[
         syntax: Syntax::CronSchedule,
     },
     Rule {
+        kinds: NCP,
+        path: "spec.encryption.keyRotationSchedule",
+        syntax: Syntax::CronSchedule,
+    },
+    Rule {
         kinds: &[Kind::NestedEtcd],
         path: "spec.backup.retention",
         syntax: Syntax::Retention {

@@ -1,10 +1,11 @@
 //! Issue 39 (encryption at rest, its first part), on a booted control plane: the tenant's
 //! Secrets are stored encrypted in its etcd with the key capn generated, read back through
-//! the apiserver as written, and the key is named in the status, never shown.
+//! the apiserver as written, and the key is named in the status, never shown; a key
+//! rotation schedule rotates it without a request.
 
 use capn::api::NestedControlPlane;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::boot::{BOOTED_STEP, StartCapn, boot_with, etcd_call, etcd_member, say};
@@ -91,5 +92,43 @@ async fn a_tenants_secrets_are_encrypted_in_its_etcd_with_the_key_capn_keeps() {
         .to_owned();
     let status = serde_json::to_string(&ncps.get("demo").await.unwrap().status).unwrap();
     assert!(!status.contains(&key), "the status holds the key");
+
+    say("a key rotation schedule (every minute here) starts a rotation at its next run, without the annotation");
+    ncps.patch(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"encryption": {"keyRotationSchedule": "* * * * *"}}})),
+    )
+    .await
+    .unwrap();
+    let rotated = booted
+        .runner
+        .wait_for("a scheduled rotation completes", BOOTED_STEP * 3, || async {
+            let encryption = ncps.get("demo").await.ok()?.status?.encryption?;
+            let rotation = encryption.rotation?;
+            (rotation.phase == "Completed").then_some((encryption.key, rotation))
+        })
+        .await;
+    assert_eq!(rotated.0, "key2");
+    let (run, started) = (
+        rotated.1.scheduled.expect("the schedule's run is recorded"),
+        rotated.1.start_time,
+    );
+    assert!(run.0 <= started.0, "started at or after its run");
+    assert_eq!(rotated.1.request, "", "no annotation asked for it");
+    // Off again, so the test ends between rotations; the Secret reads back under key2.
+    ncps.patch(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"encryption": null}})),
+    )
+    .await
+    .unwrap();
+    // Each phase rolled the apiserver: a new client finds the new pod.
+    let secrets = Api::<Secret>::namespaced(tenant_client(&booted).await, "default");
+    assert_eq!(
+        secrets.get("s1").await.unwrap().data.unwrap()["token"].0,
+        marker.as_bytes()
+    );
     booted.stop().await;
 }

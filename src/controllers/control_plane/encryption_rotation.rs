@@ -1,6 +1,8 @@
 //! The NestedControlPlane's encryption key rotation (docs/guide/certificates.md "Rotating
 //! the key"; the phases are [`KeyRotationPhase`]'s). A rotation is requested with the
-//! annotation [`ROTATE_KEY_ANNOTATION`]; each pass writes `<c>-encryption` as the recorded
+//! annotation [`ROTATE_KEY_ANNOTATION`], or starts at a run of
+//! `spec.encryption.keyRotationSchedule` (when it is due: the backups' rule,
+//! `crate::backup::due`); each pass writes `<c>-encryption` as the recorded
 //! phase wants it and moves on only once every apiserver is ready with it (the same wait as
 //! a CA rotation's), so no apiserver ever meets a value encrypted with a key it lacks. The
 //! phase is in status before the next phase's configuration is written: an interrupted
@@ -16,6 +18,8 @@ use kube::api::{Api, ListParams, PostParams};
 use super::rotation::{new_request_after, observations};
 use super::scope::Round;
 use crate::api::{EncryptionKeyRotation, NestedControlPlaneStatus, RotationPhaseRecord};
+use crate::backup::due::{Due, Trigger, due};
+use crate::backup::schedule::Schedule;
 use crate::controllers::ReconcileError;
 use crate::controllers::shared::tenant::tenant_client;
 use crate::pki::encryption::{
@@ -31,6 +35,9 @@ pub const ROTATE_KEY_ANNOTATION: &str = "controlplane.cluster.x-k8s.io/rotate-en
 /// How soon a pass looks again while a rotation runs (the apiservers' rolls also wake it).
 const LOOK_AGAIN: Duration = Duration::from_secs(5);
 
+/// The longest a pass waits for the next run of the key rotation schedule.
+const SCHEDULE_RECHECK: Duration = Duration::from_secs(3600);
+
 /// The Secrets written again at once in `RewriteSecrets`.
 const REWRITES_AT_ONCE: usize = 4;
 
@@ -44,6 +51,7 @@ pub(super) async fn step(
     status: &mut NestedControlPlaneStatus,
 ) -> Result<Option<Duration>, ReconcileError> {
     let secret = round.names.encryption.clone();
+    forget_mended_schedule(round, status);
     let Some(encryption) = status.encryption.as_deref_mut() else {
         // No key yet (the certificates stage makes it): nothing to rotate.
         return Ok(None);
@@ -53,9 +61,53 @@ pub(super) async fn step(
         .rotation
         .as_ref()
         .map(|r| (r.request.as_str(), r.phase.as_str()));
-    if let Some(request) = new_request_after(annotation, last, KeyRotationPhase::Completed.as_str()) {
+    let running = last.is_some_and(|(_, phase)| phase != KeyRotationPhase::Completed.as_str());
+    let requested = new_request_after(annotation, last, KeyRotationPhase::Completed.as_str());
+    let schedule = round
+        .ncp
+        .spec
+        .encryption
+        .as_ref()
+        .and_then(|e| e.key_rotation_schedule.as_deref());
+    // The schedule is looked at only between rotations: the first run after the last one
+    // started (or after the control plane was made) starts the next.
+    let since = encryption.rotation.as_ref().map(|r| r.start_time.0);
+    let created = round
+        .ncp
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(round.now.k8s.0, |t| t.0);
+    let due = match (running || requested.is_some(), schedule) {
+        (false, Some(schedule)) => match due(Some(schedule), None, None, since, created, round.now.k8s.0) {
+            Ok(due) => Some(due),
+            Err(invalid) => {
+                let message = format!(
+                    "spec.encryption.keyRotationSchedule: Invalid value: {:?}: {}; a schedule is a cron expression of five fields (minute hour day-of-month month day-of-week, like \"0 3 1 * *\"), or @hourly, @daily, @weekly, @monthly, @yearly, evaluated in UTC",
+                    invalid.value, invalid.detail
+                );
+                let update = ConditionUpdate::new(
+                    ENCRYPTION_KEY_ROTATION,
+                    false,
+                    Reason::InvalidKeyRotationSchedule,
+                    message,
+                );
+                round.set(status, update);
+                return Ok(None);
+            }
+        },
+        _ => None,
+    };
+    let scheduled = match due {
+        Some(Due::Now(Trigger::Scheduled(run))) => Some(run),
+        _ => None,
+    };
+    if requested.is_some() || scheduled.is_some() {
         let config = read(round, &secret).await?;
         let names = key_names(&config).map_err(pki(&secret))?;
+        // A scheduled rotation keeps the request last served, so the annotation's value
+        // does not start another when this one completes.
+        let request = requested.unwrap_or_else(|| last.map(|(r, _)| r.to_owned()).unwrap_or_default());
         encryption.rotation = Some(EncryptionKeyRotation {
             request,
             key: next_key_name(names.iter().map(String::as_str)),
@@ -64,13 +116,19 @@ pub(super) async fn step(
             phases: Vec::new(),
             message: String::new(),
             rewritten: None,
+            scheduled: scheduled.map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time),
         });
     }
+    // Between rotations, look again at the schedule's next run.
+    let next_run = match due {
+        Some(Due::At(run)) => Some(until(run, round.now.k8s.0)),
+        _ => None,
+    };
     let Some(rotation) = encryption.rotation.as_mut() else {
-        return Ok(None);
+        return Ok(next_run);
     };
     let Some(phase) = KeyRotationPhase::parse(&rotation.phase).filter(|p| *p != KeyRotationPhase::Completed) else {
-        return Ok(None);
+        return Ok(next_run);
     };
     let outcome = match phase {
         KeyRotationPhase::RewriteSecrets => rewrite(round).await?,
@@ -83,6 +141,43 @@ pub(super) async fn step(
     }
     round.set(status, condition);
     Ok((phase != KeyRotationPhase::Completed).then_some(LOOK_AGAIN))
+}
+
+/// Takes back an `InvalidKeyRotationSchedule` condition once the schedule parses (or is
+/// gone): the condition says what it said before (the last rotation), or nothing.
+fn forget_mended_schedule(round: &Round<'_>, status: &mut NestedControlPlaneStatus) {
+    let invalid = Reason::InvalidKeyRotationSchedule.as_str();
+    let stale = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == ENCRYPTION_KEY_ROTATION && c.reason == invalid);
+    let schedule = round
+        .ncp
+        .spec
+        .encryption
+        .as_ref()
+        .and_then(|e| e.key_rotation_schedule.as_deref());
+    if !stale || schedule.is_some_and(|s| Schedule::parse(s).is_err()) {
+        return;
+    }
+    let last = status.encryption.as_ref().and_then(|e| e.rotation.clone());
+    match last
+        .as_ref()
+        .and_then(|r| KeyRotationPhase::parse(&r.phase).map(|p| (p, r)))
+    {
+        Some((phase, rotation)) => round.set(status, condition(phase, rotation)),
+        None => status.conditions.retain(|c| c.type_ != ENCRYPTION_KEY_ROTATION),
+    }
+}
+
+/// The time from `now` until `run`, at most [`SCHEDULE_RECHECK`] (a long requeue is lost
+/// with the process anyway; a pass at least this often also notices a changed schedule
+/// without a watch event).
+fn until(run: k8s_openapi::jiff::Timestamp, now: k8s_openapi::jiff::Timestamp) -> Duration {
+    let left = run.duration_since(now);
+    Duration::try_from(left)
+        .unwrap_or(Duration::ZERO)
+        .clamp(Duration::from_secs(1), SCHEDULE_RECHECK)
 }
 
 /// What one pass did in its phase.
@@ -251,6 +346,7 @@ mod tests {
             phases: Vec::new(),
             message: String::new(),
             rewritten: None,
+            scheduled: None,
         }
     }
 
