@@ -1295,7 +1295,7 @@ async fn kubelet_api_refuses_strangers(tenant: &Client, node: &str) {
         .addresses
         .unwrap()
         .into_iter()
-        .find(|a| a.type_ == "InternalIP")
+        .find(|a| a.type_ == capn::controllers::syncer::KUBELET_ADDRESS_TYPE)
         .expect("the tenant Node names capn's kubelet API")
         .address;
     let port = status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port;
@@ -1358,8 +1358,8 @@ async fn kubelet_client_of(booted: &Booted, name: &str) -> Client {
         .addresses
         .unwrap()
         .into_iter()
-        .find(|a| a.type_ == "InternalIP")
-        .unwrap()
+        .find(|a| a.type_ == capn::controllers::syncer::KUBELET_ADDRESS_TYPE)
+        .expect("the tenant Node names capn's kubelet API")
         .address;
     let port = status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port;
     let mut config = kube::Config::new(format!("https://{address}:{port}").parse().unwrap());

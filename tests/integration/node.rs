@@ -377,12 +377,15 @@ async fn the_node_stays_ready_and_renews_its_lease() {
         .expect("a Ready condition");
     assert_eq!(ready.status, "True");
     assert_eq!(status.allocatable.expect("allocatable")["pods"].0, "110");
-    let addresses = status.addresses.expect("addresses");
-    assert!(
-        addresses
-            .iter()
-            .any(|a| a.type_ == "InternalIP" && a.address == node.address().to_string())
-    );
+    // Its node ports at its InternalIP, its kubelet API at its InternalDNS (adaptation 9).
+    let addresses: Vec<_> = status
+        .addresses
+        .expect("addresses")
+        .into_iter()
+        .map(|a| (a.type_, a.address))
+        .collect();
+    assert!(addresses.contains(&("InternalIP".to_owned(), node.node_port_address().to_string())));
+    assert!(addresses.contains(&("InternalDNS".to_owned(), node.address().to_string())));
 }
 
 /// A one-member etcd serving clients on its pod address, behind Service `reach`.

@@ -50,7 +50,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::{Resource, ResourceExt};
 
-pub use nodes::VIRTUAL_NODE_LABEL;
+pub use nodes::{KUBELET_ADDRESS_TYPE, VIRTUAL_NODE_LABEL};
 pub use tokens::REFRESH_AT;
 
 use super_caches::SuperCaches;
