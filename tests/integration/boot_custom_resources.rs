@@ -96,6 +96,30 @@ async fn status_where(
         .await
 }
 
+/// The Event with `reason` about the tenant's `default/<name>`, once there is one.
+async fn event_about(booted: &Booted, tenant: &Client, name: &str, reason: &str) -> Event {
+    let events = Api::<Event>::namespaced(tenant.clone(), "default");
+    booted
+        .runner
+        .wait_for(
+            &format!("a {reason} Event about {name} in the tenant"),
+            BOOTED_STEP,
+            || async {
+                events
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                            && e.reason.as_deref() == Some(reason)
+                    })
+            },
+        )
+        .await
+}
+
 /// The super copy of `name`, once `check` accepts it.
 async fn copy_where(
     booted: &Booted,
@@ -321,22 +345,7 @@ async fn public_custom_resources_sync_down_and_their_status_up() {
         .create(&PostParams::default(), &widget(&group, "w2", 2))
         .await
         .unwrap();
-    let events_b = Api::<Event>::namespaced(tenant_b.clone(), "default");
-    let conflict = b
-        .runner
-        .wait_for("a NameConflict Event tells the tenant", BOOTED_STEP, || async {
-            events_b
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("w2")
-                        && e.reason.as_deref() == Some("NameConflict")
-                })
-        })
-        .await;
+    let conflict = event_about(&b, &tenant_b, "w2", "NameConflict").await;
     assert!(conflict.note.unwrap_or_default().contains(&taken));
     assert_eq!(
         copies_b.get(&taken).await.unwrap().data["spec"]["size"],
@@ -410,22 +419,7 @@ async fn public_custom_resources_sync_down_and_their_status_up() {
         .create(&PostParams::default(), &widget(&group, "big", 1000))
         .await
         .unwrap();
-    let events = Api::<Event>::namespaced(tenant_a.clone(), "default");
-    let refusal = a
-        .runner
-        .wait_for("an Event tells the refusal in the tenant", BOOTED_STEP, || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("big")
-                        && e.reason.as_deref() == Some("SuperClusterRefused")
-                })
-        })
-        .await;
+    let refusal = event_about(&a, &tenant_a, "big", "SuperClusterRefused").await;
     let note = refusal.note.unwrap_or_default();
     assert!(note.contains("at most 100 parts"), "{note}");
     assert_eq!(refusal.type_.as_deref(), Some("Warning"));
