@@ -218,6 +218,9 @@ reasons! {
     RemovedMember: progress, [], "An etcd member was removed (scale down).";
     RemovedLostMember: progress, [], "An etcd member that lost its data was removed, to come back as a learner.";
     DefragmentedMember: progress, [], "An etcd member's database was defragmented (its free pages given back).";
+    DefragmentationFailed: failure, [], "etcd refused or failed a member's defragmentation; capn tries again at its next look (every 10 seconds).";
+    InvalidDefragmentationSchedule: failure, [],
+        "spec.defragmentation.schedule is no CronJob schedule: no defragmentation runs on it until it is mended (the threshold still works).";
 }
 
 impl Reason {

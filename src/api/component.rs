@@ -154,6 +154,56 @@ pub struct NestedEtcdSpec {
     /// Default: it is replaced automatically.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_remediation: Option<MemberRemediation>,
+    /// When capn defragments the members besides recovering from `NOSPACE`: on a schedule,
+    /// and when a member's free pages pass a share of the quota
+    /// (docs/guide/etcd-operations.md "Defragmentation"). Default: no schedule, threshold 25%.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub defragmentation: Option<Box<DefragmentationPolicy>>,
+}
+
+/// When etcd's members are defragmented. A defragmentation rewrites a member's database
+/// file without its free pages (what compaction and deletes left behind), so the file, which
+/// the quota is compared with, shrinks to the data it holds. The member serves nothing
+/// while it runs (seconds for hundreds of MiB), so capn defragments one member at a time,
+/// followers first and the leader last, each only while every other member answers with a
+/// leader (etcd's advice: <https://etcd.io/docs/v3.6/op-guide/maintenance/#defragmentation>;
+/// Gardener's etcd-druid runs it on a schedule, k0smotron on a free-space rule).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DefragmentationPolicy {
+    /// A CronJob schedule (five fields or `@daily`-style, UTC), like `0 3 * * 0`. Default:
+    /// none. A run missed while capn was down happens once when it is back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Defragment when a member's free pages (`dbSize - dbSizeInUse`, after the apiserver's
+    /// compaction) reach this percentage of the quota. Default 25; 0 turns it off. After a
+    /// defragmentation the threshold waits 10 minutes before it may fire again, so a file
+    /// that does not shrink cannot keep a member busy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub threshold_percent: Option<i32>,
+}
+
+impl DefragmentationPolicy {
+    /// The default of [`Self::threshold_percent`].
+    pub const DEFAULT_THRESHOLD_PERCENT: i32 = 25;
+
+    /// The threshold, in percent of the quota; `None` when turned off.
+    pub fn threshold_percent(policy: Option<&Self>) -> Option<i64> {
+        let percent = policy
+            .and_then(|p| p.threshold_percent)
+            .unwrap_or(Self::DEFAULT_THRESHOLD_PERCENT)
+            .clamp(0, 100);
+        (percent > 0).then_some(i64::from(percent))
+    }
+
+    /// The schedule as written, when one is set.
+    pub fn schedule(policy: Option<&Self>) -> Option<&str> {
+        policy
+            .and_then(|p| p.schedule.as_deref())
+            .filter(|s| !s.trim().is_empty())
+    }
 }
 
 /// Replacement of lost etcd members, named after Cluster API's
@@ -216,7 +266,8 @@ impl MemberRemediation {
 pub struct NestedAPIServerSpec {
     #[serde(flatten)]
     pub component: ComponentSpec,
-    /// `audit` and `authentication` (docs/guide/security.md), flattened into the spec.
+    /// `audit`, `authentication` and `authorization` (docs/guide/security.md), flattened
+    /// into the spec.
     #[serde(flatten)]
     // Boxed together: every object is cached (see api::tests), and two boxes of their own
     // would cost every object 16 bytes more than one.
@@ -236,6 +287,11 @@ pub struct ApiServerSecurity {
     /// certificates, service-account and bootstrap tokens only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authentication: Option<Box<super::ApiServerAuthentication>>,
+    /// Structured authorization (docs/guide/security.md "Authorization"): webhook
+    /// authorizers before or after Node and RBAC, as Kubernetes' `AuthorizationConfiguration`.
+    /// Unset: `Node,RBAC`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<Box<super::ApiServerAuthorization>>,
 }
 
 /// Spec of a [`NestedControllerManager`].
@@ -359,7 +415,8 @@ pub struct EtcdMemberSpace {
 pub struct EtcdDefragmentation {
     /// When it finished (RFC 3339).
     pub time: String,
-    /// Why: `NOSPACE` (recovering from the alarm).
+    /// Why: `NOSPACE` (recovering from the alarm), `Schedule` (`spec.defragmentation.schedule`)
+    /// or `Threshold` (free pages reached `spec.defragmentation.thresholdPercent` of the quota).
     pub trigger: String,
     /// The members, in the order they were defragmented.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -8,6 +8,7 @@
 
 mod audit;
 mod authentication;
+mod authorization;
 mod backup;
 mod cluster;
 mod component;
@@ -16,6 +17,7 @@ mod templates;
 
 pub use audit::*;
 pub use authentication::*;
+pub use authorization::*;
 pub use backup::*;
 pub use cluster::*;
 pub use component::*;

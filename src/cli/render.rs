@@ -341,6 +341,7 @@ fn plan_component<K: ComponentResource>(
             referenced: referenced.as_ref(),
         }),
         authentication: component.authentication(),
+        authorization: component.authorization(),
     };
     plan(channels, cluster, &request, upstream)
 }

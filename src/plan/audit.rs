@@ -470,6 +470,7 @@ mod tests {
                 running: Running::default(),
                 audit: audit.map(|spec| AuditRequest { spec, referenced }),
                 authentication: None,
+                authorization: None,
             };
             let upstream = Upstream {
                 etcd_endpoints: etcd_members("demo", "tenant-a", 1)

@@ -55,6 +55,7 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
                 running: Running::default(),
                 audit: None,
                 authentication: None,
+                authorization: None,
             };
             let own_members = if kind == ComponentKind::Etcd {
                 members.clone()

@@ -30,6 +30,7 @@
 //! | `network_policy.metrics_from` | NetworkPolicyPeers admitted to the metrics ports; empty admits nobody |
 //! | `audit` | apiserver only, when its `spec.audit` is set (else none): `{policy_config_map, policy_key, policy, policy_digest, log: {max_size, max_backup, max_age}, webhook: {secret, key, mode} or none}` ([`super::audit`]) |
 //! | `authentication` | apiserver only, when its `spec.authentication` is set (else none): `{config_map, key, configuration, anonymous_digest}` ([`super::authentication`]) |
+//! | `authorization` | apiserver only, when its `spec.authorization` is set (else none): `{config_map, key, configuration, webhooks: [{volume, secret, key, dir}]}` ([`super::authorization`]) |
 //!
 //! Non-string values should go through `tojson` in templates.
 
@@ -61,6 +62,9 @@ pub struct RenderContext {
     /// apiserver only: structured authentication, when the NestedAPIServer sets
     /// `spec.authentication`.
     pub authentication: Option<super::authentication::AuthenticationVars>,
+    /// apiserver only: structured authorization, when the NestedAPIServer sets
+    /// `spec.authorization`.
+    pub authorization: Option<super::authorization::AuthorizationVars>,
 }
 
 /// The pod selector labels of each component of the cluster.

@@ -7,6 +7,7 @@
 
 pub mod audit;
 pub mod authentication;
+pub mod authorization;
 mod channel_check;
 mod context;
 mod digest;
@@ -86,6 +87,8 @@ pub struct ComponentRequest<'a> {
     pub audit: Option<AuditRequest<'a>>,
     /// apiserver only: `spec.authentication`.
     pub authentication: Option<&'a crate::api::ApiServerAuthentication>,
+    /// apiserver only: `spec.authorization`.
+    pub authorization: Option<&'a crate::api::ApiServerAuthorization>,
 }
 
 /// The audit settings of a NestedAPIServer to plan ([`audit`]).
@@ -455,6 +458,7 @@ pub fn plan(
     context.etcd.initial_cluster_state = initial_state.as_str().to_string();
     context.audit = planned_audit(cluster, request)?;
     context.authentication = planned_authentication(cluster, request)?;
+    context.authorization = planned_authorization(cluster, request)?;
     if kind == ComponentKind::Etcd {
         context.etcd.storage.quota_backend_bytes = Some(etcd_quota::quota_backend_bytes(
             request.etcd_storage,
@@ -542,6 +546,24 @@ fn planned_authentication(
         &service_account_issuer(&cluster.dns_domain),
     )?;
     Ok(authentication::authentication_vars(&cluster.name, Some(spec)))
+}
+
+/// The render-context `authorization` of an apiserver: none without `spec.authorization`.
+///
+/// # Errors
+/// [`PlanError::Field`] when it breaks a rule of [`authorization::check_fields`].
+fn planned_authorization(
+    cluster: &ClusterSettings,
+    request: &ComponentRequest<'_>,
+) -> Result<Option<authorization::AuthorizationVars>, PlanError> {
+    let Some(spec) = request
+        .authorization
+        .filter(|_| request.kind == ComponentKind::ApiServer)
+    else {
+        return Ok(None);
+    };
+    authorization::check_fields(request.resource_name, spec)?;
+    Ok(authorization::authorization_vars(&cluster.name, Some(spec)))
 }
 
 /// The tenant apiserver's `--service-account-issuer` (the `stable` channel's): the issuer
@@ -669,6 +691,7 @@ fn build_context(
         network_policy: policy::network_policy_vars(&cluster.network_policy),
         audit: None,
         authentication: None,
+        authorization: None,
     }
 }
 

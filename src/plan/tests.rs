@@ -45,6 +45,7 @@ fn request(kind: ComponentKind, spec: &ComponentSpec) -> ComponentRequest<'_> {
         running: Running::default(),
         audit: None,
         authentication: None,
+        authorization: None,
     }
 }
 
@@ -217,6 +218,7 @@ fn ephemeral_etcd_uses_empty_dir_and_no_claims() {
             running: Running::default(),
             audit: None,
             authentication: None,
+            authorization: None,
         },
         &Upstream::default(),
     )
@@ -964,6 +966,7 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
                 running: Running::default(),
                 audit: None,
                 authentication: None,
+                authorization: None,
             }
         }
         let mut kube_1_37 = cluster();

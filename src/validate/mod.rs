@@ -155,6 +155,25 @@ pub enum Syntax {
     /// A claim mapping that may be empty: at most one of `claim` and `expression`, and the
     /// same prefix rules.
     OptionalClaimMapping,
+    /// The authorizers of an `AuthorizationConfiguration`: unique names, exactly one `Node`
+    /// and one `RBAC`.
+    Authorizers,
+    /// One authorizer: a `webhook` exactly when its type is `Webhook`.
+    AuthorizerWebhook,
+    /// An authorizer's type: `Webhook`, `Node` or `RBAC`.
+    AuthorizerType,
+    /// A webhook authorizer's `timeout`: a Go duration above 0 and at most 30s.
+    WebhookTimeout,
+    /// A Go duration (`5m`, `1m30s`), as `authorizedTTL` and `unauthorizedTTL` are.
+    GoDuration,
+    /// `subjectAccessReviewVersion`: `v1` or `v1beta1`.
+    SubjectAccessReviewVersion,
+    /// `matchConditionSubjectAccessReviewVersion`: `v1`.
+    MatchConditionVersion,
+    /// A webhook authorizer's `failurePolicy`: `NoOpinion` or `Deny`.
+    AuthorizerFailurePolicy,
+    /// A webhook authorizer's `connectionInfo.type`: `KubeConfigFile`.
+    WebhookConnectionType,
 }
 
 /// One CEL rule of a syntax and the message shown when it fails.
@@ -197,6 +216,25 @@ const S3_ENDPOINT_MESSAGE: &str = "must be the URL of an S3 API, http:// or http
 const BUCKET_MESSAGE: &str = "must be an S3 bucket name: 3 to 63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit";
 /// The levels of `audit.k8s.io/v1` (k8s.io/apiserver/pkg/apis/audit/v1 `Level`).
 pub const AUDIT_LEVELS: &[&str] = &["None", "Metadata", "Request", "RequestResponse"];
+/// The authorizer types capn renders (`AlwaysAllow` and `AlwaysDeny` would open or close
+/// the whole tenant; ABAC needs a policy file capn does not mount).
+pub const AUTHORIZER_TYPES: &[&str] = &["Webhook", "Node", "RBAC"];
+const SAR_VERSIONS: &[&str] = &["v1", "v1beta1"];
+const MATCH_CONDITION_VERSIONS: &[&str] = &["v1"];
+const FAILURE_POLICIES: &[&str] = &["NoOpinion", "Deny"];
+const CONNECTION_TYPES: &[&str] = &["KubeConfigFile"];
+/// A Go duration (`time.ParseDuration`), unsigned.
+const GO_DURATION: &str = "^([0-9]+(\\.[0-9]*)?(ns|us|ms|s|m|h))+$";
+const AUTHORIZER_NAMES_MESSAGE: &str = "authorizer names must be unique";
+const AUTHORIZERS_MESSAGE: &str = "must hold exactly one Node and one RBAC authorizer: capn's nodes and the control plane's own components are authorized by them";
+const AUTHORIZER_WEBHOOK_MESSAGE: &str = "webhook must be set for type Webhook and only for it";
+const AUTHORIZER_TYPE_MESSAGE: &str = "must be one of Webhook, Node, RBAC";
+const WEBHOOK_TIMEOUT_MESSAGE: &str = "must be a duration above 0s and at most 30s, like 3s";
+const GO_DURATION_MESSAGE: &str = "must be a duration like 5m or 1m30s";
+const SAR_VERSION_MESSAGE: &str = "must be v1 or v1beta1";
+const MATCH_CONDITION_VERSION_MESSAGE: &str = "must be v1";
+const FAILURE_POLICY_MESSAGE: &str = "must be NoOpinion or Deny";
+const CONNECTION_TYPE_MESSAGE: &str = "must be KubeConfigFile (with kubeConfigSecretRef): InClusterConfig would dial the super cluster with the apiserver pod's identity";
 /// The stages of `audit.k8s.io/v1` (`Stage`).
 pub const AUDIT_STAGES: &[&str] = &["RequestReceived", "ResponseStarted", "ResponseComplete", "Panic"];
 /// kube-apiserver's `--audit-webhook-mode` values.
@@ -260,6 +298,15 @@ impl Syntax {
             | Self::JwtAudiences
             | Self::RequiredClaimMapping
             | Self::OptionalClaimMapping => "InvalidAuthentication",
+            Self::Authorizers
+            | Self::AuthorizerWebhook
+            | Self::AuthorizerType
+            | Self::WebhookTimeout
+            | Self::GoDuration
+            | Self::SubjectAccessReviewVersion
+            | Self::MatchConditionVersion
+            | Self::AuthorizerFailurePolicy
+            | Self::WebhookConnectionType => "InvalidAuthorization",
         }
     }
 
@@ -379,6 +426,40 @@ impl Syntax {
                 cel!("!has(self.claim) || has(self.prefix)", CLAIM_PREFIX_MESSAGE),
                 cel!("!has(self.expression) || !has(self.prefix)", EXPRESSION_PREFIX_MESSAGE),
             ],
+            Self::Authorizers => vec![
+                cel!(
+                    "self.all(a, self.filter(b, b.name == a.name).size() == 1)",
+                    AUTHORIZER_NAMES_MESSAGE
+                ),
+                cel!(
+                    "self.filter(a, a.type == 'Node').size() == 1 && self.filter(a, a.type == 'RBAC').size() == 1",
+                    AUTHORIZERS_MESSAGE
+                ),
+            ],
+            Self::AuthorizerWebhook => vec![cel!(
+                "(self.type == 'Webhook') == has(self.webhook)",
+                AUTHORIZER_WEBHOOK_MESSAGE
+            )],
+            Self::AuthorizerType => vec![cel!(cel_one_of(AUTHORIZER_TYPES), AUTHORIZER_TYPE_MESSAGE)],
+            // `&&` stops at a string that is no duration, before `duration()` would fail on it.
+            Self::WebhookTimeout => vec![cel!(
+                format!(
+                    "self.matches('{}') && duration(self) > duration('0s') && duration(self) <= duration('30s')",
+                    cel_pattern(GO_DURATION)
+                ),
+                WEBHOOK_TIMEOUT_MESSAGE
+            )],
+            Self::GoDuration => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(GO_DURATION)),
+                GO_DURATION_MESSAGE
+            )],
+            Self::SubjectAccessReviewVersion => vec![cel!(cel_one_of(SAR_VERSIONS), SAR_VERSION_MESSAGE)],
+            Self::MatchConditionVersion => vec![cel!(
+                cel_one_of(MATCH_CONDITION_VERSIONS),
+                MATCH_CONDITION_VERSION_MESSAGE
+            )],
+            Self::AuthorizerFailurePolicy => vec![cel!(cel_one_of(FAILURE_POLICIES), FAILURE_POLICY_MESSAGE)],
+            Self::WebhookConnectionType => vec![cel!(cel_one_of(CONNECTION_TYPES), CONNECTION_TYPE_MESSAGE)],
         }
     }
 
@@ -396,6 +477,13 @@ impl Syntax {
             Self::AuditLevel | Self::AuditStage | Self::AuditWebhookMode => Some(32),
             Self::DataKey => Some(253),
             Self::JwtIssuerUrl => Some(512),
+            Self::AuthorizerType
+            | Self::WebhookTimeout
+            | Self::GoDuration
+            | Self::SubjectAccessReviewVersion
+            | Self::MatchConditionVersion
+            | Self::AuthorizerFailurePolicy
+            | Self::WebhookConnectionType => Some(32),
             Self::Port
             | Self::FlagName
             | Self::Replicas { .. }
@@ -406,7 +494,9 @@ impl Syntax {
             | Self::JwtAuthenticators
             | Self::JwtAudiences
             | Self::RequiredClaimMapping
-            | Self::OptionalClaimMapping => None,
+            | Self::OptionalClaimMapping
+            | Self::Authorizers
+            | Self::AuthorizerWebhook => None,
         }
     }
 
@@ -559,8 +649,66 @@ impl Syntax {
                     Ok(())
                 }
             }
+            Self::Authorizers => {
+                let items: Vec<&Value> = value.as_array().into_iter().flatten().collect();
+                let field = |a: &Value, f: &str| a.get(f).and_then(Value::as_str).map(str::to_owned);
+                let names: Vec<Option<String>> = items.iter().map(|a| field(a, "name")).collect();
+                let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+                let count = |t: &str| items.iter().filter(|a| field(a, "type").as_deref() == Some(t)).count();
+                if distinct.len() != names.len() {
+                    fail(0)
+                } else if count("Node") != 1 || count("RBAC") != 1 {
+                    fail(1)
+                } else {
+                    Ok(())
+                }
+            }
+            Self::AuthorizerWebhook => {
+                let webhook_type = value.get("type").and_then(Value::as_str) == Some("Webhook");
+                let has_webhook = value.get("webhook").is_some_and(|w| !w.is_null());
+                if webhook_type == has_webhook { Ok(()) } else { fail(0) }
+            }
+            Self::AuthorizerType => one_of(string, AUTHORIZER_TYPES).then_some(()).ok_or(rules[0].message),
+            Self::SubjectAccessReviewVersion => one_of(string, SAR_VERSIONS).then_some(()).ok_or(rules[0].message),
+            Self::MatchConditionVersion => one_of(string, MATCH_CONDITION_VERSIONS)
+                .then_some(())
+                .ok_or(rules[0].message),
+            Self::AuthorizerFailurePolicy => one_of(string, FAILURE_POLICIES).then_some(()).ok_or(rules[0].message),
+            Self::WebhookConnectionType => one_of(string, CONNECTION_TYPES).then_some(()).ok_or(rules[0].message),
+            Self::GoDuration => match string {
+                Some(s) if s.len() <= 32 && matches(GO_DURATION, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::WebhookTimeout => match string
+                .filter(|s| s.len() <= 32 && matches(GO_DURATION, s))
+                .and_then(go_duration_nanos)
+            {
+                Some(nanos) if nanos > 0.0 && nanos <= 30e9 => Ok(()),
+                _ => fail(0),
+            },
         }
     }
+}
+
+/// The length of a Go duration that matched [`GO_DURATION`], in nanoseconds (what CEL's
+/// `duration()` reads: Go's `time.ParseDuration`).
+fn go_duration_nanos(value: &str) -> Option<f64> {
+    static PART: LazyLock<regex::Regex> =
+        LazyLock::new(|| regex::Regex::new("([0-9]+(?:\\.[0-9]*)?)(ns|us|ms|s|m|h)").expect("regex"));
+    PART.captures_iter(value)
+        .map(|c| {
+            let number: f64 = c[1].parse().ok()?;
+            let unit = match &c[2] {
+                "ns" => 1.0,
+                "us" => 1e3,
+                "ms" => 1e6,
+                "s" => 1e9,
+                "m" => 60e9,
+                _ => 3600e9,
+            };
+            Some(number * unit)
+        })
+        .sum()
 }
 
 /// CEL: `self` is one of `values`.
@@ -638,6 +786,18 @@ pub struct Rule {
     /// list, `{}` every value of a map. `metadata.name` is the object's name.
     pub path: &'static str,
     pub syntax: Syntax,
+}
+
+impl Rule {
+    /// Short stable reason of a value this rule refuses: its syntax's
+    /// ([`Syntax::reason`]), except schedules, which are named after what they schedule.
+    pub fn reason(&self) -> &'static str {
+        match (self.syntax, self.path) {
+            (Syntax::CronSchedule, "spec.encryption.keyRotationSchedule") => "InvalidKeyRotationSchedule",
+            (Syntax::CronSchedule, "spec.defragmentation.schedule") => "InvalidDefragmentationSchedule",
+            (syntax, _) => syntax.reason(),
+        }
+    }
 }
 
 const NCP: &[Kind] = &[Kind::NestedControlPlane];
@@ -769,6 +929,11 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         kinds: &[Kind::NestedEtcd],
+        path: "spec.defragmentation.schedule",
+        syntax: Syntax::CronSchedule,
+    },
+    Rule {
+        kinds: &[Kind::NestedEtcd],
         path: "spec.backup.retention",
         syntax: Syntax::Retention {
             max: crate::api::MAX_RETENTION,
@@ -889,6 +1054,74 @@ pub const RULES: &[Rule] = &[
         path: "spec.authentication.configuration.jwt[].claimMappings.groups",
         syntax: Syntax::OptionalClaimMapping,
     },
+    // NestedAPIServer `spec.authorization` (issue 39 item 1): what kube-apiserver checks of
+    // an AuthorizationConfiguration at start (pkg/apis/apiserver/validation), and capn's
+    // own limits (Node and RBAC kept, no InClusterConfig).
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers",
+        syntax: Syntax::Authorizers,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[]",
+        syntax: Syntax::AuthorizerWebhook,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].type",
+        syntax: Syntax::AuthorizerType,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.timeout",
+        syntax: Syntax::WebhookTimeout,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.authorizedTTL",
+        syntax: Syntax::GoDuration,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.unauthorizedTTL",
+        syntax: Syntax::GoDuration,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.subjectAccessReviewVersion",
+        syntax: Syntax::SubjectAccessReviewVersion,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.matchConditionSubjectAccessReviewVersion",
+        syntax: Syntax::MatchConditionVersion,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.failurePolicy",
+        syntax: Syntax::AuthorizerFailurePolicy,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.connectionInfo.type",
+        syntax: Syntax::WebhookConnectionType,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.connectionInfo.kubeConfigSecretRef.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configuration.authorizers[].webhook.connectionInfo.kubeConfigSecretRef.key",
+        syntax: Syntax::DataKey,
+    },
 ];
 
 /// Upper bounds on list and map sizes (OpenAPI `maxItems`/`maxProperties`), which keep the
@@ -903,6 +1136,12 @@ pub const SIZE_BOUNDS: &[(&str, &str, i64)] = &[
     ("spec.audit.policy.omitStages", "maxItems", 4),
     ("spec.audit.policy.rules[].omitStages", "maxItems", 4),
     ("spec.authentication.configuration.jwt", "maxItems", 64),
+    ("spec.authorization.configuration.authorizers", "maxItems", 16),
+    (
+        "spec.authorization.configuration.authorizers[].webhook.matchConditions",
+        "maxItems",
+        64,
+    ),
     (
         "spec.authentication.configuration.jwt[].issuer.audiences",
         "maxItems",
@@ -958,7 +1197,7 @@ pub fn check_object(kind: Kind, object: &Value) -> Vec<FieldError> {
                     path,
                     value: value.to_string(),
                     message,
-                    reason: rule.syntax.reason(),
+                    reason: rule.reason(),
                 });
             }
         }

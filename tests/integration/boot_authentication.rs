@@ -53,17 +53,6 @@ impl Issuer {
         let discovery = json!({"issuer": url, "jwks_uri": format!("{url}/jwks"),
             "response_types_supported": ["id_token"], "subject_types_supported": ["public"],
             "id_token_signing_alg_values_supported": ["ES256"]});
-        let certified = rcgen::generate_simple_self_signed(vec![address.to_string()]).unwrap();
-        let ca = certified.cert.pem();
-        let chain = vec![CertificateDer::from(certified.cert.der().to_vec())];
-        let private = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()));
-        let tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(chain, private)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
         let router = axum::Router::new()
             .route(
                 "/.well-known/openid-configuration",
@@ -73,20 +62,7 @@ impl Issuer {
                 "/jwks",
                 axum::routing::get(move || std::future::ready(axum::Json(jwks.clone()))),
             );
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (acceptor, router) = (acceptor.clone(), router.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else { return };
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
-                        .await;
-                });
-            }
-        });
+        let (ca, task) = serve_https(listener, address, router);
         Issuer { url, ca, key, task }
     }
 
@@ -107,6 +83,41 @@ impl Issuer {
         let signature = self.key.sign(&SystemRandom::new(), input.as_bytes()).unwrap();
         format!("{input}.{}", b64url(signature.as_ref()))
     }
+}
+
+/// Serves `router` over HTTPS on `listener` with a self-signed certificate (rcgen) for
+/// `address`; returns the certificate's PEM (what a client trusts it with) and the task.
+pub(crate) fn serve_https(
+    listener: tokio::net::TcpListener,
+    address: std::net::Ipv4Addr,
+    router: axum::Router,
+) -> (String, tokio::task::JoinHandle<()>) {
+    let certified = rcgen::generate_simple_self_signed(vec![address.to_string()]).unwrap();
+    let ca = certified.cert.pem();
+    let chain = vec![CertificateDer::from(certified.cert.der().to_vec())];
+    let private = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der()));
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, router) = (acceptor.clone(), router.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
+                    .await;
+            });
+        }
+    });
+    (ca, task)
 }
 
 fn authentication(issuer: &Issuer, prefix: &str) -> Value {

@@ -6,6 +6,7 @@ mod backup_store;
 mod boot;
 mod boot_audit;
 mod boot_authentication;
+mod boot_authorization;
 mod boot_backup;
 mod boot_certificates;
 mod boot_connect;

@@ -284,6 +284,7 @@ fn rendered(ns: &str) -> Vec<Value> {
             running: Running::default(),
             audit: None,
             authentication: None,
+            authorization: None,
         };
         let p = plan(&channels, &cluster, &request, &upstream).unwrap();
         objects.extend(p.objects.into_iter().map(|mut o| {

@@ -332,6 +332,71 @@ fn corpus() -> Vec<Case> {
             json!({"authentication": {"configuration": {"jwt": [{"issuer": {"url": "https://a.example", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub"}}}]}}}),
         ],
     );
+    // spec.authorization (issue 39 item 1): what kube-apiserver refuses at start, and capn's
+    // limits (Node and RBAC kept, no InClusterConfig).
+    let webhook = |changes: Value| {
+        let mut webhook = json!({"timeout": "3s", "subjectAccessReviewVersion": "v1",
+            "matchConditionSubjectAccessReviewVersion": "v1", "failurePolicy": "NoOpinion",
+            "connectionInfo": {"type": "KubeConfigFile", "kubeConfigSecretRef": {"name": "w"}}});
+        if let (Some(w), Some(c)) = (webhook.as_object_mut(), changes.as_object()) {
+            w.extend(c.clone());
+        }
+        json!({"authorization": {"configuration": {"authorizers": [
+            {"type": "Webhook", "name": "policy", "webhook": webhook},
+            {"type": "Node", "name": "node"},
+            {"type": "RBAC", "name": "rbac"},
+        ]}}})
+    };
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthorization",
+        "spec.authorization.configuration.authorizers",
+        vec![
+            json!({"authorization": {"configuration": {"authorizers": [{"type": "RBAC", "name": "rbac"}]}}}),
+            json!({"authorization": {"configuration": {"authorizers": [{"type": "Node", "name": "a"}, {"type": "RBAC", "name": "a"}]}}}),
+        ],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthorization",
+        "spec.authorization.configuration.authorizers[2].type",
+        vec![
+            json!({"authorization": {"configuration": {"authorizers": [{"type": "Node", "name": "node"}, {"type": "RBAC", "name": "rbac"}, {"type": "AlwaysAllow", "name": "all"}]}}}),
+        ],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthorization",
+        "spec.authorization.configuration.authorizers[0].webhook.timeout",
+        vec![webhook(json!({"timeout": "31s"})), webhook(json!({"timeout": "soon"}))],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthorization",
+        "spec.authorization.configuration.authorizers[0].webhook.connectionInfo.type",
+        vec![webhook(
+            json!({"connectionInfo": {"type": "InClusterConfig", "kubeConfigSecretRef": {"name": "w"}}}),
+        )],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthorization",
+        "spec.authorization.configuration.authorizers[0].webhook.failurePolicy",
+        vec![webhook(json!({"failurePolicy": "Allow"}))],
+    );
+    // spec.defragmentation (issue 40 item 1): a schedule named after what it schedules.
+    bad_component(
+        &mut c,
+        "NestedEtcd",
+        "InvalidDefragmentationSchedule",
+        "spec.defragmentation.schedule",
+        vec![json!({"defragmentation": {"schedule": "0 3 * *"}})],
+    );
     // spec.audit (issue 39 item 2): the policy's levels, stages and rules, and the settings.
     bad_component(
         &mut c,

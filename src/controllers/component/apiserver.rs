@@ -58,8 +58,8 @@ impl ComponentResource for NestedAPIServer {
         ctx: &Arc<Context>,
         subscriptions: &crate::controllers::shared::cache::Subscriptions,
     ) -> Option<BoxStream<'static, ObjectRef<Self>>> {
-        // And a change of the Secret an audit webhook configuration is read from (capn
-        // does not own it, so the Secret triggers of the control plane miss it).
+        // And a change of the Secret an audit or authorization webhook configuration is read
+        // from (capn does not own it, so the Secret triggers of the control plane miss it).
         let apiservers = ctx.clone();
         let webhook_secrets = ctx.caches.secret_changes().flat_map(move |secret| {
             let referring: Vec<ObjectRef<Self>> = apiservers
@@ -69,12 +69,16 @@ impl ComponentResource for NestedAPIServer {
                 .iter()
                 .filter(|a| {
                     a.metadata.namespace.as_deref() == Some(secret.namespace.as_str())
-                        && a.spec
+                        && (a
+                            .spec
                             .security
                             .audit
                             .as_ref()
                             .and_then(|audit| audit.webhook.as_ref())
                             .is_some_and(|w| w.config_secret_ref.name == secret.name)
+                            || crate::plan::authorization::webhook_secrets(a.spec.security.authorization.as_deref())
+                                .iter()
+                                .any(|(name, _)| *name == secret.name))
                 })
                 .map(|a| ObjectRef::from_obj(&**a))
                 .collect();
@@ -89,6 +93,10 @@ impl ComponentResource for NestedAPIServer {
 
     fn authentication(&self) -> Option<&crate::api::ApiServerAuthentication> {
         self.spec.security.authentication.as_deref()
+    }
+
+    fn authorization(&self) -> Option<&crate::api::ApiServerAuthorization> {
+        self.spec.security.authorization.as_deref()
     }
 
     /// Issues the serving certificate (SANs include the ClusterIP the super cluster

@@ -56,6 +56,7 @@ pub(super) async fn drive<K: ComponentResource>(
     let Read { ncp, cluster, running } = proceed!(read(object, ctx, ns).await);
     let (restore_vars, restore_status) = proceed!(prepare_restore(object, ctx, ns, &cluster).await);
     let referenced_policy = proceed!(read_audit_references(object, ctx, ns).await);
+    proceed!(check_authorization_secrets(object, ctx, ns).await);
     let policy = match renewal_policy(&ncp, ctx.settings.certificate_validity) {
         Ok(policy) => policy,
         Err(message) => return Ok(Outcome::Invalid(PlanError::InvalidCertificateValidity(message))),
@@ -96,6 +97,7 @@ pub(super) async fn drive<K: ComponentResource>(
             referenced: referenced_policy.as_ref(),
         }),
         authentication: object.authentication(),
+        authorization: object.authorization(),
     };
     let plan = match plan(&ctx.channels, &cluster, &request, &upstream) {
         Ok(plan) => plan,
@@ -251,6 +253,35 @@ async fn read_audit_references<K: ComponentResource>(
         }
     }
     Ok(Ok(referenced))
+}
+
+/// apiserver: that every webhook authorizer's kubeconfig Secret of `spec.authorization`
+/// has its key (issue 39 item 1), checked before planning like the audit webhook's: a
+/// missing one refuses the pass (condition, Event) and nothing is applied, so no apiserver
+/// starts with a file it cannot read; its creation wakes the apiserver at once.
+async fn check_authorization_secrets<K: ComponentResource>(object: &K, ctx: &Context, ns: &str) -> Stage<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    let Some(authorization) = object.authorization() else {
+        return Ok(Ok(()));
+    };
+    let name = object.name_any();
+    if let Err(e) = crate::plan::authorization::check_fields(&name, authorization) {
+        return Ok(Err(Outcome::Invalid(e.into())));
+    }
+    for (secret, key) in crate::plan::authorization::webhook_secrets(Some(authorization)) {
+        let found = Api::<Secret>::namespaced(ctx.client.clone(), ns)
+            .get_opt(secret)
+            .await?;
+        if !found.is_some_and(|s| s.data.as_ref().is_some_and(|d| d.contains_key(key))) {
+            return Ok(Err(Outcome::Refused {
+                reason: "AuthorizationWebhookConfigMissing",
+                message: format!(
+                    "NestedAPIServer {name}: spec.authorization: webhook kubeConfigSecretRef: Secret {secret} key {key}: not found: create it with the webhook's kubeconfig file under that key (docs/guide/security.md \"Authorization\")"
+                ),
+            }));
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// Applies the plan rank by rank: the Services, then (once the kind's certificates are

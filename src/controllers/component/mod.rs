@@ -132,6 +132,11 @@ pub trait ComponentResource:
         None
     }
 
+    /// apiserver only: `spec.authorization` (issue 39 item 1). Default: none.
+    fn authorization(&self) -> Option<&crate::api::ApiServerAuthorization> {
+        None
+    }
+
     /// The Service this component publishes in its status (the apiserver's), from the
     /// objects as applied.
     fn service_output(_cluster: &ClusterSettings, _applied: &[serde_json::Value]) -> Option<ServiceOutput> {

@@ -164,6 +164,7 @@ fn first_plan_of<K: ComponentResource>(round: &Round<'_>, fresh: &K) -> Option<P
         running: Running::default(),
         audit: None,
         authentication: None,
+        authorization: None,
     };
     first_plan(&round.ctx.channels, &cluster, &request)
 }

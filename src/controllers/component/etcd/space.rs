@@ -4,7 +4,10 @@
 //! at a time (followers first, the leader last, each only while every other member answers),
 //! then disarm the alarm. If the data itself still fills the quota after compaction, nothing
 //! is defragmented or disarmed, and the condition says how to make room
-//! (docs/guide/etcd-operations.md "NOSPACE").
+//! (docs/guide/etcd-operations.md "NOSPACE"). Without an alarm, it defragments the members
+//! the same way when `spec.defragmentation` makes it due: the schedule's run came, or a
+//! member's free pages reached the threshold (docs/guide/etcd-operations.md
+//! "Defragmentation").
 //!
 //! Noticed within [`SPACE_POLL`]: the pass is looked at again that often. There is no alarm
 //! watch in etcd's API; a Status call per member every 10 s is small next to what a tenant's
@@ -16,11 +19,12 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::ObjectReference;
 use time::format_description::well_known::Rfc3339;
 
-use crate::api::{EtcdDefragmentation, EtcdMemberSpace, EtcdSpaceStatus, NestedEtcd};
+use crate::api::{DefragmentationPolicy, EtcdDefragmentation, EtcdMemberSpace, EtcdSpaceStatus, NestedEtcd};
 use crate::controllers::component::Round;
 use crate::controllers::events;
 use crate::etcd::space::{
-    Defragmentable, defragmentation_order, fits_after_defragmentation, human, reports_nospace, worth_recording,
+    Defragmentable, DefragmentationDue, NOSPACE, defragmentation_due, defragmentation_order,
+    fits_after_defragmentation, human, reports_nospace, worth_recording,
 };
 use crate::etcd::{EtcdCluster, MemberStatus};
 use crate::pki::SecretNames;
@@ -185,6 +189,9 @@ pub async fn space_step(round: &Round<'_, NestedEtcd>) -> Result<SpaceReport, cr
             ),
         }
     } else {
+        if let Some(done) = maintain(round, &etcd, &reads, quota, &sizes, last_defragmentation.as_ref()).await {
+            last_defragmentation = Some(done);
+        }
         ConditionUpdate::new(
             ETCD_SPACE_EXHAUSTED,
             false,
@@ -245,27 +252,43 @@ enum Recovery {
     Failed(String),
 }
 
-/// Compaction to the current revision, then (if the data then fits) defragmentation one
-/// member at a time, followers first and the leader last, then the alarm disarmed.
-async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &[Read], quota: i64) -> Recovery {
-    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
+/// Every member's Status, with the leader among them.
+struct Led<'r> {
+    answered: Vec<(&'r Read, &'r MemberStatus)>,
+    leader: u64,
+    /// The leader's client URL.
+    via: String,
+}
+
+/// The members that answered with the leader's id and client URL, when every member
+/// answered and one of them is the leader; otherwise why a defragmentation must wait.
+fn led(reads: &[Read]) -> Result<Led<'_>, String> {
     let answered: Vec<(&Read, &MemberStatus)> = reads
         .iter()
         .filter_map(|r| r.status.as_ref().ok().map(|s| (r, s)))
         .collect();
     if answered.len() < reads.len() {
-        return Recovery::Failed("waiting until every member answers".into());
+        return Err("waiting until every member answers".into());
     }
     let leader = answered.iter().map(|(_, s)| s.leader).find(|l| *l != 0).unwrap_or(0);
     if leader == 0 {
-        return Recovery::Failed("waiting for a leader".into());
+        return Err("waiting for a leader".into());
     }
-    let Some(via) = answered
+    let via = answered
         .iter()
         .find(|(_, s)| s.member_id == leader)
         .map(|(r, _)| r.client_url.clone())
-    else {
-        return Recovery::Failed("the leader is not one of the members capn dials".into());
+        .ok_or_else(|| "the leader is not one of the members capn dials".to_string())?;
+    Ok(Led { answered, leader, via })
+}
+
+/// Compaction to the current revision, then (if the data then fits) defragmentation one
+/// member at a time, followers first and the leader last, then the alarm disarmed.
+async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &[Read], quota: i64) -> Recovery {
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
+    let Led { answered, leader, via } = match led(reads) {
+        Ok(led) => led,
+        Err(wait) => return Recovery::Failed(wait),
     };
     // Compaction drops every revision but the newest of each key; etcd answers an error for
     // a revision already compacted, which leaves nothing to do.
@@ -290,6 +313,111 @@ async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &
             in_use: in_use.iter().copied().max().unwrap_or_default(),
         };
     }
+    let defragmentation = match defragment(round, etcd, reads, &answered, leader, NOSPACE, "NOSPACE recovery").await {
+        Ok(defragmentation) => defragmentation,
+        Err(e) => return Recovery::Failed(e),
+    };
+    let alarmed = match etcd.nospace_alarms(&via).await {
+        Ok(alarmed) => alarmed,
+        Err(e) => return Recovery::Failed(format!("listing the alarms: {e}")),
+    };
+    for member in alarmed {
+        if let Err(e) = etcd.disarm_nospace(&via, member).await {
+            return Recovery::Failed(format!("disarming NOSPACE of member {member:x}: {e}"));
+        }
+    }
+    Recovery::Disarmed(defragmentation)
+}
+
+/// A defragmentation outside `NOSPACE`, when `spec.defragmentation` makes one due
+/// ([`defragmentation_due`]); `None` when none is due, or when it must wait (the members
+/// are read again next pass, so it runs once they allow it).
+async fn maintain(
+    round: &Round<'_, NestedEtcd>,
+    etcd: &EtcdCluster<'_>,
+    reads: &[Read],
+    quota: i64,
+    sizes: &[EtcdMemberSpace],
+    last: Option<&EtcdDefragmentation>,
+) -> Option<EtcdDefragmentation> {
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
+    let policy = round.object.spec.defragmentation.as_deref();
+    let schedule = DefragmentationPolicy::schedule(policy);
+    let created = round
+        .object
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(round.now.k8s.0, |t| t.0);
+    let last_time = last.and_then(|d| d.time.parse().ok());
+    let due = match defragmentation_due(
+        schedule,
+        DefragmentationPolicy::threshold_percent(policy),
+        quota,
+        sizes,
+        last_time,
+        created,
+        round.now.k8s.0,
+    ) {
+        Ok(due) => due?,
+        Err(invalid) => {
+            // The rule table refuses this at admission and in `capn render`; a value its
+            // pattern lets through and the cron parser does not ends here.
+            events::publish(
+                round.ctx,
+                round.object,
+                None,
+                Reason::InvalidDefragmentationSchedule,
+                format!(
+                    "spec.defragmentation.schedule: Invalid value: {:?}: {}; a schedule is a cron expression of five fields (minute hour day-of-month month day-of-week, like \"0 3 * * 0\"), or @hourly, @daily, @weekly, @monthly, @yearly, evaluated in UTC; no defragmentation runs on it until it is mended",
+                    invalid.value, invalid.detail
+                ),
+                "Defragment",
+            )
+            .await;
+            return None;
+        }
+    };
+    let why = match &due {
+        DefragmentationDue::Schedule(run) => format!("the schedule's run at {run}"),
+        DefragmentationDue::Threshold { member, free } => format!(
+            "{member} has {} of free pages, at least {}% of the {} quota",
+            human(*free),
+            DefragmentationPolicy::threshold_percent(policy).unwrap_or_default(),
+            human(quota)
+        ),
+    };
+    let ran = match led(reads) {
+        Ok(Led { answered, leader, .. }) => {
+            defragment(round, etcd, reads, &answered, leader, due.trigger(), &why).await
+        }
+        Err(wait) => Err(wait),
+    };
+    match ran {
+        Ok(done) => Some(done),
+        Err(e) => {
+            tracing::info!(namespace = %ns, cluster = %c, trigger = due.trigger(), error = %e, "etcd defragmentation: not now");
+            None
+        }
+    }
+}
+
+/// Defragments every member, one at a time, followers first and the leader last, each only
+/// while every other member answers with a leader; an Event per member says why (`why`).
+///
+/// # Errors
+/// What stopped it: a member without a leader, a failed call (the members done so far are
+/// named; the next pass starts again from the first follower).
+async fn defragment(
+    round: &Round<'_, NestedEtcd>,
+    etcd: &EtcdCluster<'_>,
+    reads: &[Read],
+    answered: &[(&Read, &MemberStatus)],
+    leader: u64,
+    trigger: &str,
+    why: &str,
+) -> Result<EtcdDefragmentation, String> {
+    let (ns, c) = (&round.cluster.namespace, &round.cluster.name);
     let members = answered
         .iter()
         .map(|(r, s)| Defragmentable {
@@ -314,13 +442,25 @@ async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &
         )
         .await;
         if others.iter().any(|s| s.as_ref().map_or(true, |s| s.leader == 0)) {
-            return Recovery::Failed(format!(
+            return Err(format!(
                 "defragmented {done:?}; waiting to defragment {} until every other member answers with a leader",
                 member.name
             ));
         }
         if let Err(e) = etcd.defragment(&member.client_url).await {
-            return Recovery::Failed(format!("defragmenting {}: {e}", member.name));
+            events::publish(
+                round.ctx,
+                round.object,
+                Some(member_pod(ns, &member.name)),
+                Reason::DefragmentationFailed,
+                format!(
+                    "defragmenting {} ({why}): {e}; capn tries again at its next look",
+                    member.name
+                ),
+                "Defragment",
+            )
+            .await;
+            return Err(format!("defragmenting {}: {e}", member.name));
         }
         events::publish(
             round.ctx,
@@ -328,9 +468,9 @@ async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &
             Some(member_pod(ns, &member.name)),
             Reason::DefragmentedMember,
             format!(
-                "defragmented {} (NOSPACE recovery{})",
+                "defragmented {} ({why}{})",
                 member.name,
-                if member.id == leader { ", the leader, last" } else { "" }
+                if member.id == leader { "; the leader, last" } else { "" }
             ),
             "Defragment",
         )
@@ -338,18 +478,10 @@ async fn recover(round: &Round<'_, NestedEtcd>, etcd: &EtcdCluster<'_>, reads: &
         round.ctx.metrics.count_etcd_defragmentation(ns, c);
         done.push(member.name);
     }
-    let alarmed = match etcd.nospace_alarms(&via).await {
-        Ok(alarmed) => alarmed,
-        Err(e) => return Recovery::Failed(format!("listing the alarms: {e}")),
-    };
-    for member in alarmed {
-        if let Err(e) = etcd.disarm_nospace(&via, member).await {
-            return Recovery::Failed(format!("disarming NOSPACE of member {member:x}: {e}"));
-        }
-    }
-    Recovery::Disarmed(EtcdDefragmentation {
-        time: round.now.time.format(&Rfc3339).unwrap_or_default(),
-        trigger: crate::etcd::space::NOSPACE.into(),
+    Ok(EtcdDefragmentation {
+        // When it finished (the schedule's next run is counted from it), not when the pass began.
+        time: time::OffsetDateTime::now_utc().format(&Rfc3339).unwrap_or_default(),
+        trigger: trigger.into(),
         members: done,
         leader: leader_name,
     })
