@@ -42,12 +42,17 @@ if [ -z "${HELM_ASSETS:-}" ]; then
   HELM_ASSETS="$(hack/helm-assets.sh)"
   export HELM_ASSETS
 fi
+# promtool, for the alerting rules and dashboards test (tests/integration/monitoring.rs).
+if [ -z "${PROMTOOL_ASSETS:-}" ]; then
+  PROMTOOL_ASSETS="$(hack/promtool-assets.sh)"
+  export PROMTOOL_ASSETS
+fi
 # The S3-compatible server the backup tests upload to (s3s-fs, built from crates.io).
 if [ -z "${S3_SERVER:-}" ]; then
   S3_SERVER="$(hack/s3-assets.sh)"
   export S3_SERVER
 fi
-echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS CAPI_ASSETS=$CAPI_ASSETS HELM_ASSETS=$HELM_ASSETS S3_SERVER=$S3_SERVER" >&2
+echo "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS CAPI_ASSETS=$CAPI_ASSETS HELM_ASSETS=$HELM_ASSETS PROMTOOL_ASSETS=$PROMTOOL_ASSETS S3_SERVER=$S3_SERVER" >&2
 # The booted tests spend most of their time waiting (for renewals, rolls, rotations), so run
 # more of them at once than there are cores: three (at four, with the 126 tests of session 17,
 # two booted tests starved past their generous deadlines in one run on two cores).
