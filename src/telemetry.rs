@@ -7,7 +7,11 @@
 //!   `capn_managed_objects` (objects capn applied for its component resources, by controller),
 //!   `capn_tenant_connections_total` (connections to tenants through the super cluster's
 //!   port-forward, by `path` and `result`: `opened` or `failed`; see [`crate::reach`]),
-//!   `capn_watch_failing` (1 while capn's watch of a `kind` fails, else 0).
+//!   `capn_watch_failing` (1 while capn's watch of a `kind` fails, else 0); per control plane
+//!   (`namespace`, `cluster`): the `capn_etcd_*` space, member and backup series,
+//!   `capn_control_plane_ready` and the `capn_certificate_*` schedule
+//!   (docs/operations/metrics.md lists each with its unit; the alerts of
+//!   `deploy/monitoring/` are written against them).
 //! - Probes: `/healthz` answers while the process serves; `/readyz` once the controllers (or,
 //!   with leader election, the standby loop) are running and no watch fails (a failing
 //!   watch is named in the answer's body).
@@ -86,6 +90,42 @@ pub struct EtcdSpaceFigures {
     pub nospace: bool,
 }
 
+/// An etcd's members as one pass read them, for [`Metrics::set_etcd_members`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EtcdMemberFigures {
+    /// Members wanted (the NestedEtcd's replicas).
+    pub members: i64,
+    /// Members whose Status answered, that know a leader and report no error besides
+    /// alarms (the membership step's rule for a healthy member).
+    pub healthy: i64,
+    /// Whether a member that answered knows a leader.
+    pub has_leader: bool,
+}
+
+/// A control plane's certificates as its last pass read them, for
+/// [`Metrics::set_certificates`]; times in Unix seconds, durations in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CertificateFigures {
+    /// The earliest `NotAfter` of its certificates (CAs, leaves, kubeconfigs).
+    pub expiry: Option<i64>,
+    /// When capn renews the next one.
+    pub next_renewal: Option<i64>,
+    /// How long before its `NotAfter` a leaf of the control plane's policy is renewed.
+    pub renew_before: i64,
+}
+
+/// An etcd's backups as its last pass reported them, for [`Metrics::set_etcd_backup`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackupFigures {
+    /// When the last verified snapshot was taken, Unix seconds.
+    pub last_success: Option<i64>,
+    /// The schedule's gap after that snapshot (or after the etcd's creation), seconds;
+    /// `None` without a schedule.
+    pub interval: Option<i64>,
+    /// Whether `BackupSucceeded` is False with a failure's reason.
+    pub failing: bool,
+}
+
 /// The `capn_etcd_*` series.
 #[derive(Default)]
 struct EtcdSeries {
@@ -94,6 +134,21 @@ struct EtcdSeries {
     quota: Family<ControlPlaneLabels, Gauge>,
     nospace: Family<ControlPlaneLabels, Gauge>,
     defragmentations: Family<ControlPlaneLabels, Counter>,
+    members: Family<ControlPlaneLabels, Gauge>,
+    members_healthy: Family<ControlPlaneLabels, Gauge>,
+    has_leader: Family<ControlPlaneLabels, Gauge>,
+    backup_last_success: Family<ControlPlaneLabels, Gauge>,
+    backup_interval: Family<ControlPlaneLabels, Gauge>,
+    backup_failing: Family<ControlPlaneLabels, Gauge>,
+}
+
+/// The per control plane series of the NestedControlPlane controller.
+#[derive(Default)]
+struct ControlPlaneSeries {
+    ready: Family<ControlPlaneLabels, Gauge>,
+    certificate_expiry: Family<ControlPlaneLabels, Gauge>,
+    certificate_renewal: Family<ControlPlaneLabels, Gauge>,
+    certificate_renew_before: Family<ControlPlaneLabels, Gauge>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,6 +168,7 @@ pub struct Metrics {
     tenant_connections: Family<ConnectionLabels, Counter>,
     watch_failing: Family<KindLabel, Gauge>,
     etcd: EtcdSeries,
+    control_planes: ControlPlaneSeries,
     /// Objects per component resource, so the gauge is a sum that stays right on updates.
     inventory: Mutex<HashMap<(String, String), i64>>,
     ready: AtomicBool,
@@ -189,9 +245,66 @@ impl Default for Metrics {
             "Members capn defragmented, by control plane",
             etcd.defragmentations.clone(),
         );
+        registry.register(
+            "etcd_members",
+            "Members the etcd should have (its replicas), by control plane",
+            etcd.members.clone(),
+        );
+        registry.register(
+            "etcd_members_healthy",
+            "Members whose Status answered, knowing a leader and reporting no error besides alarms, by control plane",
+            etcd.members_healthy.clone(),
+        );
+        registry.register(
+            "etcd_has_leader",
+            "1 while a member that answered knows a leader, else 0, by control plane",
+            etcd.has_leader.clone(),
+        );
+        registry.register_with_unit(
+            "etcd_backup_last_success_timestamp",
+            "When the last verified snapshot was taken (Unix time), by control plane",
+            prometheus_client::registry::Unit::Seconds,
+            etcd.backup_last_success.clone(),
+        );
+        registry.register_with_unit(
+            "etcd_backup_interval",
+            "The backup schedule's gap after the last snapshot, by control plane",
+            prometheus_client::registry::Unit::Seconds,
+            etcd.backup_interval.clone(),
+        );
+        registry.register(
+            "etcd_backup_failing",
+            "1 while BackupSucceeded is False with a failure's reason, else 0, by control plane",
+            etcd.backup_failing.clone(),
+        );
+        let control_planes = ControlPlaneSeries::default();
+        registry.register(
+            "control_plane_ready",
+            "1 while every component of the control plane is ready (status.ready), else 0",
+            control_planes.ready.clone(),
+        );
+        registry.register_with_unit(
+            "certificate_expiry_timestamp",
+            "The earliest NotAfter of the control plane's certificates (Unix time)",
+            prometheus_client::registry::Unit::Seconds,
+            control_planes.certificate_expiry.clone(),
+        );
+        registry.register_with_unit(
+            "certificate_renewal_timestamp",
+            "When capn renews the control plane's next certificate (Unix time)",
+            prometheus_client::registry::Unit::Seconds,
+            control_planes.certificate_renewal.clone(),
+        );
+        registry.register_with_unit(
+            "certificate_renew_before",
+            "How long before its NotAfter capn renews a leaf of the control plane's policy",
+            prometheus_client::registry::Unit::Seconds,
+            control_planes.certificate_renew_before.clone(),
+        );
         Self {
             registry,
             etcd,
+            control_planes,
             reconciles,
             errors,
             durations,
@@ -258,6 +371,57 @@ impl Metrics {
             .set(figures.db_size_in_use);
         self.etcd.quota.get_or_create(&labels).set(figures.quota);
         self.etcd.nospace.get_or_create(&labels).set(i64::from(figures.nospace));
+    }
+
+    /// Records the members of the etcd of control plane `cluster` in `namespace` as one pass
+    /// read them (with the space, at least every 10 s while the etcd runs).
+    pub fn set_etcd_members(&self, namespace: &str, cluster: &str, figures: EtcdMemberFigures) {
+        let labels = control_plane_labels(namespace, cluster);
+        self.etcd.members.get_or_create(&labels).set(figures.members);
+        self.etcd.members_healthy.get_or_create(&labels).set(figures.healthy);
+        self.etcd
+            .has_leader
+            .get_or_create(&labels)
+            .set(i64::from(figures.has_leader));
+    }
+
+    /// Records the backups of the etcd of control plane `cluster` as its last pass reported
+    /// them. A figure that is `None` removes its series (no snapshot yet, no schedule);
+    /// `None` (no `spec.backup`) removes all three.
+    pub fn set_etcd_backup(&self, namespace: &str, cluster: &str, figures: Option<BackupFigures>) {
+        let labels = control_plane_labels(namespace, cluster);
+        set_or_remove(
+            &self.etcd.backup_last_success,
+            &labels,
+            figures.and_then(|f| f.last_success),
+        );
+        set_or_remove(&self.etcd.backup_interval, &labels, figures.and_then(|f| f.interval));
+        set_or_remove(
+            &self.etcd.backup_failing,
+            &labels,
+            figures.map(|f| i64::from(f.failing)),
+        );
+    }
+
+    /// Records whether control plane `cluster` in `namespace` is ready.
+    pub fn set_control_plane_ready(&self, namespace: &str, cluster: &str, ready: bool) {
+        self.control_planes
+            .ready
+            .get_or_create(&control_plane_labels(namespace, cluster))
+            .set(i64::from(ready));
+    }
+
+    /// Records the certificate schedule of control plane `cluster` in `namespace`. A time
+    /// that is `None` removes its series.
+    pub fn set_certificates(&self, namespace: &str, cluster: &str, figures: CertificateFigures) {
+        let labels = control_plane_labels(namespace, cluster);
+        let series = &self.control_planes;
+        set_or_remove(&series.certificate_expiry, &labels, figures.expiry);
+        set_or_remove(&series.certificate_renewal, &labels, figures.next_renewal);
+        series
+            .certificate_renew_before
+            .get_or_create(&labels)
+            .set(figures.renew_before);
     }
 
     /// Counts one member of `cluster`'s etcd defragmented.
@@ -336,6 +500,19 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Sets the series of `labels` to `value`, or removes it when there is no value: an absent
+/// series is what an alert's comparison skips, where a 0 would read as 1970.
+fn set_or_remove(family: &Family<ControlPlaneLabels, Gauge>, labels: &ControlPlaneLabels, value: Option<i64>) {
+    match value {
+        Some(value) => {
+            family.get_or_create(labels).set(value);
+        }
+        None => {
+            family.remove(labels);
+        }
     }
 }
 
@@ -482,6 +659,88 @@ mod tests {
             assert!(text.contains(&line), "{line} in\n{text}");
         }
         assert_eq!(text.matches("capn_etcd_quota_bytes{").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn control_plane_series_are_one_per_control_plane_and_absent_without_a_value() {
+        let m = Metrics::default();
+        let labels = "{namespace=\"tenant-a\",cluster=\"demo\"}";
+        m.set_control_plane_ready("tenant-a", "demo", false);
+        m.set_control_plane_ready("tenant-a", "demo", true);
+        m.set_certificates(
+            "tenant-a",
+            "demo",
+            CertificateFigures {
+                expiry: Some(1_900_000_000),
+                next_renewal: Some(1_890_000_000),
+                renew_before: 10_512_000,
+            },
+        );
+        m.set_etcd_members(
+            "tenant-a",
+            "demo",
+            EtcdMemberFigures {
+                members: 3,
+                healthy: 2,
+                has_leader: true,
+            },
+        );
+        m.set_etcd_backup(
+            "tenant-a",
+            "demo",
+            Some(BackupFigures {
+                last_success: Some(1_800_000_000),
+                interval: Some(3600),
+                failing: true,
+            }),
+        );
+        let text = m.encode();
+        for line in [
+            format!("capn_control_plane_ready{labels} 1"),
+            format!("capn_certificate_expiry_timestamp_seconds{labels} 1900000000"),
+            format!("capn_certificate_renewal_timestamp_seconds{labels} 1890000000"),
+            format!("capn_certificate_renew_before_seconds{labels} 10512000"),
+            format!("capn_etcd_members{labels} 3"),
+            format!("capn_etcd_members_healthy{labels} 2"),
+            format!("capn_etcd_has_leader{labels} 1"),
+            format!("capn_etcd_backup_last_success_timestamp_seconds{labels} 1800000000"),
+            format!("capn_etcd_backup_interval_seconds{labels} 3600"),
+            format!("capn_etcd_backup_failing{labels} 1"),
+            "# TYPE capn_etcd_backup_last_success_timestamp_seconds gauge".to_owned(),
+            "# UNIT capn_certificate_renew_before_seconds seconds".to_owned(),
+        ] {
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        assert_eq!(text.matches("capn_control_plane_ready{").count(), 1, "{text}");
+        // A schedule removed, the renewal not known: their series go, the rest stay.
+        m.set_etcd_backup(
+            "tenant-a",
+            "demo",
+            Some(BackupFigures {
+                last_success: Some(1_800_000_000),
+                interval: None,
+                failing: false,
+            }),
+        );
+        m.set_certificates(
+            "tenant-a",
+            "demo",
+            CertificateFigures {
+                expiry: Some(1_900_000_000),
+                next_renewal: None,
+                renew_before: 10_512_000,
+            },
+        );
+        let text = m.encode();
+        assert!(!text.contains("capn_etcd_backup_interval_seconds{"), "{text}");
+        assert!(!text.contains("capn_certificate_renewal_timestamp_seconds{"), "{text}");
+        assert!(text.contains(&format!("capn_etcd_backup_failing{labels} 0")), "{text}");
+        assert!(
+            text.contains(&format!("capn_certificate_expiry_timestamp_seconds{labels} 1900000000")),
+            "{text}"
+        );
+        m.set_etcd_backup("tenant-a", "demo", None);
+        assert!(!m.encode().contains("capn_etcd_backup_failing{"), "spec.backup removed");
     }
 
     #[test]

@@ -82,6 +82,17 @@ pub fn dropped_request(request: Option<&str>, last_request: Option<&str>) -> Opt
     new_request(request, last_request).map(str::to_string)
 }
 
+/// The schedule's gap after `since` (the last verified snapshot, else the resource's
+/// creation): from it to the run the next snapshot is for, in seconds. What "a backup older
+/// than twice its schedule" is measured with (`capn_etcd_backup_interval_seconds`): for
+/// `0 3 * * 1-5` after Friday's snapshot it is the whole weekend, not a day. `None` without
+/// a schedule, for one that does not parse, or one that never runs again.
+pub fn interval(schedule: Option<&str>, since: Timestamp) -> Option<i64> {
+    let schedule = Schedule::parse(schedule.filter(|s| !s.trim().is_empty())?).ok()?;
+    let next = schedule.next_after(since)?;
+    Some(next.as_second() - since.as_second())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +143,20 @@ mod tests {
             due(schedule, None, None, last, t(CREATED), t("2026-12-04T12:00:00Z")).unwrap(),
             Due::Now(Trigger::Scheduled(t("2026-12-02T03:00:00Z")))
         );
+    }
+
+    #[test]
+    fn the_interval_runs_from_the_last_snapshot_to_the_run_after_it() {
+        assert_eq!(interval(Some("0 3 * * *"), t("2026-12-01T03:00:04Z")), Some(86_400 - 4));
+        // Friday's snapshot of a weekday schedule: the next is Monday's.
+        assert_eq!(
+            interval(Some("0 3 * * 1-5"), t("2026-12-04T03:00:00Z")),
+            Some(3 * 86_400)
+        );
+        assert_eq!(interval(Some("*/15 * * * *"), t("2026-12-01T03:00:00Z")), Some(900));
+        assert_eq!(interval(None, t(CREATED)), None);
+        assert_eq!(interval(Some(" "), t(CREATED)), None);
+        assert_eq!(interval(Some("every day"), t(CREATED)), None);
     }
 
     #[test]

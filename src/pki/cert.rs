@@ -301,6 +301,15 @@ impl RenewalPolicy {
             None => third_left,
         }
     }
+
+    /// How long before its `NotAfter` a leaf issued now under this policy is renewed
+    /// ([`Self::renew_at`] of a leaf of [`Self::validity`]): the renew window, which the
+    /// alert on a certificate expiring within it compares with (docs/operations/metrics.md).
+    pub fn renew_window(&self) -> time::Duration {
+        let issued = OffsetDateTime::UNIX_EPOCH;
+        let not_after = issued + self.validity;
+        not_after - self.renew_at(issued - NOT_BEFORE_BACKDATE, not_after)
+    }
 }
 
 fn subject_and_usages_match(cert: &X509Certificate<'_>, wanted: &LeafSpec) -> bool {

@@ -815,6 +815,27 @@ fn renewal_comes_when_a_third_of_the_life_remains_or_earlier_by_policy() {
 }
 
 #[test]
+fn the_renew_window_is_what_is_left_of_a_new_leaf_at_its_renewal() {
+    let year = RenewalPolicy::default();
+    assert_eq!(year.renew_window(), Duration::days(365) / 3);
+    let before_150 = RenewalPolicy {
+        renew_before: Some(Duration::days(150)),
+        ..year
+    };
+    assert_eq!(before_150.renew_window(), Duration::days(150));
+    let before_1000 = RenewalPolicy {
+        renew_before: Some(Duration::days(1000)),
+        ..year
+    };
+    assert_eq!(before_1000.renew_window(), Duration::days(365) * 2 / 3);
+    let short = RenewalPolicy {
+        validity: Duration::seconds(90),
+        renew_before: None,
+    };
+    assert_eq!(short.renew_window(), Duration::seconds(30));
+}
+
+#[test]
 fn check_leaf_keeps_a_leaf_until_its_renewal_time() {
     let ca = CertificateAuthority::generate("kubernetes", t0(), KeyAlgorithm::default()).unwrap();
     let policy = RenewalPolicy {

@@ -101,10 +101,26 @@ pub(super) async fn ensure_kubeconfig(
 
 /// Records in status when the earliest certificate expires (of `expiry`, those this pass
 /// read, and the leaves the components issued) and which is renewed next. The leaves say
-/// both in their Secrets' annotations: read from the metadata cache, no request.
-pub(super) fn record_schedule(round: &Round<'_>, expiry: Vec<OffsetDateTime>, status: &mut NestedControlPlaneStatus) {
+/// both in their Secrets' annotations: read from the metadata cache, no request. The same
+/// goes to the `capn_certificate_*` series, with `renew_window`, the policy's
+/// ([`crate::pki::RenewalPolicy::renew_window`]).
+pub(super) fn record_schedule(
+    round: &Round<'_>,
+    expiry: Vec<OffsetDateTime>,
+    renew_window: time::Duration,
+    status: &mut NestedControlPlaneStatus,
+) {
     let leaves = leaf_schedule(round);
     let (expires, renewal) = schedule(expiry, &leaves, round.store.next_renewal_of());
+    round.ctx.metrics.set_certificates(
+        &round.cluster.namespace,
+        &round.cluster.name,
+        crate::telemetry::CertificateFigures {
+            expiry: expires.as_ref().map(|t| t.0.as_second()),
+            next_renewal: renewal.as_ref().map(|r| r.time.0.as_second()),
+            renew_before: renew_window.whole_seconds(),
+        },
+    );
     status.certificates_expiry_date = expires;
     status.next_certificate_renewal = renewal;
 }

@@ -32,7 +32,7 @@ use crate::apply::apply_params;
 use crate::controllers::round::{Now, recheck_after};
 use crate::controllers::shared::cache::Subscriptions;
 use crate::controllers::shared::read::{
-    cluster_settings, controller_reference, is_paused, owning_cluster, renewal_policy,
+    cluster_name, cluster_settings, controller_reference, is_paused, owning_cluster, renewal_policy,
 };
 use crate::controllers::{Context, ReconcileError, events};
 use crate::status::set_condition;
@@ -120,6 +120,8 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
         drive(inputs, &mut status, &mut spec_patched).await
     };
     report::conclude(&mut status, result.as_ref().err(), generation, spec_patched, &now.k8s);
+    ctx.metrics
+        .set_control_plane_ready(&ns, &cluster_name(&*ncp), status.ready);
     write_status(&ctx, &ncp, &ns, &old, &status).await?;
     report::action(result)
 }
@@ -148,6 +150,7 @@ async fn drive(
     }
     let policy =
         renewal_policy(inputs.ncp, inputs.ctx.settings.certificate_validity).map_err(ReconcileError::InvalidSpec)?;
+    let renew_window = policy.renew_window();
     let round = Round::new(inputs, &owner, policy);
 
     // A CA rotation requested or in progress moves first: it may bring back a lost CA.
@@ -159,7 +162,7 @@ async fn drive(
     *spec_patched = components::record(&round, references).await?;
     let kubeconfig = certificates::ensure_kubeconfig(&round, &authorities.cluster, endpoint.as_ref()).await?;
     authorities.expiry.extend(kubeconfig);
-    certificates::record_schedule(&round, authorities.expiry, status);
+    certificates::record_schedule(&round, authorities.expiry, renew_window, status);
     report::components(&round, &components, status);
     // A key rotation waits for the apiservers, as a CA rotation waits for every component.
     let rotation_again = encryption_rotation::step(&round, status).await?;

@@ -500,6 +500,35 @@ pub async fn backup_step(
     Ok(report)
 }
 
+/// What the `capn_etcd_backup_*` series show after a pass reported `report` on `etcd`:
+/// the last verified snapshot's time, the schedule's gap after it
+/// ([`crate::backup::due::interval`]) and whether `BackupSucceeded` reports a failure (the
+/// pass's news, else the condition as it stands). `None` without `spec.backup`: no series.
+pub fn backup_figures(etcd: &NestedEtcd, report: &BackupReport) -> Option<crate::telemetry::BackupFigures> {
+    let backup = etcd.spec.backup.as_ref()?;
+    let last_success = report
+        .status
+        .as_ref()
+        .and_then(|s| s.last_snapshot.as_ref())
+        .and_then(|s| s.time.parse::<Timestamp>().ok());
+    let created = etcd.creation_timestamp().map(|t| t.0);
+    let failing = match &report.condition {
+        Some(news) => news.failing(),
+        None => etcd
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == BACKUP_SUCCEEDED))
+            .is_some_and(crate::status::failing),
+    };
+    Some(crate::telemetry::BackupFigures {
+        last_success: last_success.map(|t| t.as_second()),
+        interval: last_success
+            .or(created)
+            .and_then(|since| crate::backup::due::interval(backup.schedule.as_deref(), since)),
+        failing,
+    })
+}
+
 /// The reason of the NestedEtcd's `BackupSucceeded` condition as it stands.
 fn previous_reason(etcd: &NestedEtcd) -> Option<&str> {
     etcd.status
@@ -765,5 +794,103 @@ async fn snapshot_job(
         trigger,
         result,
         retention,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+    use crate::api::{ComponentStatus, EtcdBackup, NestedEtcdSpec};
+    use crate::status::set_condition;
+
+    fn time(s: &str) -> Time {
+        Time(s.parse().unwrap())
+    }
+
+    /// A NestedEtcd created at 02:00 on Friday 2026-12-04, with `spec.backup` on `schedule`
+    /// (none: no `spec.backup`) and `BackupSucceeded` as `condition` says.
+    fn etcd(schedule: Option<Option<&str>>, condition: Option<ConditionUpdate>) -> NestedEtcd {
+        let mut etcd = NestedEtcd::new(
+            "demo-etcd",
+            NestedEtcdSpec {
+                backup: schedule.map(|s| {
+                    Box::new(EtcdBackup {
+                        schedule: s.map(str::to_owned),
+                        ..EtcdBackup::default()
+                    })
+                }),
+                ..NestedEtcdSpec::default()
+            },
+        );
+        etcd.metadata.creation_timestamp = Some(time("2026-12-04T02:00:00Z"));
+        let mut status = ComponentStatus::default();
+        if let Some(condition) = condition {
+            set_condition(&mut status.conditions, condition, None, &time("2026-12-04T02:00:00Z"));
+        }
+        etcd.status = Some(status);
+        etcd
+    }
+
+    fn snapshot_at(time: &str) -> BackupReport {
+        BackupReport {
+            status: Some(BackupStatus {
+                last_snapshot: Some(SnapshotStatus {
+                    time: time.to_owned(),
+                    ..SnapshotStatus::default()
+                }),
+                ..BackupStatus::default()
+            }),
+            ..BackupReport::default()
+        }
+    }
+
+    fn failed() -> ConditionUpdate {
+        refusal("SnapshotUploadFailed", "the store refused the upload".to_owned())
+    }
+
+    #[test]
+    fn backup_figures_follow_the_status_the_schedule_and_the_condition() {
+        let daily = Some(Some("0 3 * * *"));
+        assert_eq!(backup_figures(&etcd(None, None), &BackupReport::default()), None);
+        // No snapshot yet: the gap runs from the creation to the first run.
+        assert_eq!(
+            backup_figures(&etcd(daily, None), &BackupReport::default()),
+            Some(crate::telemetry::BackupFigures {
+                last_success: None,
+                interval: Some(3600),
+                failing: false,
+            })
+        );
+        // A snapshot at 03:00:04 reported this pass: the gap to tomorrow's run.
+        let verified = BackupReport {
+            condition: Some(ConditionUpdate::new(
+                BACKUP_SUCCEEDED,
+                true,
+                Reason::SnapshotVerified,
+                "verified",
+            )),
+            ..snapshot_at("2026-12-04T03:00:04Z")
+        };
+        assert_eq!(
+            backup_figures(&etcd(daily, Some(failed())), &verified),
+            Some(crate::telemetry::BackupFigures {
+                last_success: Some(time("2026-12-04T03:00:04Z").0.as_second()),
+                interval: Some(86_400 - 4),
+                failing: false,
+            }),
+            "the pass's news wins over the condition it replaces"
+        );
+        // No news: the condition as it stands; a wait is no failure.
+        let standing = snapshot_at("2026-12-04T03:00:04Z");
+        assert!(backup_figures(&etcd(daily, Some(failed())), &standing).unwrap().failing);
+        let waiting = ConditionUpdate::new(BACKUP_SUCCEEDED, false, Reason::WaitingForSnapshot, "none yet");
+        assert!(!backup_figures(&etcd(daily, Some(waiting)), &standing).unwrap().failing);
+        // On demand only: no gap to measure.
+        assert_eq!(
+            backup_figures(&etcd(Some(None), None), &standing).unwrap().interval,
+            None
+        );
     }
 }

@@ -54,7 +54,13 @@ impl ComponentResource for NestedEtcd {
         ready: bool,
         endpoints: &[String],
     ) -> Result<backup::BackupReport, ReconcileError> {
-        backup::backup_step(round, channel, ready, endpoints).await
+        let report = backup::backup_step(round, channel, ready, endpoints).await?;
+        round.ctx.metrics.set_etcd_backup(
+            &round.cluster.namespace,
+            &round.cluster.name,
+            backup::backup_figures(round.object, &report),
+        );
+        Ok(report)
     }
 
     /// Issues `<c>-etcd-server` (server and client usage; every member's names) before the

@@ -105,6 +105,8 @@ pub async fn space_step(round: &Round<'_, NestedEtcd>) -> Result<SpaceReport, cr
         .iter()
         .filter_map(|r| r.status.as_ref().ok().map(|s| (r, s)))
         .collect();
+    let statuses: Vec<&MemberStatus> = answered.iter().map(|(_, s)| *s).collect();
+    ctx.metrics.set_etcd_members(ns, c, member_figures(replicas, &statuses));
     if answered.is_empty() {
         tracing::debug!(namespace = %ns, cluster = %c, "etcd space: no member answered Status");
         return Ok(later);
@@ -230,6 +232,21 @@ fn member_spaces(answered: &[(&Read, &MemberStatus)]) -> Vec<EtcdMemberSpace> {
             db_size_in_use: s.db_size_in_use,
         })
         .collect()
+}
+
+/// The members as this pass read them: of `replicas` wanted, those whose Status `answered`
+/// and that are healthy by the membership step's rule (a leader known, no error besides
+/// alarms), and whether any knows a leader.
+fn member_figures(replicas: i32, answered: &[&MemberStatus]) -> crate::telemetry::EtcdMemberFigures {
+    let healthy = answered
+        .iter()
+        .filter(|s| s.leader != 0 && !crate::etcd::space::reports_member_errors(&s.errors))
+        .count();
+    crate::telemetry::EtcdMemberFigures {
+        members: i64::from(replicas),
+        healthy: i64::try_from(healthy).unwrap_or(i64::MAX),
+        has_leader: answered.iter().any(|s| s.leader != 0),
+    }
 }
 
 /// Every member's Status, in ordinal order.
@@ -494,5 +511,52 @@ fn member_pod(ns: &str, name: &str) -> ObjectReference {
         namespace: Some(ns.into()),
         name: Some(name.into()),
         ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, leader: u64, errors: &[&str]) -> MemberStatus {
+        MemberStatus {
+            member_id: id,
+            leader,
+            raft_term: 2,
+            raft_index: 10,
+            raft_applied_index: 10,
+            learner: false,
+            db_size: 0,
+            db_size_in_use: 0,
+            db_size_quota: 0,
+            revision: 1,
+            errors: errors.iter().map(|e| (*e).to_owned()).collect(),
+            version: "3.6.8".to_owned(),
+        }
+    }
+
+    #[test]
+    fn member_figures_count_healthy_members_by_the_membership_rule() {
+        let (a, b) = (member(1, 1, &[]), member(2, 1, &["memberID:2 alarm:NOSPACE"]));
+        let figures = member_figures(3, &[&a, &b]);
+        assert_eq!(
+            figures,
+            crate::telemetry::EtcdMemberFigures {
+                members: 3,
+                healthy: 2,
+                has_leader: true
+            },
+            "an alarm is the cluster's, not the member's; the third did not answer"
+        );
+        let (lost, broken) = (member(1, 0, &[]), member(2, 0, &["raft: corrupted"]));
+        assert_eq!(
+            member_figures(3, &[&lost, &broken]),
+            crate::telemetry::EtcdMemberFigures {
+                members: 3,
+                healthy: 0,
+                has_leader: false
+            }
+        );
+        assert!(!member_figures(1, &[]).has_leader, "no member answered");
     }
 }
