@@ -20,6 +20,7 @@ const SCANNED: &[&str] = &[
     "templates",
     "clusterctl",
     "crds",
+    "deploy",
     "docs",
     "README.md",
     "Dockerfile",

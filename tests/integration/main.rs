@@ -30,6 +30,7 @@ mod events;
 mod harness;
 mod helm;
 mod maintenance;
+mod monitoring;
 mod node;
 mod operations;
 mod public_crds;
