@@ -12,11 +12,15 @@
 //! - Every `capn_*` series named in the rules, their tests and the dashboards is one that
 //!   capn's `/metrics` serves, so a renamed metric fails here.
 //!
-//! No super cluster: nothing here talks to Kubernetes.
+//! - Against the test super cluster, capn's controllers export a control plane's readiness
+//!   and certificate schedule under its labels, as the alerts read them.
+//!
+//! Only the last test starts the super cluster; the others run promtool alone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -473,4 +477,76 @@ fn every_capn_series_the_rules_and_dashboards_name_is_one_capn_serves() {
         unknown.join("\n")
     );
     println!("{} capn series named in {MONITORING}, all served: {used:?}", used.len());
+}
+
+/// The value of the sample `line_start` (a name and its labels) in `encoded`, if served.
+fn sample(encoded: &str, line_start: &str) -> Option<i64> {
+    encoded
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn a_control_plane_exports_its_readiness_and_certificate_schedule() {
+    use crate::harness::{CONTROLLER_STEP, apply_example, bring_up};
+    let client = capn_testkit::cluster().client();
+    let ns = capn_testkit::test_namespace(&client).await;
+    let metrics = Arc::new(capn::telemetry::Metrics::default());
+    let mut settings = capn::controllers::Settings {
+        namespace: Some(ns.clone()),
+        ..capn::controllers::Settings::default()
+    };
+    settings.enabled.public_crds = false;
+    settings.enabled.syncer = false;
+    let channels = Arc::new(capn::channel::ChannelRegistry::load(&[]).expect("channels load"));
+    let controllers = tokio::spawn(capn::controllers::run(
+        client.clone(),
+        channels,
+        settings,
+        metrics.clone(),
+    ));
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    let labels = format!("{{namespace=\"{ns}\",cluster=\"demo\"}}");
+    let ready = format!("capn_control_plane_ready{labels} ");
+    let read = |line: String| {
+        let metrics = metrics.clone();
+        async move { sample(&metrics.encode(), &line) }
+    };
+    let before = capn_testkit::wait_until("capn_control_plane_ready is served", CONTROLLER_STEP, || {
+        read(ready.clone())
+    })
+    .await;
+    assert_eq!(before, 0, "no component is ready yet");
+    bring_up(&client, &ns, "demo").await;
+    capn_testkit::wait_until("capn_control_plane_ready is 1", CONTROLLER_STEP, || {
+        let read = read(ready.clone());
+        async move { read.await.filter(|v| *v == 1) }
+    })
+    .await;
+    let encoded = metrics.encode();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let value = |name: &str| {
+        sample(&encoded, &format!("{name}{labels} ")).unwrap_or_else(|| panic!("no {name}{labels} in\n{encoded}"))
+    };
+    let (expiry, renewal, window) = (
+        value("capn_certificate_expiry_timestamp_seconds"),
+        value("capn_certificate_renewal_timestamp_seconds"),
+        value("capn_certificate_renew_before_seconds"),
+    );
+    // Default policy: leaves of a year, renewed when a third remains.
+    assert_eq!(window, 365 * 86_400 / 3);
+    assert!(
+        now < renewal && renewal < expiry,
+        "now {now}, renewal {renewal}, expiry {expiry}"
+    );
+    assert!(
+        expiry - now > window,
+        "a new control plane is outside its renew window: expiry {expiry}, now {now}"
+    );
+    controllers.abort();
+    let _ = controllers.await;
 }
