@@ -516,30 +516,57 @@ fn planning_is_deterministic() {
 
 /// Golden files: a template change shows up as a reviewable diff in
 /// `src/plan/testdata/`. Regenerate with `UPDATE_GOLDEN=1 cargo test --lib golden`.
+/// Every release of the stable channel has its files (`<kind>.yaml` for the default
+/// release, `<kind>-<version>.yaml` for the others), so that a change meant to leave what
+/// renders alone (and every running tenant unrolled) proves it for each release.
 #[test]
 fn golden_rendered_manifests() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/plan/testdata");
+    let channels = registry();
+    let stable = channels.get("stable").unwrap();
     for (kind, upstream) in [
         (ComponentKind::Etcd, Upstream::default()),
         (ComponentKind::ApiServer, three_endpoints()),
         (ComponentKind::ControllerManager, Upstream::default()),
     ] {
-        let p = plan_of(kind, &ComponentSpec::default(), &upstream).unwrap();
-        let rendered = serde_saphyr::to_string_multiple(&p.objects).unwrap();
-        let path = dir.join(format!("{kind}.yaml"));
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &rendered).unwrap();
+        let default = stable.resolve(kind, None, None).unwrap();
+        for version in stable.versions(kind) {
+            let mut c = cluster();
+            let mut spec = ComponentSpec::default();
+            if *version != default {
+                // etcd follows the Kubernetes minor; pin one that allows every etcd release.
+                if version.major != 3 {
+                    c.kubernetes_version = Some(version.to_string());
+                }
+                spec.version = Some(version.to_string());
+            }
+            let p = plan(&channels, &c, &request(kind, &spec), &upstream).unwrap();
+            let file = if *version == default {
+                format!("{kind}.yaml")
+            } else {
+                format!("{kind}-{version}.yaml")
+            };
+            assert_golden(&file, &p.objects);
         }
-        let golden = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}; run UPDATE_GOLDEN=1 cargo test --lib golden", path.display()));
-        assert_eq!(
-            rendered,
-            golden,
-            "{kind} differs from {}; review and UPDATE_GOLDEN=1",
-            path.display()
-        );
     }
+}
+
+/// Compares `objects` with `src/plan/testdata/<file>` (rewritten under `UPDATE_GOLDEN`).
+fn assert_golden(file: &str, objects: &[Value]) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/plan/testdata");
+    let rendered = serde_saphyr::to_string_multiple(objects).unwrap();
+    let path = dir.join(file);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&path, &rendered).unwrap();
+    }
+    let golden = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run UPDATE_GOLDEN=1 cargo test --lib golden", path.display()));
+    assert_eq!(
+        rendered,
+        golden,
+        "{file} differs from {}; review and UPDATE_GOLDEN=1",
+        path.display()
+    );
 }
 
 // Issue 14: spread, disruption budgets, priority, resources and network isolation, as
