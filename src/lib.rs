@@ -7,7 +7,8 @@
 //! import each other):
 //!
 //! - [`api`]: the CRD types, nothing else; [`crds`]: the CRDs generated from them;
-//!   [`component`]: the three components and the names derived from them;
+//!   [`component`]: the three components and the names derived from them; [`quantity`]:
+//!   Kubernetes quantities as numbers;
 //! - [`validate`]: the field rules shared by the CRDs, the controllers and `capn render`;
 //! - [`channel`] (load, index, resolve) · [`render`] (templates → objects) · [`patch`] (user
 //!   patches, extraArgs) · [`pki`] (certificates and kubeconfigs as data) · [`plan`] (the
@@ -38,6 +39,7 @@ pub mod manifests;
 pub mod patch;
 pub mod pki;
 pub mod plan;
+pub mod quantity;
 pub mod reach;
 pub mod render;
 pub mod status;

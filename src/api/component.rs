@@ -27,13 +27,22 @@ pub struct ComponentSpec {
     /// Channel to render from; empty means the NestedControlPlane's channel, else `stable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// Size of the component (`small`, `medium`, `large` in the `stable` channel): a preset
+    /// of the channel that sets its resources and, per component, the apiserver's
+    /// `--max-requests-inflight` and `--max-mutating-requests-inflight`, the Go runtime's
+    /// `GOMEMLIMIT` and `GOGC`, and the ceiling of etcd's quota. Empty means the
+    /// NestedControlPlane's `size`, else the channel's default (`medium`, which renders what
+    /// capn rendered before sizes). `resources`, `extraArgs`, `storage.quotaBackendBytes` and
+    /// `patches` win over it (docs/guide/sizes.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
     /// Number of members (pods). Defaults to 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub replicas: Option<i32>,
     /// Compute resources of the component's main container. When set, it replaces the
-    /// channel's defaults wholesale (the `stable` channel requests CPU and memory and limits
-    /// memory only; see its templates).
+    /// resources of the component's size wholesale (the `stable` channel's sizes request CPU
+    /// and memory and limit memory only; see its `channel.yaml`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Boxed: few objects set it, and every object is cached (see api::tests).
     pub resources: Option<Box<ResourceRequirements>>,

@@ -57,6 +57,13 @@ pub struct NestedControlPlaneSpec {
     /// Default channel of the components (default `stable`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<String>,
+    /// Size of the control plane, unless a component names its own: a preset of the channel
+    /// (`small`, `medium`, `large` in `stable`; empty: the channel's default, `medium`) that
+    /// sets each component's resources, the apiserver's concurrency limits, the Go runtime's
+    /// memory limit and etcd's quota ceiling. Explicit fields and patches win over it
+    /// (docs/guide/sizes.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
     /// Registry and path prefix of the images (default `registry.k8s.io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_repository: Option<String>,

@@ -28,6 +28,14 @@ pub enum ChannelError {
         kubernetes: String,
         known: Vec<String>,
     },
+    /// `spec.size` names a size the channel does not define. CEL cannot know a channel's
+    /// sizes, so this is the controllers' and `capn render`'s refusal.
+    #[error("{}", unknown_size_message(channel, requested, available))]
+    UnknownSize {
+        channel: String,
+        requested: String,
+        available: Vec<String>,
+    },
     #[error("channel {channel:?} is invalid: {message}")]
     InvalidChannel { channel: String, message: String },
 }
@@ -41,6 +49,20 @@ impl ChannelError {
             Self::InvalidVersion { .. } => "InvalidVersion",
             Self::NoEtcdForKubernetes { .. } => "UnknownVersion",
             Self::InvalidChannel { .. } => "InvalidChannel",
+            Self::UnknownSize { .. } => "UnknownSize",
         }
+    }
+}
+
+fn unknown_size_message(channel: &str, requested: &str, available: &[String]) -> String {
+    if available.is_empty() {
+        format!(
+            "size {requested:?} is not in channel {channel:?}, which defines no sizes; leave spec.size empty for this component's channel"
+        )
+    } else {
+        format!(
+            "size {requested:?} is not in channel {channel:?}; available: {}",
+            available.join(", ")
+        )
     }
 }

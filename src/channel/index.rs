@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use semver::Version;
 use serde::{Deserialize, Serialize};
 
+use super::size::{Size, is_size_name};
 use super::{ChannelError, RequestedVersion};
+use crate::component::ComponentKind;
 
 /// The parsed `channel.yaml` of a channel.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -21,6 +23,10 @@ pub struct ChannelIndex {
     /// Which etcd each Kubernetes minor runs with.
     #[serde(default)]
     pub compatibility: Vec<Compatibility>,
+    /// Named sizes (`small`, `medium`, ...): what a control plane of each size runs with
+    /// (docs/guide/sizes.md). A channel with sizes names its default in `defaults.size`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sizes: BTreeMap<String, Size>,
 }
 
 /// The releases a channel carries for one component, and how a provider other than the
@@ -94,6 +100,10 @@ pub struct EndpointsSource {
 pub struct Defaults {
     /// Kubernetes release for the apiserver and controller-manager when none is requested.
     pub kubernetes: String,
+    /// The size a component runs with when neither it nor its control plane names one: a
+    /// key of `sizes`, required when there are sizes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
 }
 
 /// The etcd a Kubernetes minor runs with.
@@ -140,6 +150,42 @@ impl ChannelIndex {
                 }
             }
         }
-        Ok(())
+        self.check_sizes().map_err(invalid)
+    }
+
+    /// The sizes: names that `spec.size` can hold, a default among them, and each
+    /// component's settings ([`super::ComponentSize`]).
+    fn check_sizes(&self) -> Result<(), String> {
+        let names = || self.sizes.keys().cloned().collect::<Vec<_>>().join(", ");
+        for (name, size) in &self.sizes {
+            if !is_size_name(name) {
+                return Err(format!(
+                    "size name {name:?} must be a DNS label (lower-case letters, digits and '-', at most 63 characters), as spec.size holds it"
+                ));
+            }
+            for kind in [
+                ComponentKind::Etcd,
+                ComponentKind::ApiServer,
+                ComponentKind::ControllerManager,
+            ] {
+                if let Some(settings) = size.component(kind) {
+                    settings.check(name, kind)?;
+                }
+            }
+        }
+        match (&self.defaults.size, self.sizes.is_empty()) {
+            (None, false) => Err(format!(
+                "defaults.size is missing: a channel with sizes names the one a control plane gets without asking (one of: {})",
+                names()
+            )),
+            (Some(size), true) => Err(format!(
+                "defaults.size {size:?} names a size, but the channel has no sizes (channel.yaml sizes)"
+            )),
+            (Some(size), false) if !self.sizes.contains_key(size) => Err(format!(
+                "defaults.size {size:?} is not one of the channel's sizes: {}",
+                names()
+            )),
+            _ => Ok(()),
+        }
     }
 }

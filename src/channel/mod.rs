@@ -6,6 +6,7 @@
 mod error;
 mod index;
 mod load;
+mod size;
 mod version;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ use crate::component::ComponentKind;
 pub use error::ChannelError;
 pub use index::{Capabilities, ChannelIndex, Compatibility, ComponentVersions, EndpointsSource, ReadinessSource};
 pub use load::{builtin_channels, load_channel_dir};
+pub use size::{ComponentSize, MAX_SIZE_NAME, Size, is_size_name};
 pub use version::{RequestedVersion, minor_of};
 
 /// Name of the channel used when neither a component nor its control plane names one.
@@ -121,6 +123,29 @@ impl Channel {
     /// The templates of `kind` at `version`, sorted by path.
     pub fn templates(&self, kind: ComponentKind, version: &Version) -> Option<&[Template]> {
         self.templates.get(&(kind, version.clone())).map(Vec::as_slice)
+    }
+
+    /// Resolves the size a component runs with (docs/guide/sizes.md): `requested` (the
+    /// component's `spec.size`, else its control plane's; empty counts as unset), else the
+    /// channel's `defaults.size`. `None` for a channel without sizes when none is requested.
+    ///
+    /// # Errors
+    /// [`ChannelError::UnknownSize`], naming the sizes the channel offers, when it has no
+    /// size of that name.
+    pub fn resolve_size(&self, requested: Option<&str>) -> Result<Option<(&str, &Size)>, ChannelError> {
+        let requested = requested.map(str::trim).filter(|s| !s.is_empty());
+        let Some(name) = requested.or(self.index.defaults.size.as_deref()) else {
+            return Ok(None);
+        };
+        self.index
+            .sizes
+            .get_key_value(name)
+            .map(|(name, size)| Some((name.as_str(), size)))
+            .ok_or_else(|| ChannelError::UnknownSize {
+                channel: self.name.clone(),
+                requested: name.to_string(),
+                available: self.index.sizes.keys().cloned().collect(),
+            })
     }
 
     /// Resolves a requested release of `kind` (docs/design.md §3).

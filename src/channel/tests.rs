@@ -153,3 +153,76 @@ fn channel_dir_overrides_builtin_of_same_name() {
     assert_eq!(ch.versions(ComponentKind::Etcd), vec![&Version::new(9, 9, 9)]);
     assert_ne!(ch.origin, "built-in");
 }
+
+/// A channel of one etcd release whose `channel.yaml` ends with `sizes_yaml`.
+fn channel_with_sizes(sizes_yaml: &str) -> Result<Channel, ChannelError> {
+    let index = format!(
+        "name: sized\ncomponents:\n  etcd:\n    versions: [\"3.6.8\"]\ndefaults:\n  kubernetes: \"1.36.3\"\n{sizes_yaml}"
+    );
+    Channel::from_files(
+        "sized",
+        "test",
+        [
+            ("channel.yaml".to_string(), index),
+            ("3.6.8/etcd/a.yaml".to_string(), "kind: ConfigMap".to_string()),
+        ],
+    )
+}
+
+#[test]
+fn a_size_resolves_to_the_requested_one_else_the_channels_default_and_an_unknown_one_lists_the_sizes() {
+    let ch =
+        channel_with_sizes("  size: medium\nsizes:\n  small:\n    etcd: {quotaBackendBytes: 256Mi}\n  medium: {}\n")
+            .unwrap();
+    let name = |requested| ch.resolve_size(requested).map(|s| s.map(|(n, _)| n.to_string()));
+    assert_eq!(name(None), Ok(Some("medium".into())));
+    assert_eq!(name(Some(" ")), Ok(Some("medium".into())), "empty means unset");
+    assert_eq!(name(Some("small")), Ok(Some("small".into())));
+    let e = ch.resolve_size(Some("huge")).unwrap_err();
+    assert_eq!(e.reason(), "UnknownSize");
+    assert_eq!(
+        e.to_string(),
+        "size \"huge\" is not in channel \"sized\"; available: medium, small"
+    );
+    // A channel without sizes: nothing by default, and any size is refused.
+    let plain = channel_with_sizes("").unwrap();
+    assert_eq!(plain.resolve_size(None), Ok(None));
+    let e = plain.resolve_size(Some("small")).unwrap_err();
+    assert!(e.to_string().contains("which defines no sizes"), "{e}");
+}
+
+#[test]
+fn the_stable_channel_offers_small_medium_and_large_and_defaults_to_medium() {
+    let ch = stable();
+    assert_eq!(
+        ch.index.sizes.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["large", "medium", "small"]
+    );
+    assert_eq!(ch.index.defaults.size.as_deref(), Some("medium"));
+}
+
+#[test]
+fn sizes_are_checked_when_the_channel_loads() {
+    for (yaml, says) in [
+        ("sizes:\n  small: {}\n", "defaults.size is missing"),
+        (
+            "  size: big\nsizes:\n  small: {}\n",
+            "defaults.size \"big\" is not one of the channel's sizes: small",
+        ),
+        ("  size: small\n", "the channel has no sizes"),
+        (
+            "  size: Small\nsizes:\n  Small: {}\n",
+            "size name \"Small\" must be a DNS label",
+        ),
+        (
+            "  size: s\nsizes:\n  s:\n    etcd: {maxRequestsInflight: 10}\n",
+            "sizes.s.etcd.maxRequestsInflight is a setting of apiserver only",
+        ),
+        ("  size: s\nsizes:\n  s:\n    etcd: {cpu: 1}\n", "unknown field"),
+        ("  size: s\nsizes:\n  s:\n    scheduler: {}\n", "unknown field"),
+    ] {
+        let e = channel_with_sizes(yaml).unwrap_err();
+        assert_eq!(e.reason(), "InvalidChannel", "{yaml}");
+        assert!(e.to_string().contains(says), "{yaml}: {e}");
+    }
+}

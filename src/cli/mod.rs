@@ -290,7 +290,7 @@ pub struct RenderArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ChannelsCommand {
-    /// List channels, their components and versions.
+    /// List channels, their components and versions, and their sizes.
     List(ChannelArgs),
     /// Render every template of the channels in DIR against a sample context and report
     /// every error with its file and line; exits non-zero when any fails.
@@ -489,6 +489,22 @@ pub async fn main() -> anyhow::Result<()> {
                 for kind in crate::component::ComponentKind::ALL {
                     let versions: Vec<String> = channel.versions(kind).iter().map(|v| v.to_string()).collect();
                     println!("  {:<20} {}", kind.as_str(), versions.join(", "));
+                }
+                if !channel.index.sizes.is_empty() {
+                    let default = channel.index.defaults.size.as_deref();
+                    let sizes: Vec<String> = channel
+                        .index
+                        .sizes
+                        .keys()
+                        .map(|s| {
+                            if Some(s.as_str()) == default {
+                                format!("{s} (default)")
+                            } else {
+                                s.clone()
+                            }
+                        })
+                        .collect();
+                    println!("  {:<20} {}", "sizes", sizes.join(", "));
                 }
             }
             Ok(())

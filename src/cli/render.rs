@@ -195,6 +195,13 @@ impl Origin<'_> {
                 };
             }
             PlanError::Channel(ChannelError::NoEtcdForKubernetes { .. }) => (self.ncp_object(), Some("spec.version")),
+            PlanError::Channel(ChannelError::UnknownSize { requested, .. }) => {
+                let own = set(self.spec.size.as_ref()).as_deref() == Some(requested.trim());
+                (
+                    if own { self.component.clone() } else { self.ncp_object() },
+                    Some("spec.size"),
+                )
+            }
             PlanError::Channel(ChannelError::UnknownChannel { requested, .. }) => {
                 let own = own_channel.as_deref() == Some(requested.trim());
                 (
@@ -1437,6 +1444,54 @@ mod tests {
             .map(|p| (p.object.as_deref(), p.path.as_deref()))
             .collect();
         assert_eq!(found, [(Some("NestedEtcd demo-etcd"), Some("spec.version"))], "{err}");
+    }
+
+    #[test]
+    fn an_unknown_size_is_reported_against_the_object_that_set_it_with_the_sizes_there_are() {
+        let err = render(vec![ncp(Some(json!({"size": "huge"})))]).unwrap_err();
+        assert_eq!(
+            problems(&err).iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "NestedControlPlane demo: spec.size: size \"huge\" is not in channel \"stable\"; available: large, medium, small"
+            ],
+            "once, on the NestedControlPlane, although every component inherits it"
+        );
+        assert_eq!(error_reason(&err), Some("UnknownSize"));
+        let etcd = component("NestedEtcd", "demo-etcd", json!({"size": "tiny"}));
+        let err = render(vec![ncp(Some(json!({"size": "small"}))), etcd]).unwrap_err();
+        let found: Vec<_> = problems(&err)
+            .iter()
+            .map(|p| (p.object.as_deref(), p.path.as_deref(), p.reason))
+            .collect();
+        assert_eq!(
+            found,
+            [(Some("NestedEtcd demo-etcd"), Some("spec.size"), "UnknownSize")],
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_size_renders_its_settings_and_explicit_fields_win() {
+        let apiserver = component(
+            "NestedAPIServer",
+            "demo-apiserver",
+            json!({"extraArgs": {"max-requests-inflight": "300"}}),
+        );
+        let rendered = render(vec![ncp(Some(json!({"size": "small"}))), apiserver]).unwrap();
+        let sts = find(&rendered.objects, "StatefulSet", "demo-apiserver");
+        let container = &sts["spec"]["template"]["spec"]["containers"][0];
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        assert!(args.contains(&"--max-requests-inflight=300"), "extraArgs win: {args:?}");
+        assert!(args.contains(&"--max-mutating-requests-inflight=50"), "{args:?}");
+        assert_eq!(container["resources"]["requests"]["memory"], "256Mi");
+        let etcd = find(&rendered.objects, "StatefulSet", "demo-etcd");
+        let etcd_args = etcd["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(etcd_args.contains("--quota-backend-bytes=268435456"), "{etcd_args}");
     }
 
     #[test]

@@ -453,6 +453,7 @@ mod tests {
                 namespace: "tenant-a".into(),
                 kubernetes_version: Some(version.into()),
                 channel: None,
+                size: None,
                 image_repository: crate::plan::DEFAULT_IMAGE_REPOSITORY.into(),
                 service_cidr: "10.96.0.0/12".into(),
                 dns_domain: "cluster.local".into(),

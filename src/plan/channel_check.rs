@@ -13,14 +13,16 @@ use crate::component::ComponentKind;
 use crate::render::render_templates_in;
 
 /// Renders each template of each version of each component of `channel` on its own against
-/// a sample cluster (`sample` in namespace `sample-system`, 3 replicas, resources set) and
-/// returns one line per failure: `<file>[ line N]: <what>`. Empty means valid.
+/// a sample cluster (`sample` in namespace `sample-system`, 3 replicas, resources set), and
+/// again with each of the channel's sizes (without resources, so the size's are rendered),
+/// and returns one line per failure: `<file>[ line N]: <what>`, each once. Empty means valid.
 pub fn validate_channel(channel: &Channel) -> Vec<String> {
     let cluster = ClusterSettings {
         name: "sample".into(),
         namespace: "sample-system".into(),
         kubernetes_version: Some(channel.index.defaults.kubernetes.clone()),
         channel: Some(channel.name.clone()),
+        size: None,
         image_repository: DEFAULT_IMAGE_REPOSITORY.into(),
         service_cidr: DEFAULT_SERVICE_CIDR.into(),
         dns_domain: DEFAULT_DNS_DOMAIN.into(),
@@ -40,15 +42,25 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
     }))
     .unwrap_or_default();
+    let sized = ComponentSpec {
+        resources: None,
+        ..spec.clone()
+    };
+    let mut variants: Vec<(&ComponentSpec, Option<(&str, &crate::channel::Size)>)> = vec![(&spec, None)];
+    variants.extend(channel.index.sizes.iter().map(|(n, s)| (&sized, Some((n.as_str(), s)))));
     let members = etcd_members(&cluster.name, &cluster.namespace, 3);
     let endpoints: Vec<String> = members.iter().map(|m| m.client_url.clone()).collect();
     let mut errors = Vec::new();
     for kind in ComponentKind::ALL {
-        for version in channel.versions(kind) {
+        for (version, (spec, size)) in channel
+            .versions(kind)
+            .into_iter()
+            .flat_map(|v| variants.iter().map(move |variant| (v, *variant)))
+        {
             let request = ComponentRequest {
                 kind,
                 resource_name: "sample",
-                spec: &spec,
+                spec,
                 etcd_storage: None,
                 etcd_restore: None,
                 owner: OwnerReference::default(),
@@ -62,10 +74,14 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
             } else {
                 Vec::new()
             };
-            let context = build_context(&cluster, &request, version, 3, own_members, endpoints.clone());
+            let mut context = build_context(&cluster, &request, version, 3, own_members, endpoints.clone());
+            super::size::apply(&mut context, kind, spec, size);
             for template in channel.templates(kind, version).unwrap_or_default() {
                 if let Err(e) = render_templates_in(std::slice::from_ref(template), &context, &cluster.namespace) {
-                    errors.push(e.to_string());
+                    let e = e.to_string();
+                    if !errors.contains(&e) {
+                        errors.push(e);
+                    }
                 }
             }
         }

@@ -7,7 +7,7 @@
 //! | `component.resource` | name of the component resource (NestedEtcd, ...) |
 //! | `component.replicas` | desired members (integer ≥ 1) |
 //! | `component.version` | resolved release, without `v` (`1.36.3`, `3.6.8`) |
-//! | `component.resources` | the container's ResourceRequirements object the user set, or none (the template's defaults apply) |
+//! | `component.resources` | the container's ResourceRequirements object: the component's `spec.resources`, else its size's (`channel.yaml` `sizes`), else none |
 //! | `component.priority_class_name` | PriorityClass of the pods: the spec's, else `capn-control-plane` |
 //! | `image_repository` | registry and path prefix of the images (`registry.k8s.io`) |
 //! | `names.etcd`, `names.apiserver`, `names.controller_manager` | object names: `<c>-etcd`, ... |
@@ -19,7 +19,7 @@
 //! | `etcd.members` | etcd only: `[{name, host, peer_url, client_url}]` for every member (etcd lists, once it runs) |
 //! | `etcd.initial_cluster`, `etcd.initial_cluster_state` | etcd only: `--initial-cluster` (`name=peer_url,...`) and `--initial-cluster-state` (`new`, or `existing` while a member joins) |
 //! | `etcd.endpoints` | the etcd client URLs (apiserver: those NestedEtcd published; etcd: its own) |
-//! | `etcd.storage` | `{ephemeral, size, storage_class_name, quota_backend_bytes}`; `quota_backend_bytes` (etcd only) is the `--quota-backend-bytes` in bytes, the spec's or sized from the volume ([`super::etcd_quota`]) |
+//! | `etcd.storage` | `{ephemeral, size, storage_class_name, quota_backend_bytes}`; `quota_backend_bytes` (etcd only) is the `--quota-backend-bytes` in bytes, the spec's or sized from the volume under the size's ceiling ([`super::etcd_quota`]) |
 //! | `etcd.restore` | while a restore is pending: `{capn_image, endpoint, bucket, region, prefix, snapshot, credentials_secret}` (the snapshot's object key, resolved and verified by capn); none otherwise |
 //! | `apiserver.service`, `apiserver.port`, `apiserver.url` | apiserver Service name, port 6443, in-cluster URL |
 //! | `disruption.max_unavailable` | `maxUnavailable` of the component's PodDisruptionBudget (integer ≥ 0; [`super::policy::disruption`]) |
@@ -31,6 +31,9 @@
 //! | `audit` | apiserver only, when its `spec.audit` is set (else none): `{policy_config_map, policy_key, policy, policy_digest, log: {max_size, max_backup, max_age}, webhook: {secret, key, mode} or none}` ([`super::audit`]) |
 //! | `authentication` | apiserver only, when its `spec.authentication` is set (else none): `{config_map, key, configuration, anonymous_digest}` ([`super::authentication`]) |
 //! | `authorization` | apiserver only, when its `spec.authorization` is set (else none): `{config_map, key, configuration, webhooks: [{volume, secret, key, dir}]}` ([`super::authorization`]) |
+//! | `size.name` | the component's size (`small`), or none when the channel has no sizes ([`super::size`]) |
+//! | `size.max_requests_inflight`, `size.max_mutating_requests_inflight` | apiserver: the size's `--max-requests-inflight` and `--max-mutating-requests-inflight`, or none (the process's defaults) |
+//! | `size.env` | `[{name, value}]` for the main container: `GOMEMLIMIT` and `GOGC` where the size sets them; empty otherwise |
 //!
 //! Non-string values should go through `tojson` in templates.
 
@@ -65,6 +68,8 @@ pub struct RenderContext {
     /// apiserver only: structured authorization, when the NestedAPIServer sets
     /// `spec.authorization`.
     pub authorization: Option<super::authorization::AuthorizationVars>,
+    /// What the component's size sets (docs/guide/sizes.md).
+    pub size: super::size::SizeVars,
 }
 
 /// The pod selector labels of each component of the cluster.

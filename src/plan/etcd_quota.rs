@@ -3,7 +3,8 @@
 //! (<https://etcd.io/docs/v3.6/op-guide/maintenance/#space-quota>).
 //!
 //! A NestedEtcd sets it with `spec.storage.quotaBackendBytes`; without it capn sizes it
-//! from the members' volume ([`default_quota_backend_bytes`]), because a quota the volume
+//! from the members' volume ([`default_quota_backend_bytes`]), under a ceiling that the
+//! component's size may set (etcd's own 2 GiB default otherwise), because a quota the volume
 //! cannot hold is worse than none: etcd then fills its disk before the alarm, and a member
 //! that cannot write its WAL stops, where one past its quota still serves reads and lets
 //! the data be deleted.
@@ -14,6 +15,7 @@
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::EtcdStorage;
+pub use crate::quantity::quantity_bytes;
 use crate::validate::FieldError;
 
 /// etcd's own default quota, 2 GiB (`DefaultQuotaBytes`, go.etcd.io/etcd/server/v3
@@ -30,7 +32,8 @@ pub const ETCD_MAX_QUOTA_BYTES: u64 = 8 * 1024 * 1024 * 1024;
 pub const WAL_RESERVE_BYTES: u64 = 6 * 64 * 1000 * 1000;
 
 /// The quota capn gives a member whose volume holds `volume_bytes`, in bytes:
-/// `min(2 GiB, max(volume / 4, (volume − WAL reserve) / 2))`.
+/// `min(ceiling, max(volume / 4, (volume − WAL reserve) / 2))`, the ceiling being
+/// [`ETCD_DEFAULT_QUOTA_BYTES`] unless the component's size sets another.
 ///
 /// Why half of what the WAL leaves: at times a member holds two copies of its database
 /// on the same volume — a defragmentation writes the compacted copy beside the old file
@@ -41,16 +44,17 @@ pub const WAL_RESERVE_BYTES: u64 = 6 * 64 * 1000 * 1000;
 /// is continuous with the rule above at that size. Never above etcd's own default of 2 GiB
 /// ([`ETCD_DEFAULT_QUOTA_BYTES`]), which a volume of about 4.4 GiB or more gets: a larger
 /// database costs memory (etcd maps it) and slower snapshots, and is a choice to make in
-/// the spec. The default 1 GiB volume gets 345 MB (329 MiB).
-pub fn default_quota_backend_bytes(volume_bytes: u64) -> u64 {
+/// the spec or in a size. The default 1 GiB volume gets 345 MB (329 MiB).
+pub fn default_quota_backend_bytes(volume_bytes: u64, ceiling: u64) -> u64 {
     let by_copies = volume_bytes.saturating_sub(WAL_RESERVE_BYTES) / 2;
-    by_copies.max(volume_bytes / 4).min(ETCD_DEFAULT_QUOTA_BYTES)
+    by_copies.max(volume_bytes / 4).min(ceiling)
 }
 
 /// The `--quota-backend-bytes` a NestedEtcd's members run with, in bytes: the spec's
 /// `storage.quotaBackendBytes`, else [`default_quota_backend_bytes`] of the volume
-/// (`storage.size`, default `default_size`), else, on ephemeral storage (an `emptyDir` has
-/// no size to go by), etcd's own default of 2 GiB.
+/// (`storage.size`, default `default_size`) under `ceiling` (the size's; `None`: etcd's
+/// default of 2 GiB), else, on ephemeral storage (an `emptyDir` has no size to go by), the
+/// ceiling itself.
 ///
 /// # Errors
 /// A [`FieldError`] on `spec.storage.quotaBackendBytes` (or `spec.storage.size`) that is
@@ -59,8 +63,10 @@ pub fn default_quota_backend_bytes(volume_bytes: u64) -> u64 {
 pub fn quota_backend_bytes(
     storage: Option<&EtcdStorage>,
     default_size: &str,
+    ceiling: Option<u64>,
     resource_name: &str,
 ) -> Result<u64, FieldError> {
+    let ceiling = ceiling.unwrap_or(ETCD_DEFAULT_QUOTA_BYTES);
     let field_error = |path: &str, value: &str, message: &'static str, reason: &'static str| FieldError {
         kind: "NestedEtcd",
         name: resource_name.to_string(),
@@ -86,7 +92,7 @@ pub fn quota_backend_bytes(
         })?)
     };
     let Some(Quantity(quota_text)) = storage.and_then(|s| s.quota_backend_bytes.as_ref()) else {
-        return Ok(volume.map_or(ETCD_DEFAULT_QUOTA_BYTES, default_quota_backend_bytes));
+        return Ok(volume.map_or(ceiling, |v| default_quota_backend_bytes(v, ceiling)));
     };
     let quota = quantity_bytes(quota_text).filter(|b| *b > 0).ok_or_else(|| {
         field_error(
@@ -110,96 +116,35 @@ pub fn quota_backend_bytes(
 /// Why a quota above the volume is refused, and what is allowed.
 pub const QUOTA_ABOVE_VOLUME_MESSAGE: &str = "must not exceed spec.storage.size: etcd would fill its volume before reaching its quota and stop instead of raising its NOSPACE alarm; raise spec.storage.size with it (capn's default, without the field, is min(2Gi, (size - 384MB) / 2))";
 
-/// The number of bytes a Kubernetes quantity stands for (`resource.Quantity`: a decimal
-/// number with a binary suffix `Ki`…`Ei`, a decimal suffix `n`…`E` or an exponent `e3`),
-/// rounded up to a whole byte as `Quantity.Value()` does. `None` for text that is not a
-/// quantity, a negative one, or one above `u64::MAX`.
-pub fn quantity_bytes(text: &str) -> Option<u64> {
-    let text = text.strip_prefix('+').unwrap_or(text);
-    let number_end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(number_end);
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') {
-        return None;
-    }
-    // The number as digits / 10^fraction_len, times the suffix as 2^binary · 10^decimal.
-    let digits: u128 = format!("{whole}{fraction}").parse().ok()?;
-    let (binary, decimal): (u32, i32) = match suffix {
-        "" => (0, 0),
-        "Ki" => (10, 0),
-        "Mi" => (20, 0),
-        "Gi" => (30, 0),
-        "Ti" => (40, 0),
-        "Pi" => (50, 0),
-        "Ei" => (60, 0),
-        "n" => (0, -9),
-        "u" => (0, -6),
-        "m" => (0, -3),
-        "k" => (0, 3),
-        "M" => (0, 6),
-        "G" => (0, 9),
-        "T" => (0, 12),
-        "P" => (0, 15),
-        "E" => (0, 18),
-        exponent => {
-            let exponent = exponent.strip_prefix(['e', 'E'])?;
-            (0, exponent.parse().ok().filter(|e: &i32| e.abs() <= 30)?)
-        }
-    };
-    let scale = decimal - i32::try_from(fraction.len()).ok()?;
-    let mut value = digits.checked_mul(1u128.checked_shl(binary)?)?;
-    if scale >= 0 {
-        value = value.checked_mul(10u128.checked_pow(scale.unsigned_abs())?)?;
-    } else {
-        value = value.div_ceil(10u128.checked_pow(scale.unsigned_abs())?);
-    }
-    u64::try_from(value).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn quantities_convert_to_bytes_rounding_up() {
-        for (text, bytes) in [
-            ("1Gi", 1 << 30),
-            ("500Mi", 500 << 20),
-            ("1.5Gi", 3 << 29),
-            ("2G", 2_000_000_000),
-            ("8Mi", 8 << 20),
-            ("1048576", 1 << 20),
-            ("1e3", 1000),
-            ("+4Ki", 4096),
-            ("100m", 1),
-            (".5Ki", 512),
-            ("0", 0),
-        ] {
-            assert_eq!(quantity_bytes(text), Some(bytes), "{text}");
-        }
-        for text in ["", "-1Gi", "1Gb", "1..2", "Gi", "1 Gi", "99999999999Ei"] {
-            assert_eq!(quantity_bytes(text), None, "{text}");
-        }
-    }
-
-    #[test]
     fn default_quota_leaves_room_for_two_copies_and_the_wal_and_stops_at_etcds_default() {
         let gib = 1u64 << 30;
         // The default 1 GiB volume: two copies of 345 MB plus 384 MB of WAL fill it.
-        let one = default_quota_backend_bytes(gib);
+        let one = default_quota_backend_bytes(gib, ETCD_DEFAULT_QUOTA_BYTES);
         assert_eq!(one, (gib - WAL_RESERVE_BYTES) / 2);
         assert!(2 * one + WAL_RESERVE_BYTES <= gib);
         // Small volumes: a quarter, continuous where the two rules meet.
-        assert_eq!(default_quota_backend_bytes(100 << 20), 25 << 20);
+        assert_eq!(
+            default_quota_backend_bytes(100 << 20, ETCD_DEFAULT_QUOTA_BYTES),
+            25 << 20
+        );
         let meet = 2 * WAL_RESERVE_BYTES;
-        assert_eq!(default_quota_backend_bytes(meet), meet / 4);
+        assert_eq!(default_quota_backend_bytes(meet, ETCD_DEFAULT_QUOTA_BYTES), meet / 4);
         // Large volumes keep etcd's 2 GiB default, never its 8 GiB maximum.
-        assert_eq!(default_quota_backend_bytes(5 * gib), ETCD_DEFAULT_QUOTA_BYTES);
-        assert_eq!(default_quota_backend_bytes(100 * gib), ETCD_DEFAULT_QUOTA_BYTES);
-        assert!(default_quota_backend_bytes(u64::MAX) <= ETCD_MAX_QUOTA_BYTES);
-        assert_eq!(default_quota_backend_bytes(0), 0);
+        assert_eq!(
+            default_quota_backend_bytes(5 * gib, ETCD_DEFAULT_QUOTA_BYTES),
+            ETCD_DEFAULT_QUOTA_BYTES
+        );
+        assert_eq!(
+            default_quota_backend_bytes(100 * gib, ETCD_DEFAULT_QUOTA_BYTES),
+            ETCD_DEFAULT_QUOTA_BYTES
+        );
+        assert!(default_quota_backend_bytes(u64::MAX, ETCD_DEFAULT_QUOTA_BYTES) <= ETCD_MAX_QUOTA_BYTES);
+        assert_eq!(default_quota_backend_bytes(0, ETCD_DEFAULT_QUOTA_BYTES), 0);
     }
 
     fn storage(size: Option<&str>, quota: Option<&str>, ephemeral: bool) -> EtcdStorage {
@@ -214,36 +159,60 @@ mod tests {
     #[test]
     fn the_spec_quota_wins_and_the_default_follows_the_volume() {
         assert_eq!(
-            quota_backend_bytes(None, "1Gi", "demo"),
-            Ok(default_quota_backend_bytes(1 << 30))
+            quota_backend_bytes(None, "1Gi", None, "demo"),
+            Ok(default_quota_backend_bytes(1 << 30, ETCD_DEFAULT_QUOTA_BYTES))
         );
         let s = storage(Some("10Gi"), None, false);
         assert_eq!(
-            quota_backend_bytes(Some(&s), "1Gi", "demo"),
+            quota_backend_bytes(Some(&s), "1Gi", None, "demo"),
             Ok(ETCD_DEFAULT_QUOTA_BYTES)
         );
         let s = storage(None, Some("8Mi"), false);
-        assert_eq!(quota_backend_bytes(Some(&s), "1Gi", "demo"), Ok(8 << 20));
+        assert_eq!(quota_backend_bytes(Some(&s), "1Gi", None, "demo"), Ok(8 << 20));
         // An emptyDir has no size: etcd's own default.
         let s = storage(Some("1Gi"), None, true);
         assert_eq!(
-            quota_backend_bytes(Some(&s), "1Gi", "demo"),
+            quota_backend_bytes(Some(&s), "1Gi", None, "demo"),
             Ok(ETCD_DEFAULT_QUOTA_BYTES)
         );
         let s = storage(None, Some("3Gi"), true);
-        assert_eq!(quota_backend_bytes(Some(&s), "1Gi", "demo"), Ok(3 << 30));
+        assert_eq!(quota_backend_bytes(Some(&s), "1Gi", None, "demo"), Ok(3 << 30));
+    }
+
+    #[test]
+    fn a_sizes_ceiling_replaces_etcds_default_below_the_spec_and_within_the_volume() {
+        let (gib, mib) = (1u64 << 30, 1u64 << 20);
+        let small = Some(256 * mib);
+        // The default 1 GiB volume leaves room for 345 MB: a lower ceiling wins, a higher
+        // one does not.
+        assert_eq!(quota_backend_bytes(None, "1Gi", small, "demo"), Ok(256 * mib));
+        assert_eq!(
+            quota_backend_bytes(None, "1Gi", Some(8 * gib), "demo"),
+            Ok(default_quota_backend_bytes(gib, ETCD_DEFAULT_QUOTA_BYTES))
+        );
+        // A large volume reaches a ceiling above etcd's default.
+        let s = storage(Some("40Gi"), None, false);
+        assert_eq!(quota_backend_bytes(Some(&s), "1Gi", Some(8 * gib), "demo"), Ok(8 * gib));
+        // Ephemeral storage: the ceiling itself.
+        let s = storage(None, None, true);
+        assert_eq!(quota_backend_bytes(Some(&s), "1Gi", small, "demo"), Ok(256 * mib));
+        // The spec's quota wins over any size, and is still checked against the volume.
+        let s = storage(None, Some("8Mi"), false);
+        assert_eq!(quota_backend_bytes(Some(&s), "1Gi", small, "demo"), Ok(8 * mib));
+        let s = storage(Some("1Gi"), Some("2Gi"), false);
+        assert!(quota_backend_bytes(Some(&s), "1Gi", Some(8 * gib), "demo").is_err());
     }
 
     #[test]
     fn a_quota_above_the_volume_or_not_positive_is_refused_with_its_field() {
         let s = storage(Some("1Gi"), Some("2Gi"), false);
-        let e = quota_backend_bytes(Some(&s), "1Gi", "demo").unwrap_err();
+        let e = quota_backend_bytes(Some(&s), "1Gi", None, "demo").unwrap_err();
         assert_eq!(e.path, "spec.storage.quotaBackendBytes");
         assert_eq!(e.reason(), "InvalidEtcdQuota");
         assert!(e.to_string().contains("must not exceed spec.storage.size"), "{e}");
         for bad in ["0", "-1Mi", "lots"] {
             let s = storage(None, Some(bad), false);
-            let e = quota_backend_bytes(Some(&s), "1Gi", "demo").unwrap_err();
+            let e = quota_backend_bytes(Some(&s), "1Gi", None, "demo").unwrap_err();
             assert_eq!(
                 (e.path.as_str(), e.reason()),
                 ("spec.storage.quotaBackendBytes", "InvalidStorage")

@@ -15,6 +15,7 @@ pub mod etcd_quota;
 mod labels;
 pub mod policy;
 mod rules;
+pub mod size;
 
 pub use channel_check::validate_channel;
 pub use context::*;
@@ -59,6 +60,8 @@ pub struct ClusterSettings {
     pub kubernetes_version: Option<String>,
     /// NestedControlPlane `spec.channel`.
     pub channel: Option<String>,
+    /// NestedControlPlane `spec.size` (a component's own `size` wins).
+    pub size: Option<String>,
     pub image_repository: String,
     pub service_cidr: String,
     pub dns_domain: String,
@@ -342,9 +345,10 @@ pub fn check_input(
         return Err(e.into());
     }
     // A rule across two fields (the quota against the volume), which the table of single
-    // fields cannot say.
+    // fields cannot say. It concerns the explicit fields only, so the size's ceiling does
+    // not matter here.
     if kind == ComponentKind::Etcd {
-        etcd_quota::quota_backend_bytes(etcd_storage, DEFAULT_ETCD_STORAGE, resource_name)?;
+        etcd_quota::quota_backend_bytes(etcd_storage, DEFAULT_ETCD_STORAGE, None, resource_name)?;
     }
     Ok(())
 }
@@ -389,6 +393,9 @@ pub fn check_cluster(cluster: &ClusterSettings) -> Result<(), PlanError> {
     if let Some(channel) = &cluster.channel {
         check_value(ncp, name, "spec.channel", Syntax::ChannelName, channel)?;
     }
+    if let Some(size) = &cluster.size {
+        check_value(ncp, name, "spec.size", Syntax::SizeName, size)?;
+    }
     Ok(())
 }
 
@@ -425,7 +432,7 @@ pub fn plan(
     let resolved = rules::resolve(channels, cluster, kind, spec)?;
     rules::check(kind, &resolved, &request.running)?;
     rules::check_members(kind, spec.replicas.unwrap_or(1), &request.running, &resolved)?;
-    let (channel, version) = (resolved.channel, resolved.version);
+    let (channel, version, size) = (resolved.channel, resolved.version, resolved.size);
     let mut replicas = spec.replicas.unwrap_or(1);
     if replicas < 1 {
         return Err(PlanError::InvalidReplicas(replicas));
@@ -459,10 +466,12 @@ pub fn plan(
     context.audit = planned_audit(cluster, request)?;
     context.authentication = planned_authentication(cluster, request)?;
     context.authorization = planned_authorization(cluster, request)?;
+    size::apply(&mut context, kind, spec, size);
     if kind == ComponentKind::Etcd {
         context.etcd.storage.quota_backend_bytes = Some(etcd_quota::quota_backend_bytes(
             request.etcd_storage,
             DEFAULT_ETCD_STORAGE,
+            size::quota_ceiling(size),
             request.resource_name,
         )?);
     }
@@ -505,6 +514,30 @@ pub fn plan(
         },
         startup_secrets,
     })
+}
+
+/// The `--quota-backend-bytes` a NestedEtcd renders with, in bytes, as [`plan`] computes it:
+/// its `spec.storage.quotaBackendBytes`, else sized from the volume under the ceiling of its
+/// size (docs/guide/sizes.md). The etcd space controller compares the members' database
+/// with it, so the two must agree.
+///
+/// # Errors
+/// [`PlanError`] for an unknown channel, release or size, or a quota field that breaks its
+/// rule.
+pub fn etcd_quota_bytes(
+    channels: &ChannelRegistry,
+    cluster: &ClusterSettings,
+    resource_name: &str,
+    spec: &ComponentSpec,
+    storage: Option<&EtcdStorage>,
+) -> Result<u64, PlanError> {
+    let resolved = rules::resolve(channels, cluster, ComponentKind::Etcd, spec)?;
+    Ok(etcd_quota::quota_backend_bytes(
+        storage,
+        DEFAULT_ETCD_STORAGE,
+        size::quota_ceiling(resolved.size),
+        resource_name,
+    )?)
 }
 
 /// The render-context `audit` of an apiserver: none without `spec.audit`.
@@ -692,6 +725,7 @@ fn build_context(
         audit: None,
         authentication: None,
         authorization: None,
+        size: size::SizeVars::default(),
     }
 }
 

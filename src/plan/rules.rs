@@ -5,7 +5,7 @@ use semver::Version;
 
 use super::{ClusterSettings, PlanError};
 use crate::api::ComponentSpec;
-use crate::channel::{Channel, ChannelError, ChannelRegistry, DEFAULT_CHANNEL, RequestedVersion};
+use crate::channel::{Channel, ChannelError, ChannelRegistry, DEFAULT_CHANNEL, RequestedVersion, Size};
 use crate::component::ComponentKind;
 
 /// A component's resolved channel and release.
@@ -15,14 +15,17 @@ pub struct Resolved<'a> {
     pub version: Version,
     /// The control plane's Kubernetes release (what etcd's default and compatibility follow).
     pub kubernetes: Version,
+    /// The component's size and what the channel sets for it; `None` when the channel has
+    /// no sizes.
+    pub size: Option<(&'a str, &'a Size)>,
 }
 
-/// Resolves the channel and release of a component (docs/design.md §3): the component's own
-/// `channel`/`version`, else the control plane's, else the channel defaults; etcd's default
-/// follows the control plane's Kubernetes minor.
+/// Resolves the channel, release and size of a component (docs/design.md §3): the
+/// component's own `channel`/`version`/`size`, else the control plane's, else the channel
+/// defaults; etcd's default release follows the control plane's Kubernetes minor.
 ///
 /// # Errors
-/// [`PlanError::Channel`] for an unknown channel or version.
+/// [`PlanError::Channel`] for an unknown channel, version or size.
 pub fn resolve<'a>(
     channels: &'a ChannelRegistry,
     cluster: &ClusterSettings,
@@ -43,10 +46,17 @@ pub fn resolve<'a>(
         (_, Some(v)) => channel.resolve(kind, Some(v), None)?,
         (_, None) => channel.resolve(kind, Some(&kubernetes.to_string()), None)?,
     };
+    let size = channel.resolve_size(
+        spec.size
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .or(cluster.size.as_deref()),
+    )?;
     Ok(Resolved {
         channel,
         version,
         kubernetes,
+        size,
     })
 }
 
@@ -278,6 +288,7 @@ mod tests {
             namespace: "ns".into(),
             kubernetes_version: Some(version.into()),
             channel: None,
+            size: None,
             image_repository: DEFAULT_IMAGE_REPOSITORY.into(),
             service_cidr: DEFAULT_SERVICE_CIDR.into(),
             dns_domain: DEFAULT_DNS_DOMAIN.into(),

@@ -15,6 +15,7 @@ fn cluster() -> ClusterSettings {
         namespace: "tenant-a".into(),
         kubernetes_version: Some("1.36".into()),
         channel: None,
+        size: None,
         image_repository: DEFAULT_IMAGE_REPOSITORY.into(),
         service_cidr: "10.96.0.0/12".into(),
         dns_domain: "cluster.local".into(),
@@ -1114,4 +1115,225 @@ fn a_component_that_cannot_be_planned_has_no_first_plan() {
         first_plan(&registry(), &cluster(), &request(ComponentKind::ApiServer, &spec)),
         None
     );
+}
+
+// Issue 40 item 3: sizes (docs/guide/sizes.md).
+
+/// The plan of `kind` at `version` of the stable channel, for a control plane of `size`.
+fn sized_plan(kind: ComponentKind, version: &semver::Version, size: Option<&str>, spec: &ComponentSpec) -> Plan {
+    let mut c = cluster();
+    c.size = size.map(str::to_string);
+    let mut spec = spec.clone();
+    if version.major != 3 {
+        c.kubernetes_version = Some(version.to_string());
+    }
+    spec.version = Some(version.to_string());
+    plan_in(&c, kind, &spec)
+}
+
+fn env(sts: &Value) -> Vec<(String, String)> {
+    sts["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+        .collect()
+}
+
+#[test]
+fn every_size_renders_its_resources_flags_env_and_quota_in_every_release() {
+    let channels = registry();
+    let stable = channels.get("stable").unwrap();
+    for (name, size) in &stable.index.sizes {
+        for kind in KINDS {
+            let settings = size.component(kind).cloned().unwrap_or_default();
+            for version in stable.versions(kind) {
+                let at = format!("{name} {kind} {version}");
+                let p = sized_plan(kind, version, Some(name), &ComponentSpec::default());
+                let sts = find(&p, "StatefulSet");
+                let container = &sts["spec"]["template"]["spec"]["containers"][0];
+                assert_eq!(
+                    container["resources"],
+                    serde_json::to_value(settings.resources.as_ref().unwrap()).unwrap(),
+                    "{at}"
+                );
+                let env = env(sts);
+                let go = |n: &str| env.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+                assert_eq!(
+                    go("GOMEMLIMIT"),
+                    settings
+                        .go_mem_limit
+                        .as_ref()
+                        .map(|q| size::go_mem_limit(crate::quantity::quantity_bytes(&q.0).unwrap())),
+                    "{at}"
+                );
+                assert_eq!(go("GOGC"), settings.go_gc.map(|g| g.to_string()), "{at}");
+                assert_eq!(
+                    flag(sts, "max-requests-inflight"),
+                    settings.max_requests_inflight.map(|n| n.to_string()),
+                    "{at}"
+                );
+                assert_eq!(
+                    flag(sts, "max-mutating-requests-inflight"),
+                    settings.max_mutating_requests_inflight.map(|n| n.to_string()),
+                    "{at}"
+                );
+                if kind == ComponentKind::Etcd {
+                    // What the space controller compares with is what renders.
+                    let mut c = cluster();
+                    c.size = Some(name.clone());
+                    let quota = etcd_quota_bytes(&channels, &c, "demo", &ComponentSpec::default(), None).unwrap();
+                    assert_eq!(flag(sts, "quota-backend-bytes"), Some(quota.to_string()), "{at}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_stable_sizes_set_what_they_say() {
+    let v = |s: &str| semver::Version::parse(s).unwrap();
+    let default = ComponentSpec::default();
+    let small = sized_plan(ComponentKind::ApiServer, &v("1.36.3"), Some("small"), &default);
+    let sts = find(&small, "StatefulSet");
+    assert_eq!(flag(sts, "max-requests-inflight").as_deref(), Some("100"));
+    assert_eq!(flag(sts, "max-mutating-requests-inflight").as_deref(), Some("50"));
+    // POD_IP (from the downward API, no value) first, then the size's.
+    assert_eq!(
+        env(sts),
+        [
+            ("GOMEMLIMIT".to_string(), "920MiB".to_string()),
+            ("GOGC".into(), "50".into())
+        ]
+    );
+    let etcd = sized_plan(ComponentKind::Etcd, &v("3.6.8"), Some("small"), &default);
+    assert_eq!(
+        flag(find(&etcd, "StatefulSet"), "quota-backend-bytes").as_deref(),
+        Some("268435456"),
+        "256Mi, under the 345 MB the default 1Gi volume leaves room for"
+    );
+    let large = sized_plan(ComponentKind::Etcd, &v("3.6.8"), Some("large"), &default);
+    assert_eq!(
+        flag(find(&large, "StatefulSet"), "quota-backend-bytes").as_deref(),
+        Some("344870912"),
+        "large's 4Gi ceiling: the 1Gi volume still has room for 345 MB only"
+    );
+    // medium is the default and renders what a control plane without a size rendered.
+    for kind in KINDS {
+        let version = registry().get("stable").unwrap().resolve(kind, None, None).unwrap();
+        assert_eq!(
+            sized_plan(kind, &version, Some("medium"), &default),
+            sized_plan(kind, &version, None, &default),
+            "{kind}"
+        );
+    }
+}
+
+#[test]
+fn explicit_fields_extra_args_and_patches_win_over_the_size() {
+    let mut c = cluster();
+    c.size = Some("small".into());
+    // The component's own size wins over its control plane's.
+    let own: ComponentSpec = serde_json::from_value(serde_json::json!({"size": "large"})).unwrap();
+    let p = plan_in(&c, ComponentKind::ApiServer, &own);
+    assert_eq!(
+        flag(find(&p, "StatefulSet"), "max-requests-inflight").as_deref(),
+        Some("800")
+    );
+    // resources replace the size's wholesale; extraArgs replace its flags; a patch its env.
+    let spec: ComponentSpec = serde_json::from_value(serde_json::json!({
+        "resources": {"requests": {"cpu": "2"}},
+        "extraArgs": {"max-requests-inflight": "300"},
+        "patches": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "demo-apiserver"},
+                     "spec": {"template": {"spec": {"containers": [{"name": "kube-apiserver",
+                       "env": [{"name": "GOMEMLIMIT", "value": "700MiB"}]}]}}}}]
+    }))
+    .unwrap();
+    let p = plan_in(&c, ComponentKind::ApiServer, &spec);
+    let sts = find(&p, "StatefulSet");
+    assert_eq!(
+        sts["spec"]["template"]["spec"]["containers"][0]["resources"],
+        serde_json::json!({"requests": {"cpu": "2"}})
+    );
+    assert_eq!(flag(sts, "max-requests-inflight").as_deref(), Some("300"));
+    assert_eq!(
+        args(sts).iter().filter(|a| a.contains("max-requests-inflight")).count(),
+        1
+    );
+    assert_eq!(
+        flag(sts, "max-mutating-requests-inflight").as_deref(),
+        Some("50"),
+        "the rest of the size stays"
+    );
+    assert!(
+        env(sts).contains(&("GOMEMLIMIT".into(), "700MiB".into())),
+        "{:?}",
+        env(sts)
+    );
+    // etcd: the spec's quota wins over the size's ceiling.
+    let storage = EtcdStorage {
+        quota_backend_bytes: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity("100Mi".into())),
+        ..Default::default()
+    };
+    let p = plan(
+        &registry(),
+        &c,
+        &ComponentRequest {
+            etcd_storage: Some(&storage),
+            ..request(ComponentKind::Etcd, &ComponentSpec::default())
+        },
+        &Upstream::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        flag(find(&p, "StatefulSet"), "quota-backend-bytes").as_deref(),
+        Some("104857600")
+    );
+}
+
+#[test]
+fn an_unknown_size_is_refused_naming_the_sizes_and_nothing_is_planned() {
+    let mut c = cluster();
+    c.size = Some("huge".into());
+    for kind in KINDS {
+        let upstream = if kind == ComponentKind::ApiServer {
+            three_endpoints()
+        } else {
+            Upstream::default()
+        };
+        let e = plan(&registry(), &c, &request(kind, &ComponentSpec::default()), &upstream).unwrap_err();
+        assert_eq!(e.reason(), "UnknownSize", "{kind}");
+        assert_eq!(
+            e.to_string(),
+            "size \"huge\" is not in channel \"stable\"; available: large, medium, small"
+        );
+    }
+    // A bad name is a field error, as admission says it.
+    c.size = Some("Huge".into());
+    let e = plan_of_in(&c, ComponentKind::Etcd).unwrap_err();
+    assert_eq!(e.reason(), "InvalidSize");
+    assert!(e.to_string().contains("spec.size"), "{e}");
+}
+
+fn plan_of_in(c: &ClusterSettings, kind: ComponentKind) -> Result<Plan, PlanError> {
+    plan(
+        &registry(),
+        c,
+        &request(kind, &ComponentSpec::default()),
+        &Upstream::default(),
+    )
+}
+
+/// Golden files of the small and large sizes at the default releases (medium is the default:
+/// `<kind>.yaml`).
+#[test]
+fn golden_sized_manifests() {
+    for size in ["small", "large"] {
+        let mut c = cluster();
+        c.size = Some(size.into());
+        for kind in KINDS {
+            let p = plan_in(&c, kind, &ComponentSpec::default());
+            assert_golden(&format!("{kind}-{size}.yaml"), &p.objects);
+        }
+    }
 }

@@ -78,6 +78,7 @@ static WILDCARD_SUBDOMAIN: LazyLock<String> = LazyLock::new(|| format!("^(\\*\\.
 const RFC1035_LABEL: &str = "^[a-z]([-a-z0-9]*[a-z0-9])?$";
 const VERSION: &str = "^(v?[0-9]+(\\.[0-9]+){0,2}(-[0-9]+)?)?$";
 const CHANNEL_NAME: &str = "^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?)?$";
+const SIZE_NAME: &str = "^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$";
 const FLAG_NAME: &str = "^[A-Za-z0-9][-A-Za-z0-9_.]*$";
 const IMAGE_REPOSITORY: &str = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$";
 const CRON: &str = "^(@(hourly|daily|weekly|monthly|yearly|annually)|\\S+( +\\S+){4})$";
@@ -110,6 +111,10 @@ pub enum Syntax {
     Version,
     /// A channel name: a directory name, never a path.
     ChannelName,
+    /// A size name (`small`): a DNS label, or empty. Which sizes exist is the channel's
+    /// (`channel.yaml` `sizes`), which CEL cannot read: the controllers and `capn render`
+    /// refuse an unknown one (`UnknownSize`).
+    SizeName,
     /// A command-line flag name without the leading `--` (a map key).
     FlagName,
     /// A replica count between 1 and the bound.
@@ -208,6 +213,7 @@ const STORAGE_MESSAGE: &str = "must be a positive quantity, like 1Gi or 500Mi";
 const VERSION_MESSAGE: &str = "must be a version: major.minor.patch (1.36.3) or major.minor (1.36), optionally with a leading v and an image suffix (-0), or empty";
 const CHANNEL_MESSAGE: &str =
     "must be a channel name (lower-case letters, digits, '-' and '.', at most 63 characters), never a path";
+const SIZE_MESSAGE: &str = "must be a size name (lower-case letters, digits and '-', at most 63 characters), like small; the channel's channel.yaml lists the sizes it offers";
 const FLAG_MESSAGE: &str = "keys must be flag names without the leading -- (letters, digits, '-', '_' and '.'; at most 128 characters), like v or feature-gates";
 const CLUSTER_NAME_MESSAGE: &str = "must be a lower-case RFC 1035 label of at most 33 characters: the Services <name>-etcd and <name>-apiserver are RFC 1035 labels (at most 63), and the StatefulSet <name>-controller-manager may have at most 52 characters because its pods' controller-revision-hash label adds 11 to it";
 const OBJECT_NAME_MESSAGE: &str = "must be an object name (lower-case RFC 1123 subdomain, at most 253 characters)";
@@ -283,6 +289,7 @@ impl Syntax {
             Self::StorageSize => "InvalidStorage",
             Self::Version => "InvalidVersion",
             Self::ChannelName => "InvalidChannelName",
+            Self::SizeName => "InvalidSize",
             Self::FlagName => "InvalidExtraArgs",
             Self::Replicas { .. } => "InvalidReplicas",
             Self::ClusterName => "InvalidClusterName",
@@ -350,6 +357,10 @@ impl Syntax {
             Self::ChannelName => vec![cel!(
                 format!("self.matches('{}')", cel_pattern(CHANNEL_NAME)),
                 CHANNEL_MESSAGE
+            )],
+            Self::SizeName => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(SIZE_NAME)),
+                SIZE_MESSAGE
             )],
             Self::FlagName => vec![cel!(
                 format!(
@@ -469,7 +480,7 @@ impl Syntax {
             Self::Host | Self::DnsDomain | Self::San | Self::ObjectName => Some(253),
             Self::ServiceCidr | Self::Quantity | Self::StorageSize => Some(64),
             Self::Version => Some(64),
-            Self::ChannelName => Some(63),
+            Self::ChannelName | Self::SizeName => Some(63),
             Self::ClusterName => None, // metadata.name: the API server bounds it
             Self::ImageRepository | Self::S3Endpoint => Some(255),
             Self::CronSchedule => Some(128),
@@ -554,6 +565,10 @@ impl Syntax {
             }
             Self::Version => match string {
                 Some(s) if s.len() <= 64 && matches(VERSION, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::SizeName => match string {
+                Some(s) if matches(SIZE_NAME, s) => Ok(()),
                 _ => fail(0),
             },
             Self::ChannelName => match string {
@@ -826,6 +841,11 @@ pub const RULES: &[Rule] = &[
         kinds: ALL,
         path: "spec.channel",
         syntax: Syntax::ChannelName,
+    },
+    Rule {
+        kinds: ALL,
+        path: "spec.size",
+        syntax: Syntax::SizeName,
     },
     Rule {
         kinds: NCP,

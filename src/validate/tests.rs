@@ -135,6 +135,18 @@ fn channel_names_are_names_never_paths() {
 }
 
 #[test]
+fn size_names_are_dns_labels_or_empty() {
+    for good in ["", "small", "x-large", "2xl", &"a".repeat(63)] {
+        ok(Syntax::SizeName, json!(good));
+        assert!(good.is_empty() || crate::channel::is_size_name(good), "{good}");
+    }
+    for wrong in ["Small", "-small", "small-", "a.b", "a/b", "a_b", &"a".repeat(64)] {
+        bad(Syntax::SizeName, json!(wrong));
+        assert!(!crate::channel::is_size_name(wrong), "{wrong}");
+    }
+}
+
+#[test]
 fn extra_args_keys_are_flag_names() {
     ok(
         Syntax::FlagName,

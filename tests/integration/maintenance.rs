@@ -249,6 +249,7 @@ fn rendered(ns: &str) -> Vec<Value> {
         namespace: ns.into(),
         kubernetes_version: Some("1.36".into()),
         channel: None,
+        size: None,
         image_repository: DEFAULT_IMAGE_REPOSITORY.into(),
         service_cidr: "10.96.0.0/12".into(),
         dns_domain: "cluster.local".into(),

@@ -163,6 +163,7 @@ pub fn cluster_settings(
         namespace: ncp.namespace().unwrap_or_default(),
         kubernetes_version: spec.version.clone(),
         channel: spec.channel.clone(),
+        size: spec.size.clone(),
         image_repository: spec
             .image_repository
             .clone()

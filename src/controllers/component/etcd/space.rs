@@ -29,7 +29,7 @@ use crate::etcd::space::{
 use crate::etcd::{EtcdCluster, MemberStatus};
 use crate::pki::SecretNames;
 use crate::plan::etcd_members;
-use crate::plan::etcd_quota::quota_backend_bytes;
+use crate::plan::etcd_quota_bytes;
 use crate::status::{ConditionUpdate, ETCD_SPACE_EXHAUSTED, Reason};
 
 /// How often the members' space and alarms are read.
@@ -92,10 +92,14 @@ pub async fn space_step(round: &Round<'_, NestedEtcd>) -> Result<SpaceReport, cr
             return Ok(later);
         }
     };
-    let Ok(quota) = quota_backend_bytes(
-        object.spec.storage.as_ref(),
-        crate::plan::DEFAULT_ETCD_STORAGE,
+    // The quota as the members were rendered with it: the spec's, else sized from the
+    // volume under the ceiling of the NestedEtcd's size (the same function `plan` uses).
+    let Ok(quota) = etcd_quota_bytes(
+        &ctx.channels,
+        round.cluster,
         &kube::ResourceExt::name_any(object),
+        &object.spec.component,
+        object.spec.storage.as_ref(),
     ) else {
         return Ok(later);
     };
