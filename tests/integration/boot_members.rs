@@ -53,7 +53,10 @@ async fn capn_reaches_tenant_etcd_by_name_with_its_own_certificate() {
     // Issue 40: the member runs with the quota capn sized from its default 1Gi volume.
     assert_eq!(
         u64::try_from(status.db_size_quota).ok(),
-        Some(capn::plan::etcd_quota::default_quota_backend_bytes(1 << 30)),
+        Some(capn::plan::etcd_quota::default_quota_backend_bytes(
+            1 << 30,
+            capn::plan::etcd_quota::ETCD_DEFAULT_QUOTA_BYTES
+        )),
         "{status:?}"
     );
     say(&format!(

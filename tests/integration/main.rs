@@ -37,5 +37,6 @@ mod public_crds;
 mod recipes;
 mod request_budget;
 mod runner_volumes;
+mod sizes;
 mod smoke;
 mod validation;

@@ -303,6 +303,18 @@ fn corpus() -> Vec<Case> {
         "spec.channel",
         vec![json!({"channel": "../x"})],
     );
+    // Sizes (issue 40 item 3): the name's syntax at the door; which sizes exist is the
+    // channel's, refused by the controllers and render (UnknownSize below).
+    bad_ncp(
+        &mut c,
+        "InvalidSize",
+        "spec.size",
+        ["Small", "-small", "a.b"]
+            .into_iter()
+            .map(|v| json!({"size": v}))
+            .collect(),
+    );
+    bad_component(&mut c, etcd, "InvalidSize", "spec.size", vec![json!({"size": "x_y"})]);
     // spec.authentication (issue 39 item 1): what kube-apiserver refuses at start.
     bad_component(
         &mut c,
@@ -499,6 +511,14 @@ fn corpus() -> Vec<Case> {
         refused: Some(("UnknownVersion", "\"1.99\"")),
     });
     c.push(Case {
+        name: "unknown-size".into(),
+        docs: vec![ncp("unknown-size", json!({"size": "huge"}))],
+        refused: Some((
+            "UnknownSize",
+            "size \"huge\" is not in channel \"stable\"; available: large, medium, small",
+        )),
+    });
+    c.push(Case {
         name: "unknown-channel".into(),
         docs: vec![ncp("unknown-channel", json!({"channel": "nope"}))],
         refused: Some(("UnknownChannel", "\"nope\"")),
@@ -589,6 +609,13 @@ fn corpus() -> Vec<Case> {
                 "quantities",
                 json!({"imageRepository": "localhost:5000/mirror", "channel": "stable"}),
             ),
+        ],
+    ));
+    c.push(valid(
+        "sized",
+        vec![
+            component(etcd, "sized-etcd", json!({"size": "large"})),
+            ncp("sized", json!({"size": "small"})),
         ],
     ));
     c
