@@ -73,7 +73,7 @@ pub fn quota_ceiling(size: Option<(&str, &Size)>) -> Option<u64> {
 /// that divides it, else plain bytes (<https://pkg.go.dev/runtime#hdr-Environment_Variables>).
 pub fn go_mem_limit(bytes: u64) -> String {
     for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }
