@@ -157,11 +157,14 @@ mod tests {
     /// bound is the jemalloc size class the object fits (1792, 1280 and 1536 bytes unboxed).
     /// `size` (issue 40 item 3) took the apiserver's and controller-manager's from 896 to
     /// the next class, 1024: 128 bytes more per object, 250 KiB at a thousand control
-    /// planes, for a field every component has (a box would still have crossed 896).
+    /// planes, for a field every component has (a box would still have crossed 896). With
+    /// `size` and `defragmentation` (boxed) the NestedEtcd crossed 1024 by 8 bytes: the
+    /// next class, 1280, costs 256 bytes per tenant (one NestedEtcd each), 250 KiB at a
+    /// thousand.
     #[test]
     fn cached_kinds_keep_what_few_objects_set_out_of_line() {
         use std::mem::size_of;
-        assert!(size_of::<NestedEtcd>() <= 1024, "{}", size_of::<NestedEtcd>());
+        assert!(size_of::<NestedEtcd>() <= 1280, "{}", size_of::<NestedEtcd>());
         assert!(size_of::<NestedAPIServer>() <= 1024, "{}", size_of::<NestedAPIServer>());
         assert!(
             size_of::<NestedControllerManager>() <= 1024,
