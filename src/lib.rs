@@ -34,6 +34,7 @@ pub mod controllers;
 pub mod crds;
 pub mod dns;
 pub mod etcd;
+pub mod hibernation;
 pub mod kubelet;
 pub mod manifests;
 pub mod patch;

@@ -50,9 +50,16 @@ pub const WORKLOADS_SYNCED: &str = "WorkloadsSynced";
 /// same), True once every watch works again.
 pub const WATCHES_HEALTHY: &str = "WatchesHealthy";
 
+/// Condition type on the NestedControlPlane: True while it sleeps (`spec.hibernation`),
+/// no control-plane pod running; False while awake, falling asleep or waking up (the reason
+/// says which).
+pub const HIBERNATED: &str = "Hibernated";
+
 /// Phases shown by `kubectl get` (`status.phase`).
 pub mod phase {
     pub const PENDING: &str = "Pending";
+    /// The control plane sleeps: the component's pods are scaled to zero, its data kept.
+    pub const SLEEPING: &str = "Sleeping";
     pub const PROVISIONING: &str = "Provisioning";
     pub const READY: &str = "Ready";
     pub const FAILED: &str = "Failed";
@@ -198,6 +205,18 @@ reasons! {
     RestoreNotAllowed: failure, [SYNCED, READY], "A restore was asked for where it cannot run; the message says why.";
     SnapshotVersionUnsupported: failure, [SYNCED, READY], "The snapshot was taken by an etcd this channel cannot restore.";
     SnapshotKeyMissing: failure, [SYNCED, READY], "The snapshot's Secrets are encrypted with keys the control plane's <cluster>-encryption lacks.";
+    // Hibernated (and Available, Ready, WorkloadsSynced while asleep)
+    Sleeping: success, [HIBERNATED, AVAILABLE, READY, WORKLOADS_SYNCED],
+        "The control plane sleeps (spec.hibernation): its pods are scaled to zero, its data kept; set spec.hibernation.enabled to false to wake it.";
+    FallingAsleep: progress, [HIBERNATED, AVAILABLE, READY],
+        "The control plane is being put to sleep: controller-manager, apiserver, then etcd scale to zero.";
+    WakingUp: progress, [HIBERNATED, AVAILABLE],
+        "The control plane is waking: etcd, apiserver, then controller-manager come back; held upgrades, rotations and backups start once it is awake.";
+    Awake: success, [HIBERNATED], "The control plane is awake.";
+    SleepDeferred: progress, [HIBERNATED],
+        "Sleep was asked for while an upgrade step or a rotation runs: it falls asleep once that finishes, never half-way.";
+    InvalidHibernationSchedule: failure, [HIBERNATED],
+        "A spec.hibernation.schedules entry is no CronJob schedule: no run of it is acted on until it is mended.";
     // WatchesHealthy
     WatchFailed: failure, [WATCHES_HEALTHY],
         "A watch capn depends on fails (forbidden by its RBAC, a resource the API does not serve): changes go unnoticed until it recovers.";

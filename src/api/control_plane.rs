@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
     ),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.version"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(name = "Hibernation", type_ = "string", json_path = ".status.hibernation.phase"),
     printcolumn(
         name = "Endpoint",
         type_ = "string",
@@ -109,6 +110,65 @@ pub struct NestedControlPlaneSpec {
     /// at rest"): on whatever this says; this sets when its key rotates by itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<EncryptionSpec>,
+    /// Putting the control plane to sleep (docs/guide/sleep.md): its etcd, apiserver and
+    /// controller-manager pods scaled to zero, its data and Secrets kept, and woken again
+    /// in order. Shaped like Gardener's `spec.hibernation`. Absent: always awake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: few objects set it, and every object is cached (see crds::tests).
+    pub hibernation: Option<Box<Hibernation>>,
+}
+
+/// When the control plane sleeps (Gardener's `spec.hibernation`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Hibernation {
+    /// Asleep (`true`) or awake (`false`, the default). The schedules set it at their runs,
+    /// as a person would; set it yourself at any time in between.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// When to fall asleep and when to wake, on CronJob schedules in UTC.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schedules: Vec<HibernationSchedule>,
+}
+
+/// One sleep schedule: at each run of `start` capn sets `spec.hibernation.enabled` to
+/// `true`, at each run of `end` to `false`. Either may be absent (a tenant that is put to
+/// sleep every night and woken by hand has only `start`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HibernationSchedule {
+    /// When the control plane falls asleep: a CronJob schedule (five fields, or `@daily`
+    /// and the other aliases), in UTC. `0 20 * * 1-5`: at 20:00 on weekdays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<String>,
+    /// When it wakes: a CronJob schedule in UTC. `0 7 * * 1-5`: at 07:00 on weekdays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+}
+
+/// Where the control plane is between awake and asleep (docs/guide/sleep.md).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HibernationStatus {
+    /// `Awake`, `FallingAsleep` (the components scale to zero: controller-manager,
+    /// apiserver, then etcd), `Sleeping` (no control-plane pod runs) or `WakingUp` (etcd,
+    /// apiserver, then controller-manager come back).
+    pub phase: String,
+    /// What the phase waits for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When the control plane last started falling asleep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep_time: Option<Time>,
+    /// When it last started waking up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_time: Option<Time>,
+    /// When it was last awake again, every component ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awake_time: Option<Time>,
+    /// The last run of a schedule acted on (`spec.hibernation.schedules`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_schedule_time: Option<Time>,
 }
 
 /// When the tenant's encryption-at-rest key rotates.
@@ -353,12 +413,16 @@ pub struct NestedControlPlaneStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     // Boxed: set once, and every object is cached (see api::tests).
     pub encryption: Option<Box<EncryptionStatus>>,
+    /// Sleep and wake (`spec.hibernation`); absent on a control plane that never slept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: few objects set it, and every object is cached (see api::tests).
+    pub hibernation: Option<Box<HibernationStatus>>,
     /// `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Conditions: `Available`, `RollingOut`, `CertificatesAvailable`, `EtcdReady`,
     /// `APIServerReady`, `ControllerManagerReady`, `Paused`, `Upgrading`,
-    /// `UpgradePreflight`, `PublicCRDsSynced`. A map keyed
+    /// `UpgradePreflight`, `Hibernated`, `PublicCRDsSynced`. A map keyed
     /// by `type`, so that two controllers can each server-side-apply their own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

@@ -810,6 +810,9 @@ impl Rule {
         match (self.syntax, self.path) {
             (Syntax::CronSchedule, "spec.encryption.keyRotationSchedule") => "InvalidKeyRotationSchedule",
             (Syntax::CronSchedule, "spec.defragmentation.schedule") => "InvalidDefragmentationSchedule",
+            (Syntax::CronSchedule, "spec.hibernation.schedules[].start" | "spec.hibernation.schedules[].end") => {
+                "InvalidHibernationSchedule"
+            }
             (syntax, _) => syntax.reason(),
         }
     }
@@ -945,6 +948,16 @@ pub const RULES: &[Rule] = &[
     Rule {
         kinds: NCP,
         path: "spec.encryption.keyRotationSchedule",
+        syntax: Syntax::CronSchedule,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.hibernation.schedules[].start",
+        syntax: Syntax::CronSchedule,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.hibernation.schedules[].end",
         syntax: Syntax::CronSchedule,
     },
     Rule {

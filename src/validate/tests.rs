@@ -250,6 +250,24 @@ fn check_object_names_every_broken_field_with_its_path() {
 }
 
 #[test]
+fn sleep_schedules_are_cron_schedules_named_by_what_they_schedule() {
+    let ncp = json!({
+        "metadata": {"name": "demo"},
+        "spec": {"hibernation": {"enabled": false, "schedules": [
+            {"start": "0 20 * * 1-5", "end": "0 7 * * 1-5"},
+            {"start": "every evening"},
+            {"end": "@daily"},
+        ]}},
+    });
+    let errors = check_object(Kind::NestedControlPlane, &ncp);
+    let found: Vec<(&str, &str)> = errors.iter().map(|e| (e.path.as_str(), e.reason())).collect();
+    assert_eq!(
+        found,
+        [("spec.hibernation.schedules[1].start", "InvalidHibernationSchedule")]
+    );
+}
+
+#[test]
 fn backup_schedules_are_five_cron_fields_or_an_alias() {
     for good in ["0 3 * * *", "*/15 8-17 * * mon-fri", "@hourly", "@annually"] {
         ok(Syntax::CronSchedule, json!(good));
