@@ -54,6 +54,9 @@ pub(super) async fn drive<K: ComponentResource>(
     now: &Now,
 ) -> Result<Outcome, ReconcileError> {
     let Read { ncp, cluster, running } = proceed!(read(object, ctx, ns).await);
+    if let Some(outcome) = sleep(object, ctx, ns, &ncp).await? {
+        return Ok(outcome);
+    }
     let (restore_vars, restore_status) = proceed!(prepare_restore(object, ctx, ns, &cluster).await);
     let referenced_policy = proceed!(read_audit_references(object, ctx, ns).await);
     proceed!(check_authorization_secrets(object, ctx, ns).await);
@@ -121,6 +124,67 @@ pub(super) async fn drive<K: ComponentResource>(
         provider_readiness: declared.and_then(|d| d.readiness.as_ref()).is_some(),
         membership: Box::new(membership),
     }))
+}
+
+/// Sleep (docs/design.md §12): while the control plane falls asleep or sleeps, and the
+/// component that depends on this one is asleep already (none for the controller-manager;
+/// the controller-manager for the apiserver; the apiserver for etcd), the component's
+/// StatefulSets are scaled to zero, their claims retained, and nothing else is done: no
+/// plan, no certificate, no membership step, no backup. The component keeps its
+/// `spec.replicas`; the next apply after wake brings them back. `None`: awake.
+async fn sleep<K: ComponentResource>(
+    object: &K,
+    ctx: &Context,
+    ns: &str,
+    ncp: &NestedControlPlane,
+) -> Result<Option<Outcome>, ReconcileError> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let asleep = |phase: Option<&str>| phase == Some(crate::status::phase::SLEEPING);
+    let successor_asleep = match K::KIND {
+        ComponentKind::ControllerManager => true,
+        ComponentKind::ApiServer => NestedControllerManager::reference(ncp).is_none_or(|name| {
+            ctx.caches
+                .controller_managers
+                .get(&ObjectRef::new(name).within(ns))
+                .is_none_or(|c| asleep(c.status.as_ref().and_then(|s| s.phase.as_deref())))
+        }),
+        ComponentKind::Etcd => NestedAPIServer::reference(ncp).is_none_or(|name| {
+            ctx.caches
+                .apiservers
+                .get(&ObjectRef::new(name).within(ns))
+                .is_none_or(|c| asleep(c.status.as_ref().and_then(|s| s.phase.as_deref())))
+        }),
+    };
+    if !crate::hibernation::component_sleeps(ncp, successor_asleep) {
+        return Ok(None);
+    }
+    let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), ns);
+    let mut running = 0;
+    let inventory = object
+        .component_status()
+        .map(|s| s.inventory.as_slice())
+        .unwrap_or_default();
+    for entry in inventory.iter().filter(|e| e.kind == "StatefulSet") {
+        let live = ctx
+            .caches
+            .statefulsets
+            .get(&ObjectRef::new(&entry.name).within(ns));
+        let Some(live) = live else { continue };
+        if live.spec.as_ref().and_then(|s| s.replicas) != Some(0) {
+            // In one write, so that the StatefulSet controller never sees zero replicas
+            // with etcd's `whenScaled: Delete`, which would delete every member's claim:
+            // the data sleep must keep. The next apply after wake sets both back.
+            let patch = serde_json::json!({"spec": {
+                "replicas": 0,
+                "persistentVolumeClaimRetentionPolicy": {"whenScaled": "Retain"},
+            }});
+            api.patch(&entry.name, &crate::apply::update_params(), &Patch::Merge(&patch))
+                .await?;
+            tracing::info!(kind = K::KIND.resource_kind(), statefulset = %entry.name, "scaled to zero: the control plane sleeps");
+        }
+        running += live.status.as_ref().map_or(0, |s| s.replicas);
+    }
+    Ok(Some(Outcome::Sleeping { running }))
 }
 
 /// What [`read`] found.

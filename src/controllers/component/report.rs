@@ -35,6 +35,9 @@ pub(super) enum Outcome {
         message: String,
     },
     Applied(Applied),
+    /// The control plane sleeps: the StatefulSets were scaled to zero and `running` pods
+    /// are still there (docs/design.md §12).
+    Sleeping { running: i32 },
 }
 
 impl From<PlanError> for Outcome {
@@ -118,9 +121,49 @@ pub(super) fn report(
             Action::requeue(Duration::from_secs(60))
         }
         Outcome::Applied(applied) => applied_status(kind, name, old, &mut status, generation, applied, now),
+        Outcome::Sleeping { running } => {
+            sleeping_status(&mut status, running, generation, now);
+            if running > 0 {
+                Action::requeue(Duration::from_secs(30))
+            } else {
+                Action::await_change()
+            }
+        }
     };
     status.observed_generation = generation;
     Some((status, action))
+}
+
+/// The status of a component scaled to zero for sleep, with `running` pods still there:
+/// `Sleeping` once none is (its `spec.replicas` and `status.replicas` stay: they are what
+/// wake brings back). etcd forgets when its members became unhealthy: their absence while
+/// asleep is no loss, and member remediation must never count it (docs/design.md §12).
+fn sleeping_status(status: &mut ComponentStatus, running: i32, generation: Option<i64>, now: &Now) {
+    status.ready = false;
+    let update = if running > 0 {
+        ConditionUpdate::new(
+            READY,
+            false,
+            Reason::FallingAsleep,
+            format!("the control plane falls asleep: {running} pods still run"),
+        )
+    } else {
+        status.phase = Some(phase::SLEEPING.into());
+        status.ready_replicas = Some(0);
+        status.replicas_display = Some(format!("0/{}", status.replicas.unwrap_or(0)));
+        ConditionUpdate::new(
+            READY,
+            false,
+            Reason::Sleeping,
+            "the control plane sleeps: no pod runs; its data is kept",
+        )
+    };
+    set_condition(&mut status.conditions, update, generation, &now.k8s);
+    if let Some(etcd) = status.etcd.as_mut() {
+        for member in &mut etcd.members {
+            member.unhealthy_since = None;
+        }
+    }
 }
 
 /// The status after a pass that failed with `error` (an API hiccup, retried soon).
@@ -356,6 +399,62 @@ mod tests {
             provider_readiness: false,
             membership: Box::default(),
         }
+    }
+
+    #[test]
+    fn a_sleeping_component_keeps_its_replicas_and_etcd_forgets_when_members_went_away() {
+        let now = now();
+        let old = ComponentStatus {
+            ready: true,
+            phase: Some(phase::READY.into()),
+            replicas: Some(3),
+            ready_replicas: Some(3),
+            version: Some("3.6.8".into()),
+            etcd: Some(crate::api::EtcdClusterStatus {
+                members: vec![crate::api::EtcdMemberStatus {
+                    name: "demo-etcd-2".into(),
+                    id: "2".into(),
+                    peer_url: String::new(),
+                    learner: false,
+                    healthy: false,
+                    unhealthy_since: Some("2026-12-01T00:00:00Z".into()),
+                }],
+                leader: None,
+            }),
+            ..ComponentStatus::default()
+        };
+        let (falling, action) = report(
+            ComponentKind::Etcd,
+            "demo-etcd",
+            &old,
+            Some(1),
+            Outcome::Sleeping { running: 2 },
+            &now,
+        )
+        .unwrap();
+        assert!(!falling.ready);
+        assert_eq!(condition(&falling, READY).reason, "FallingAsleep");
+        assert_eq!(falling.phase.as_deref(), Some(phase::READY), "not asleep while pods run");
+        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        let (asleep, action) = report(
+            ComponentKind::Etcd,
+            "demo-etcd",
+            &falling,
+            Some(1),
+            Outcome::Sleeping { running: 0 },
+            &now,
+        )
+        .unwrap();
+        assert_eq!(condition(&asleep, READY).reason, "Sleeping");
+        assert_eq!(asleep.phase.as_deref(), Some(phase::SLEEPING));
+        assert_eq!((asleep.replicas, asleep.ready_replicas), (Some(3), Some(0)));
+        assert_eq!(asleep.version.as_deref(), Some("3.6.8"));
+        assert_eq!(
+            asleep.etcd.unwrap().members[0].unhealthy_since,
+            None,
+            "a member's absence while asleep never counts toward its remediation"
+        );
+        assert_eq!(action, Action::await_change());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 mod certificates;
 mod components;
 pub mod encryption_rotation;
+mod hibernation;
 mod report;
 pub mod rotation;
 mod scope;
@@ -152,9 +153,15 @@ async fn drive(
         renewal_policy(inputs.ncp, inputs.ctx.settings.certificate_validity).map_err(ReconcileError::InvalidSpec)?;
     let renew_window = policy.renew_window();
     let round = Round::new(inputs, &owner, policy);
+    // From a request to sleep until the control plane is awake again, upgrades and
+    // rotations wait: none starts on a control plane going to sleep, and one that runs
+    // finishes before it falls asleep (docs/design.md §12).
+    let held = hibernation::holds(round.ncp);
 
     // A CA rotation requested or in progress moves first: it may bring back a lost CA.
-    rotation::step(&round, status).await?;
+    if !held.authorities {
+        rotation::step(&round, status).await?;
+    }
     let mut authorities = certificates::ensure_authorities(&round, status).await?;
     let (mut components, mut references) = components::ensure(&round).await?;
     components::follow_replicas(&round, &mut components).await?;
@@ -164,14 +171,16 @@ async fn drive(
     authorities.expiry.extend(kubeconfig);
     certificates::record_schedule(&round, authorities.expiry, renew_window, status);
     report::components(&round, &components, status);
-    // A key rotation waits for the apiservers, as a CA rotation waits for every component.
-    let rotation_again = encryption_rotation::step(&round, status).await?;
-    // A stepped upgrade moves once the components are summarized (docs/design.md §10).
-    let upgrade_again = upgrade::step(&round, &components, status).await;
-    let upgrade_again = match (upgrade_again, rotation_again) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+    let sleep_again = hibernation::step(&round, &components, status).await?;
+    let (rotation_again, upgrade_again) = if held.day2 {
+        (None, None)
+    } else {
+        // A key rotation waits for the apiservers, as a CA rotation waits for every component.
+        let rotation_again = encryption_rotation::step(&round, status).await?;
+        // A stepped upgrade moves once the components are summarized (docs/design.md §10).
+        (rotation_again, upgrade::step(&round, &components, status).await)
     };
+    let upgrade_again = [upgrade_again, rotation_again, sleep_again].into_iter().flatten().min();
     // Look again when the admin kubeconfig is due (the components watch their own).
     let renewal = recheck_after(&round.ncp.name_any(), round.store.next_renewal(), round.now.time);
     Ok(report::requeue(renewal, upgrade_again))

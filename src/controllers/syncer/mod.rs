@@ -192,6 +192,20 @@ async fn reconcile(
         }
         return Ok(Action::await_change());
     }
+    if crate::hibernation::components_sleep(&ncp) {
+        // Asleep (docs/design.md §12): the tenant's apiserver goes away, so the worker stops
+        // rather than retrying against it; the pods it synced keep running, unobserved, and
+        // the worker starts again (and catches up) once the control plane is ready.
+        workers.stop(&control_plane);
+        let update = ConditionUpdate::new(
+            WORKLOADS_SYNCED,
+            false,
+            Reason::Sleeping,
+            "the control plane sleeps: the tenant's pods keep running in the super cluster, unobserved, until it wakes".to_owned(),
+        );
+        report(&ctx, &ncp, &ns, update).await?;
+        return Ok(Action::await_change());
+    }
     let ready = ncp.status.as_ref().is_some_and(|s| s.ready);
     let Some(endpoint) = ncp.spec.control_plane_endpoint.clone().filter(|_| ready) else {
         return Ok(Action::await_change());

@@ -113,9 +113,12 @@ impl Known {
             .caches
             .statefulsets
             .get(&ObjectRef::new(&statefulset).within(&round.cluster.namespace));
+        // A StatefulSet at zero was put to sleep (capn renders at least one member
+        // otherwise): waking, it has the members it had, not one.
         let statefulset_replicas = live
             .as_ref()
             .and_then(|s| s.spec.as_ref().and_then(|s| s.replicas))
+            .filter(|r| *r > 0)
             .or_else(|| status.and_then(|s| s.replicas))
             .unwrap_or(desired)
             .max(1);
