@@ -63,8 +63,7 @@ pub fn scheduled(
             let Some(value) = value.as_deref().filter(|v| !v.trim().is_empty()) else {
                 continue;
             };
-            let parsed =
-                Schedule::parse(value).map_err(|e| (format!("spec.hibernation.schedules[{i}].{field}"), e))?;
+            let parsed = Schedule::parse(value).map_err(|e| (format!("spec.hibernation.schedules[{i}].{field}"), e))?;
             let mut last = None;
             let mut run = parsed.next_after(from);
             while let Some(time) = run.filter(|t| *t <= now) {
@@ -180,18 +179,12 @@ pub fn busy(status: &NestedControlPlaneStatus) -> Option<String> {
 
 /// Whether `spec.hibernation.enabled` asks for sleep.
 pub fn wanted(ncp: &NestedControlPlane) -> bool {
-    ncp.spec
-        .hibernation
-        .as_ref()
-        .and_then(|h| h.enabled)
-        .unwrap_or(false)
+    ncp.spec.hibernation.as_ref().and_then(|h| h.enabled).unwrap_or(false)
 }
 
 /// The phase `status` shows (`None`: never slept).
 pub fn shown(status: Option<&NestedControlPlaneStatus>) -> Option<&str> {
-    status
-        .and_then(|s| s.hibernation.as_ref())
-        .map(|h| h.phase.as_str())
+    status.and_then(|s| s.hibernation.as_ref()).map(|h| h.phase.as_str())
 }
 
 /// Whether the components are asked to scale to zero: the control plane is falling asleep
@@ -333,7 +326,10 @@ mod tests {
     #[test]
     fn wake_brings_back_etcd_first_and_is_awake_once_all_are_ready() {
         let d = decide(false, Some(phase::SLEEPING), None, [DOWN; 3]);
-        assert_eq!((d.phase, d.message.as_str()), (phase::WAKING_UP, "waiting for the etcd to be ready"));
+        assert_eq!(
+            (d.phase, d.message.as_str()),
+            (phase::WAKING_UP, "waiting for the etcd to be ready")
+        );
         let d = decide(false, Some(phase::WAKING_UP), None, [UP, STARTING, DOWN]);
         assert_eq!(d.message, "waiting for the apiserver to be ready");
         let d = decide(false, Some(phase::WAKING_UP), None, [UP, UP, STARTING]);
@@ -348,7 +344,10 @@ mod tests {
     fn day_two_work_waits_from_the_request_until_awake_but_a_running_operation_finishes() {
         assert!(!holds_day2(false, phase::AWAKE, false));
         assert!(holds_day2(true, phase::AWAKE, false));
-        assert!(!holds_day2(true, phase::AWAKE, true), "the running operation finishes first");
+        assert!(
+            !holds_day2(true, phase::AWAKE, true),
+            "the running operation finishes first"
+        );
         assert!(holds_day2(false, phase::WAKING_UP, false));
         assert!(holds_day2(true, phase::SLEEPING, false));
     }

@@ -1175,6 +1175,7 @@ pub const SIZE_BOUNDS: &[(&str, &str, i64)] = &[
         "maxItems",
         64,
     ),
+    ("spec.hibernation.schedules", "maxItems", 8),
     (
         "spec.authentication.configuration.jwt[].issuer.audiences",
         "maxItems",

@@ -17,6 +17,7 @@ mod boot_members;
 mod boot_projected;
 mod boot_reach;
 mod boot_services;
+mod boot_sleep;
 mod boot_syncer;
 mod boot_upgrade;
 mod capi;

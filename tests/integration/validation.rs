@@ -99,6 +99,15 @@ fn corpus() -> Vec<Case> {
     );
     bad_ncp(
         &mut c,
+        "InvalidHibernationSchedule",
+        "spec.hibernation.schedules[",
+        vec![
+            json!({"hibernation": {"schedules": [{"start": "every evening"}]}}),
+            json!({"hibernation": {"schedules": [{"start": "0 20 * * 1-5", "end": "0 7 * *"}]}}),
+        ],
+    );
+    bad_ncp(
+        &mut c,
         "InvalidSAN",
         "spec.certSANs[",
         vec![

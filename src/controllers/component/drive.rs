@@ -165,10 +165,7 @@ async fn sleep<K: ComponentResource>(
         .map(|s| s.inventory.as_slice())
         .unwrap_or_default();
     for entry in inventory.iter().filter(|e| e.kind == "StatefulSet") {
-        let live = ctx
-            .caches
-            .statefulsets
-            .get(&ObjectRef::new(&entry.name).within(ns));
+        let live = ctx.caches.statefulsets.get(&ObjectRef::new(&entry.name).within(ns));
         let Some(live) = live else { continue };
         if live.spec.as_ref().and_then(|s| s.replicas) != Some(0) {
             // In one write, so that the StatefulSet controller never sees zero replicas

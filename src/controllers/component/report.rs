@@ -37,7 +37,9 @@ pub(super) enum Outcome {
     Applied(Applied),
     /// The control plane sleeps: the StatefulSets were scaled to zero and `running` pods
     /// are still there (docs/design.md §12).
-    Sleeping { running: i32 },
+    Sleeping {
+        running: i32,
+    },
 }
 
 impl From<PlanError> for Outcome {
@@ -434,7 +436,11 @@ mod tests {
         .unwrap();
         assert!(!falling.ready);
         assert_eq!(condition(&falling, READY).reason, "FallingAsleep");
-        assert_eq!(falling.phase.as_deref(), Some(phase::READY), "not asleep while pods run");
+        assert_eq!(
+            falling.phase.as_deref(),
+            Some(phase::READY),
+            "not asleep while pods run"
+        );
         assert_eq!(action, Action::requeue(Duration::from_secs(30)));
         let (asleep, action) = report(
             ComponentKind::Etcd,

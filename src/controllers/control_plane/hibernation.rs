@@ -111,7 +111,12 @@ pub(super) async fn step(
     shown.phase = decision.phase.into();
     shown.message.clone_from(&decision.message);
     let condition = match invalid {
-        Some(message) => ConditionUpdate::new(HIBERNATED, decision.phase == phase::SLEEPING, Reason::InvalidHibernationSchedule, message),
+        Some(message) => ConditionUpdate::new(
+            HIBERNATED,
+            decision.phase == phase::SLEEPING,
+            Reason::InvalidHibernationSchedule,
+            message,
+        ),
         None => ConditionUpdate::new(
             HIBERNATED,
             decision.phase == phase::SLEEPING,

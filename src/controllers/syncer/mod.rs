@@ -201,7 +201,8 @@ async fn reconcile(
             WORKLOADS_SYNCED,
             false,
             Reason::Sleeping,
-            "the control plane sleeps: the tenant's pods keep running in the super cluster, unobserved, until it wakes".to_owned(),
+            "the control plane sleeps: the tenant's pods keep running in the super cluster, unobserved, until it wakes"
+                .to_owned(),
         );
         report(&ctx, &ncp, &ns, update).await?;
         return Ok(Action::await_change());
