@@ -160,7 +160,8 @@ mod tests {
     /// planes, for a field every component has (a box would still have crossed 896). With
     /// `size` and `defragmentation` (boxed) the NestedEtcd crossed 1024 by 8 bytes: the
     /// next class, 1280, costs 256 bytes per tenant (one NestedEtcd each), 250 KiB at a
-    /// thousand.
+    /// thousand. `size` and `hibernation` (boxed, spec and status) took the
+    /// NestedControlPlane past 1280 by 16 bytes, to 1536: another 250 KiB at a thousand.
     #[test]
     fn cached_kinds_keep_what_few_objects_set_out_of_line() {
         use std::mem::size_of;
@@ -172,7 +173,7 @@ mod tests {
             size_of::<NestedControllerManager>()
         );
         assert!(
-            size_of::<NestedControlPlane>() <= 1280,
+            size_of::<NestedControlPlane>() <= 1536,
             "{}",
             size_of::<NestedControlPlane>()
         );
