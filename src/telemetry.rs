@@ -146,6 +146,7 @@ struct EtcdSeries {
 #[derive(Default)]
 struct ControlPlaneSeries {
     ready: Family<ControlPlaneLabels, Gauge>,
+    hibernated: Family<ControlPlaneLabels, Gauge>,
     certificate_expiry: Family<ControlPlaneLabels, Gauge>,
     certificate_renewal: Family<ControlPlaneLabels, Gauge>,
     certificate_renew_before: Family<ControlPlaneLabels, Gauge>,
@@ -283,6 +284,11 @@ impl Default for Metrics {
             "1 while every component of the control plane is ready (status.ready), else 0",
             control_planes.ready.clone(),
         );
+        registry.register(
+            "control_plane_hibernated",
+            "1 while the control plane sleeps, falls asleep or wakes up (spec.hibernation), else 0",
+            control_planes.hibernated.clone(),
+        );
         registry.register_with_unit(
             "certificate_expiry_timestamp",
             "The earliest NotAfter of the control plane's certificates (Unix time)",
@@ -403,12 +409,16 @@ impl Metrics {
         );
     }
 
-    /// Records whether control plane `cluster` in `namespace` is ready.
-    pub fn set_control_plane_ready(&self, namespace: &str, cluster: &str, ready: bool) {
+    /// Records whether control plane `cluster` in `namespace` is ready, and whether it is
+    /// hibernated (not awake: asleep, falling asleep or waking up), which the alerts on
+    /// readiness and backups leave alone (deploy/monitoring/rules.yaml).
+    pub fn set_control_plane_ready(&self, namespace: &str, cluster: &str, ready: bool, hibernated: bool) {
+        let labels = control_plane_labels(namespace, cluster);
+        self.control_planes.ready.get_or_create(&labels).set(i64::from(ready));
         self.control_planes
-            .ready
-            .get_or_create(&control_plane_labels(namespace, cluster))
-            .set(i64::from(ready));
+            .hibernated
+            .get_or_create(&labels)
+            .set(i64::from(hibernated));
     }
 
     /// Records the certificate schedule of control plane `cluster` in `namespace`. A time
@@ -665,8 +675,8 @@ mod tests {
     fn control_plane_series_are_one_per_control_plane_and_absent_without_a_value() {
         let m = Metrics::default();
         let labels = "{namespace=\"tenant-a\",cluster=\"demo\"}";
-        m.set_control_plane_ready("tenant-a", "demo", false);
-        m.set_control_plane_ready("tenant-a", "demo", true);
+        m.set_control_plane_ready("tenant-a", "demo", false, true);
+        m.set_control_plane_ready("tenant-a", "demo", true, false);
         m.set_certificates(
             "tenant-a",
             "demo",
@@ -697,6 +707,7 @@ mod tests {
         let text = m.encode();
         for line in [
             format!("capn_control_plane_ready{labels} 1"),
+            format!("capn_control_plane_hibernated{labels} 0"),
             format!("capn_certificate_expiry_timestamp_seconds{labels} 1900000000"),
             format!("capn_certificate_renewal_timestamp_seconds{labels} 1890000000"),
             format!("capn_certificate_renew_before_seconds{labels} 10512000"),

@@ -415,7 +415,7 @@ fn served_metric_names() -> BTreeSet<String> {
             failing: false,
         }),
     );
-    m.set_control_plane_ready("ns", "c", true);
+    m.set_control_plane_ready("ns", "c", true, false);
     m.set_certificates(
         "ns",
         "c",

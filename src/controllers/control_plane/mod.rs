@@ -121,8 +121,12 @@ pub async fn reconcile(ncp: Arc<NestedControlPlane>, ctx: Arc<Context>) -> Resul
         drive(inputs, &mut status, &mut spec_patched).await
     };
     report::conclude(&mut status, result.as_ref().err(), generation, spec_patched, &now.k8s);
+    let hibernated = status
+        .hibernation
+        .as_ref()
+        .is_some_and(|h| h.phase != crate::hibernation::phase::AWAKE);
     ctx.metrics
-        .set_control_plane_ready(&ns, &cluster_name(&*ncp), status.ready);
+        .set_control_plane_ready(&ns, &cluster_name(&*ncp), status.ready, hibernated);
     write_status(&ctx, &ncp, &ns, &old, &status).await?;
     report::action(result)
 }
