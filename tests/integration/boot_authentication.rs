@@ -149,6 +149,45 @@ fn apiserver_processes(booted: &crate::boot::Booted) -> Vec<(i32, u64)> {
         .collect()
 }
 
+/// What a configuration the apiserver reloads by itself must leave alone: its processes
+/// and the StatefulSet's pod template.
+pub(crate) struct Unrestarted {
+    processes: Vec<(i32, u64)>,
+    template: k8s_openapi::api::core::v1::PodTemplateSpec,
+}
+
+impl Unrestarted {
+    pub(crate) async fn take(booted: &crate::boot::Booted) -> Self {
+        Self {
+            processes: apiserver_processes(booted),
+            template: Self::template(booted).await,
+        }
+    }
+
+    async fn template(booted: &crate::boot::Booted) -> k8s_openapi::api::core::v1::PodTemplateSpec {
+        crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .template
+    }
+
+    /// Panics unless the same processes run from the same pod template.
+    pub(crate) async fn assert_same(&self, booted: &crate::boot::Booted) {
+        assert_eq!(
+            apiserver_processes(booted),
+            self.processes,
+            "no kube-apiserver process was started: the running one reloaded the file"
+        );
+        assert_eq!(
+            Self::template(booted).await,
+            self.template,
+            "the pod template did not change"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_of_a_configured_issuer_logs_in_and_a_changed_mapping_applies_without_a_restart() {
     let booted = boot_with("authentication", None, StartCapn::InProcess).await;
@@ -184,13 +223,7 @@ async fn a_token_of_a_configured_issuer_logs_in_and_a_changed_mapping_applies_wi
     say(&format!("authentication: the issuer's token is {user}"));
 
     // A new prefix: the apiserver reloads the file; the same process answers.
-    let processes = apiserver_processes(&booted);
-    let template = crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .template;
+    let unrestarted = Unrestarted::take(&booted).await;
     let changed = std::time::Instant::now();
     apiservers
         .patch(
@@ -211,18 +244,7 @@ async fn a_token_of_a_configured_issuer_logs_in_and_a_changed_mapping_applies_wi
         "authentication: the new prefix applied {:.1?} after the change, in the same process",
         changed.elapsed()
     ));
-    assert_eq!(
-        apiserver_processes(&booted),
-        processes,
-        "no kube-apiserver process was started: the running one reloaded the file"
-    );
-    let now = crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .template;
-    assert_eq!(now, template, "the pod template did not change");
+    unrestarted.assert_same(&booted).await;
     issuer.task.abort();
     booted.stop().await;
 }

@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
-use crate::boot_authentication::serve_https;
+use crate::boot_authentication::{Unrestarted, serve_https};
 
 /// The user the webhook allows; RBAC grants it nothing.
 const USER: &str = "alice";
@@ -51,16 +51,6 @@ async fn user_may_list(booted: &Booted, kubeconfig: &str) -> Option<bool> {
         Err(kube::Error::Api(e)) if e.code == 403 => Some(false),
         Err(_) => None,
     }
-}
-
-fn apiserver_processes(booted: &Booted) -> Vec<(i32, u64)> {
-    booted
-        .runner
-        .processes()
-        .into_iter()
-        .filter(|p| p.pod == "demo-apiserver-0" && p.container == "kube-apiserver")
-        .map(|p| (p.pid, p.start_time))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,13 +146,7 @@ async fn a_webhook_authorizer_allows_what_rbac_does_not_and_a_changed_configurat
     ));
 
     // ConfigMaps no longer sent to the webhook: RBAC decides, in the same process.
-    let processes = apiserver_processes(&booted);
-    let template = crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .template;
+    let unrestarted = Unrestarted::take(&booted).await;
     let changed = std::time::Instant::now();
     apiservers
         .patch(
@@ -186,18 +170,7 @@ async fn a_webhook_authorizer_allows_what_rbac_does_not_and_a_changed_configurat
         "authorization: the new configuration applied {:.1?} after the change, in the same process",
         changed.elapsed()
     ));
-    assert_eq!(
-        apiserver_processes(&booted),
-        processes,
-        "no kube-apiserver process was started: the running one reloaded the file"
-    );
-    let now = crate::harness::statefulset(&booted.client, &booted.ns, "demo-apiserver")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .template;
-    assert_eq!(now, template, "the pod template did not change");
+    unrestarted.assert_same(&booted).await;
     task.abort();
     booted.stop().await;
 }
