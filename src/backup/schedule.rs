@@ -16,9 +16,7 @@ pub struct Schedule {
 
 /// A schedule that cannot be parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "spec.backup.schedule: Invalid value: {value:?}: {detail}; a schedule is a cron expression of five fields (minute hour day-of-month month day-of-week, like \"0 3 * * *\"), or @hourly, @daily, @weekly, @monthly, @yearly, evaluated in UTC"
-)]
+#[error("{}", self.message_at("spec.backup.schedule"))]
 pub struct ScheduleError {
     /// The value as written.
     pub value: String,
@@ -27,6 +25,15 @@ pub struct ScheduleError {
 }
 
 impl ScheduleError {
+    /// What is wrong and what is allowed, for the schedule at field `path` (backups,
+    /// defragmentation, key rotation and hibernation share the dialect and the words).
+    pub fn message_at(&self, path: &str) -> String {
+        format!(
+            "{path}: Invalid value: {:?}: {}; a schedule is a cron expression of five fields (minute hour day-of-month month day-of-week, like \"0 3 * * *\"), or @hourly, @daily, @weekly, @monthly, @yearly, evaluated in UTC",
+            self.value, self.detail
+        )
+    }
+
     /// Condition reason.
     pub fn reason(&self) -> &'static str {
         "InvalidBackupSchedule"

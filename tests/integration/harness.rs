@@ -446,3 +446,38 @@ pub async fn statefulset_versions(client: &Client, ns: &str) -> Vec<(String, Opt
         .map(|s| (s.name_any(), s.resource_version()))
         .collect()
 }
+
+/// The directory of Go-built test tools: the environment variable `variable`, else what
+/// the build script `script` (under `hack/`, run in the repository) prints; checked to hold
+/// every one of `binaries` (as the Cluster API tests treat `CAPI_ASSETS`).
+///
+/// # Panics
+/// Loudly, with how to build them, when neither gives the binaries.
+pub fn go_assets(variable: &str, script: &str, binaries: &[&str]) -> std::path::PathBuf {
+    let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let hint = format!("build or locate them with `export {variable}=$(hack/{script})` (needs Go)");
+    let dir = match std::env::var_os(variable).filter(|v| !v.is_empty()) {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => {
+            let output = std::process::Command::new(repository.join("hack").join(script))
+                .current_dir(repository)
+                .output()
+                .unwrap_or_else(|e| panic!("{variable} is not set and hack/{script} cannot run: {e}; {hint}"));
+            assert!(
+                output.status.success(),
+                "{variable} is not set and hack/{script} failed ({}):\n{}\n{hint}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            std::path::PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+        }
+    };
+    for binary in binaries {
+        assert!(
+            dir.join(binary).is_file(),
+            "{variable}={}: no {binary}; {hint}",
+            dir.display()
+        );
+    }
+    dir
+}

@@ -35,39 +35,10 @@ fn repository() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `HELM_ASSETS`, else what `hack/helm-assets.sh` prints (as the Cluster API tests treat
-/// `CAPI_ASSETS`); checked to hold `helm` and `actionlint`.
-///
-/// # Panics
-/// Loudly, with how to build them, when neither gives the binaries.
+/// `HELM_ASSETS`, else what `hack/helm-assets.sh` prints; checked to hold `helm` and
+/// `actionlint`.
 fn assets() -> PathBuf {
-    const HINT: &str = "build or locate them with `export HELM_ASSETS=$(hack/helm-assets.sh)` (needs Go)";
-    let dir = match std::env::var_os(ASSETS_VARIABLE).filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let output = Command::new(repository().join("hack/helm-assets.sh"))
-                .current_dir(repository())
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!("{ASSETS_VARIABLE} is not set and hack/helm-assets.sh cannot run: {e}; {HINT}")
-                });
-            assert!(
-                output.status.success(),
-                "{ASSETS_VARIABLE} is not set and hack/helm-assets.sh failed ({}):\n{}\n{HINT}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            );
-            PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-        }
-    };
-    for binary in ["helm", "actionlint"] {
-        assert!(
-            dir.join(binary).is_file(),
-            "{ASSETS_VARIABLE}={}: no {binary}; {HINT}",
-            dir.display()
-        );
-    }
-    dir
+    crate::harness::go_assets(ASSETS_VARIABLE, "helm-assets.sh", &["helm", "actionlint"])
 }
 
 /// Runs a binary of the assets in the repository's root.

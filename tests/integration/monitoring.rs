@@ -45,38 +45,9 @@ fn yaml(path: &str) -> Value {
     serde_saphyr::from_str(&read(path)).unwrap_or_else(|e| panic!("{path} does not parse: {e}"))
 }
 
-/// `PROMTOOL_ASSETS`, else what `hack/promtool-assets.sh` prints (as the chart test treats
-/// `HELM_ASSETS`); checked to hold `promtool`.
-///
-/// # Panics
-/// Loudly, with how to build it, when neither gives the binary.
+/// `PROMTOOL_ASSETS`, else what `hack/promtool-assets.sh` prints: the `promtool` binary.
 fn promtool() -> PathBuf {
-    const HINT: &str = "build or locate it with `export PROMTOOL_ASSETS=$(hack/promtool-assets.sh)` (needs Go)";
-    let dir = match std::env::var_os(ASSETS_VARIABLE).filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let output = Command::new(repository().join("hack/promtool-assets.sh"))
-                .current_dir(repository())
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!("{ASSETS_VARIABLE} is not set and hack/promtool-assets.sh cannot run: {e}; {HINT}")
-                });
-            assert!(
-                output.status.success(),
-                "{ASSETS_VARIABLE} is not set and hack/promtool-assets.sh failed ({}):\n{}\n{HINT}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            );
-            PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
-        }
-    };
-    let binary = dir.join("promtool");
-    assert!(
-        binary.is_file(),
-        "{ASSETS_VARIABLE}={}: no promtool; {HINT}",
-        dir.display()
-    );
-    binary
+    crate::harness::go_assets(ASSETS_VARIABLE, "promtool-assets.sh", &["promtool"]).join("promtool")
 }
 
 /// Runs `promtool` with `args` in the repository's root.

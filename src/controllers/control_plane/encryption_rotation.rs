@@ -82,10 +82,7 @@ pub(super) async fn step(
         (false, Some(schedule)) => match due(Some(schedule), None, None, since, created, round.now.k8s.0) {
             Ok(due) => Some(due),
             Err(invalid) => {
-                let message = format!(
-                    "spec.encryption.keyRotationSchedule: Invalid value: {:?}: {}; a schedule is a cron expression of five fields (minute hour day-of-month month day-of-week, like \"0 3 1 * *\"), or @hourly, @daily, @weekly, @monthly, @yearly, evaluated in UTC",
-                    invalid.value, invalid.detail
-                );
+                let message = invalid.message_at("spec.encryption.keyRotationSchedule");
                 let update = ConditionUpdate::new(
                     ENCRYPTION_KEY_ROTATION,
                     false,

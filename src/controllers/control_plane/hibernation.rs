@@ -90,10 +90,7 @@ pub(super) async fn step(
             });
         }
         Err((path, e)) => {
-            invalid = Some(format!(
-                "{path}: Invalid value: {:?}: {}; a schedule is a cron expression of five fields (minute hour day-of-month month day-of-week, like \"0 20 * * 1-5\"), or @hourly, @daily, @weekly, @monthly, @yearly, evaluated in UTC",
-                e.value, e.detail
-            ));
+            invalid = Some(e.message_at(&path));
         }
     }
     let busy = hibernation::busy(status);

@@ -390,8 +390,8 @@ async fn maintain(
                 None,
                 Reason::InvalidDefragmentationSchedule,
                 format!(
-                    "spec.defragmentation.schedule: Invalid value: {:?}: {}; a schedule is a cron expression of five fields (minute hour day-of-month month day-of-week, like \"0 3 * * 0\"), or @hourly, @daily, @weekly, @monthly, @yearly, evaluated in UTC; no defragmentation runs on it until it is mended",
-                    invalid.value, invalid.detail
+                    "{}; no defragmentation runs on it until it is mended",
+                    invalid.message_at("spec.defragmentation.schedule")
                 ),
                 "Defragment",
             )
