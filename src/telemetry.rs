@@ -16,7 +16,7 @@
 //!   with leader election, the standby loop) are running and no watch fails (a failing
 //!   watch is named in the answer's body).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -74,7 +74,7 @@ struct KindLabel {
 
 /// One control plane: the finest grain capn's high-volume series have (never a member or
 /// an object), so their count is bounded by the control planes capn runs.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 struct ControlPlaneLabels {
     namespace: String,
     cluster: String,
@@ -170,6 +170,9 @@ pub struct Metrics {
     watch_failing: Family<KindLabel, Gauge>,
     etcd: EtcdSeries,
     control_planes: ControlPlaneSeries,
+    /// Every control plane a per control plane series was recorded for, so that
+    /// [`Metrics::retain_control_planes`] can drop the series of those that are gone.
+    control_planes_seen: Mutex<BTreeSet<ControlPlaneLabels>>,
     /// Objects per component resource, so the gauge is a sum that stays right on updates.
     inventory: Mutex<HashMap<(String, String), i64>>,
     ready: AtomicBool,
@@ -317,6 +320,7 @@ impl Default for Metrics {
             managed,
             tenant_connections,
             watch_failing,
+            control_planes_seen: Mutex::default(),
             inventory: Mutex::default(),
             ready: AtomicBool::new(false),
             failing_watches: Mutex::default(),
@@ -366,10 +370,9 @@ impl Metrics {
     }
 
     /// Records what one pass read of the etcd of control plane `cluster` in `namespace`.
-    /// Read at least every 10 s ([`crate::controllers::component::etcd::space::SPACE_POLL`]);
-    /// the series of a deleted control plane stay until capn restarts.
+    /// Read at least every 10 s ([`crate::controllers::component::etcd::space::SPACE_POLL`]).
     pub fn set_etcd_space(&self, namespace: &str, cluster: &str, figures: EtcdSpaceFigures) {
-        let labels = control_plane_labels(namespace, cluster);
+        let labels = self.control_plane(namespace, cluster);
         self.etcd.db_size.get_or_create(&labels).set(figures.db_size);
         self.etcd
             .db_size_in_use
@@ -382,7 +385,7 @@ impl Metrics {
     /// Records the members of the etcd of control plane `cluster` in `namespace` as one pass
     /// read them (with the space, at least every 10 s while the etcd runs).
     pub fn set_etcd_members(&self, namespace: &str, cluster: &str, figures: EtcdMemberFigures) {
-        let labels = control_plane_labels(namespace, cluster);
+        let labels = self.control_plane(namespace, cluster);
         self.etcd.members.get_or_create(&labels).set(figures.members);
         self.etcd.members_healthy.get_or_create(&labels).set(figures.healthy);
         self.etcd
@@ -395,7 +398,7 @@ impl Metrics {
     /// them. A figure that is `None` removes its series (no snapshot yet, no schedule);
     /// `None` (no `spec.backup`) removes all three.
     pub fn set_etcd_backup(&self, namespace: &str, cluster: &str, figures: Option<BackupFigures>) {
-        let labels = control_plane_labels(namespace, cluster);
+        let labels = self.control_plane(namespace, cluster);
         set_or_remove(
             &self.etcd.backup_last_success,
             &labels,
@@ -413,7 +416,7 @@ impl Metrics {
     /// hibernated (not awake: asleep, falling asleep or waking up), which the alerts on
     /// readiness and backups leave alone (deploy/monitoring/rules.yaml).
     pub fn set_control_plane_ready(&self, namespace: &str, cluster: &str, ready: bool, hibernated: bool) {
-        let labels = control_plane_labels(namespace, cluster);
+        let labels = self.control_plane(namespace, cluster);
         self.control_planes.ready.get_or_create(&labels).set(i64::from(ready));
         self.control_planes
             .hibernated
@@ -424,7 +427,7 @@ impl Metrics {
     /// Records the certificate schedule of control plane `cluster` in `namespace`. A time
     /// that is `None` removes its series.
     pub fn set_certificates(&self, namespace: &str, cluster: &str, figures: CertificateFigures) {
-        let labels = control_plane_labels(namespace, cluster);
+        let labels = self.control_plane(namespace, cluster);
         let series = &self.control_planes;
         set_or_remove(&series.certificate_expiry, &labels, figures.expiry);
         set_or_remove(&series.certificate_renewal, &labels, figures.next_renewal);
@@ -438,7 +441,7 @@ impl Metrics {
     pub fn count_etcd_defragmentation(&self, namespace: &str, cluster: &str) {
         self.etcd
             .defragmentations
-            .get_or_create(&control_plane_labels(namespace, cluster))
+            .get_or_create(&self.control_plane(namespace, cluster))
             .inc();
     }
 
@@ -500,6 +503,71 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Drops every per control plane series (`capn_etcd_*`, `capn_control_plane_*`,
+    /// `capn_certificate_*`) of the control planes `exists` says are gone, so that a
+    /// deleted tenant neither stays on the dashboards nor keeps an alert firing. Returns how
+    /// many control planes' series went. Called by the controllers against their cache of
+    /// NestedControlPlanes ([`crate::controllers::forget_deleted_control_planes`]): a deleted
+    /// control plane is never reconciled again, so nothing else would remove them.
+    pub fn retain_control_planes(&self, exists: impl Fn(&str, &str) -> bool) -> usize {
+        let gone: Vec<ControlPlaneLabels> = {
+            let mut seen = self.seen();
+            let gone = seen
+                .iter()
+                .filter(|l| !exists(&l.namespace, &l.cluster))
+                .cloned()
+                .collect::<Vec<_>>();
+            for labels in &gone {
+                seen.remove(labels);
+            }
+            gone
+        };
+        let (etcd, cp) = (&self.etcd, &self.control_planes);
+        let gauges = [
+            &etcd.db_size,
+            &etcd.db_size_in_use,
+            &etcd.quota,
+            &etcd.nospace,
+            &etcd.members,
+            &etcd.members_healthy,
+            &etcd.has_leader,
+            &etcd.backup_last_success,
+            &etcd.backup_interval,
+            &etcd.backup_failing,
+            &cp.ready,
+            &cp.hibernated,
+            &cp.certificate_expiry,
+            &cp.certificate_renewal,
+            &cp.certificate_renew_before,
+        ];
+        for labels in &gone {
+            for family in gauges {
+                family.remove(labels);
+            }
+            etcd.defragmentations.remove(labels);
+        }
+        gone.len()
+    }
+
+    /// The labels of control plane `cluster` in `namespace`, noted as one that has series.
+    fn control_plane(&self, namespace: &str, cluster: &str) -> ControlPlaneLabels {
+        let labels = ControlPlaneLabels {
+            namespace: namespace.to_owned(),
+            cluster: cluster.to_owned(),
+        };
+        let mut seen = self.seen();
+        if !seen.contains(&labels) {
+            seen.insert(labels.clone());
+        }
+        labels
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, BTreeSet<ControlPlaneLabels>> {
+        self.control_planes_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Marks the process ready (`/readyz` answers 200).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
@@ -523,13 +591,6 @@ fn set_or_remove(family: &Family<ControlPlaneLabels, Gauge>, labels: &ControlPla
         None => {
             family.remove(labels);
         }
-    }
-}
-
-fn control_plane_labels(namespace: &str, cluster: &str) -> ControlPlaneLabels {
-    ControlPlaneLabels {
-        namespace: namespace.to_owned(),
-        cluster: cluster.to_owned(),
     }
 }
 
@@ -752,6 +813,50 @@ mod tests {
         );
         m.set_etcd_backup("tenant-a", "demo", None);
         assert!(!m.encode().contains("capn_etcd_backup_failing{"), "spec.backup removed");
+    }
+
+    /// Every series of a control plane that is gone goes, every family at once; another's
+    /// stay; and a control plane recorded again afterwards is served again.
+    #[test]
+    fn series_of_control_planes_that_are_gone_are_dropped() {
+        let m = Metrics::default();
+        for cluster in ["demo", "kept"] {
+            m.set_control_plane_ready("tenant-a", cluster, false, false);
+            m.set_certificates(
+                "tenant-a",
+                cluster,
+                CertificateFigures {
+                    expiry: Some(1_900_000_000),
+                    next_renewal: Some(1_890_000_000),
+                    renew_before: 10_512_000,
+                },
+            );
+            m.set_etcd_space("tenant-a", cluster, EtcdSpaceFigures::default());
+            m.set_etcd_members("tenant-a", cluster, EtcdMemberFigures::default());
+            m.set_etcd_backup(
+                "tenant-a",
+                cluster,
+                Some(BackupFigures {
+                    last_success: Some(1),
+                    interval: Some(1),
+                    failing: false,
+                }),
+            );
+            m.count_etcd_defragmentation("tenant-a", cluster);
+        }
+        let before = m.encode();
+        let series = |text: &str, cluster: &str| {
+            let labels = format!("{{namespace=\"tenant-a\",cluster=\"{cluster}\"}}");
+            text.lines().filter(|l| l.contains(&labels)).count()
+        };
+        assert_eq!(series(&before, "demo"), 16, "{before}");
+        assert_eq!(m.retain_control_planes(|_, cluster| cluster == "kept"), 1);
+        let after = m.encode();
+        assert_eq!(series(&after, "demo"), 0, "{after}");
+        assert_eq!(series(&after, "kept"), 16, "{after}");
+        assert_eq!(m.retain_control_planes(|_, cluster| cluster == "kept"), 0, "once only");
+        m.set_control_plane_ready("tenant-a", "demo", true, false);
+        assert_eq!(series(&m.encode(), "demo"), 2, "ready and hibernated again");
     }
 
     #[test]

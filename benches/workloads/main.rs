@@ -150,7 +150,7 @@ async fn run(tenants: usize, pods: usize, flood: usize, dir: &Path, audit_log: &
         booted.push((ns, runner));
     }
     let hosts = dir.join("hosts");
-    let merging = tokio::spawn(merge_hosts(
+    let merging = tokio::spawn(capn_testkit::runner::merge_hosts_files(
         booted.iter().map(|(_, r)| r.hosts_file()).collect(),
         hosts.clone(),
     ));
@@ -1150,23 +1150,4 @@ fn write_impersonating_kubeconfig(admin: &Path, path: &Path) -> Result<(), Strin
     }
     let text = serde_json::to_string_pretty(&kubeconfig).map_err(|e| e.to_string())?;
     std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
-}
-
-/// Keeps `merged` the concatenation of the runners' hosts files (capn takes one).
-async fn merge_hosts(files: Vec<PathBuf>, merged: PathBuf) {
-    let mut last = String::new();
-    loop {
-        let text: String = files
-            .iter()
-            .filter_map(|f| std::fs::read_to_string(f).ok())
-            .collect::<Vec<_>>()
-            .join("\n");
-        if text != last {
-            let temporary = merged.with_extension("new");
-            if std::fs::write(&temporary, &text).is_ok() && std::fs::rename(&temporary, &merged).is_ok() {
-                last = text;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }

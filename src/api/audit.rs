@@ -109,9 +109,17 @@ pub struct AuditGroupResources {
 pub struct ConfigMapKeyReference {
     /// The ConfigMap's name.
     pub name: String,
-    /// The key (default `policy.yaml`).
+    /// The key; its default is the referring field's (`policy.yaml` for an audit policy,
+    /// `config.yaml` for an authentication or authorization configuration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+}
+
+impl ConfigMapKeyReference {
+    /// The ConfigMap's name and the key, `default` when the reference names none.
+    pub fn name_and_key<'a>(&'a self, default: &'a str) -> (&'a str, &'a str) {
+        (self.name.as_str(), self.key.as_deref().unwrap_or(default))
+    }
 }
 
 /// A key of a Secret in the referring object's namespace.

@@ -6,6 +6,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::ConfigMapKeyReference;
 use super::component::FreeFormObject;
 
 /// Who may log in to the tenant beyond its certificates and service-account tokens: JWT
@@ -14,11 +15,20 @@ use super::component::FreeFormObject;
 /// `--authentication-config`; kube-apiserver reloads the file by itself, so a change of
 /// `jwt` reaches the running apiserver without a restart (a change of `anonymous`, which
 /// kube-apiserver refuses to reload, rolls it) (docs/guide/security.md "Authentication").
+/// The configuration is inline or in a ConfigMap: exactly one of the two.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ApiServerAuthentication {
-    /// The `AuthenticationConfiguration`, without `apiVersion` and `kind`.
-    pub configuration: AuthenticationConfiguration,
+    /// The `AuthenticationConfiguration`, inline, without `apiVersion` and `kind`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<AuthenticationConfiguration>,
+    /// The `AuthenticationConfiguration` from a ConfigMap in the NestedAPIServer's namespace:
+    /// a whole `apiserver.config.k8s.io/v1` document (YAML or JSON) under `key` (default
+    /// `config.yaml`), checked by the rules of `configuration`. capn copies it into the
+    /// ConfigMap it owns; a change of the referenced ConfigMap reaches the running apiserver
+    /// as a change of `configuration` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration_ref: Option<ConfigMapKeyReference>,
 }
 
 /// An `apiserver.config.k8s.io/v1` `AuthenticationConfiguration`.

@@ -7,8 +7,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::SecretKeyReference;
 use super::component::FreeFormObject;
+use super::{ConfigMapKeyReference, SecretKeyReference};
 
 /// Who may do what in the tenant beyond RBAC: webhook authorizers, in Kubernetes' own
 /// words, in the order they are asked. capn renders the configuration into the ConfigMap
@@ -16,12 +16,22 @@ use super::component::FreeFormObject;
 /// `--authorization-mode`; kube-apiserver reloads the file by itself, so a change of the
 /// list reaches the running apiserver without a restart (a change of a webhook's kubeconfig
 /// Secret, which it reads only when the file changes, rolls it)
-/// (docs/guide/security.md "Authorization").
+/// (docs/guide/security.md "Authorization"). The configuration is inline or in a ConfigMap:
+/// exactly one of the two.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ApiServerAuthorization {
-    /// The `AuthorizationConfiguration`, without `apiVersion` and `kind`.
-    pub configuration: AuthorizationConfiguration,
+    /// The `AuthorizationConfiguration`, inline, without `apiVersion` and `kind`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<AuthorizationConfiguration>,
+    /// The `AuthorizationConfiguration` from a ConfigMap in the NestedAPIServer's namespace:
+    /// a whole `apiserver.config.k8s.io/v1` document (YAML or JSON) under `key` (default
+    /// `config.yaml`), in capn's shape (a webhook's `connectionInfo` names its
+    /// `kubeConfigSecretRef`) and checked by the rules of `configuration`. capn copies it
+    /// into the ConfigMap it owns; a change of the referenced ConfigMap reaches the running
+    /// apiserver as a change of `configuration` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration_ref: Option<ConfigMapKeyReference>,
 }
 
 /// An `apiserver.config.k8s.io/v1` `AuthorizationConfiguration`.

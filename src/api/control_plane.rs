@@ -50,8 +50,10 @@ pub struct NestedControlPlaneSpec {
     /// empty for the channel default), unless a component pins its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
-    /// Desired apiserver replicas (the scale subresource: `kubectl scale ncp/<name>`). When
-    /// set, it overrides the NestedAPIServer's own `replicas`.
+    /// Desired apiserver replicas (the scale subresource: `kubectl scale ncp/<name>`, a
+    /// HorizontalPodAutoscaler, Cluster API). It overrides the NestedAPIServer's own
+    /// `replicas`; left unset, capn records the NestedAPIServer's (else 1) here once, so
+    /// that the scale subresource always has a value to read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub replicas: Option<i32>,
@@ -184,6 +186,18 @@ pub struct EncryptionSpec {
     /// on the first of every month at 03:00.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_rotation_schedule: Option<String>,
+    /// The resources whose stored values are encrypted, named as kube-apiserver's
+    /// `EncryptionConfiguration` names them: `<resource>` for the core group (`secrets`,
+    /// `configmaps`) or `<resource>.<group>` (`deployments.apps`, `widgets.example.com`);
+    /// at most 64, each once, `secrets` always among them (the keys protect the tenant's
+    /// credentials first). Wildcards (`*.apps`, `*.*`) are not offered: a key rotation
+    /// writes every object of every listed resource again, which needs them named.
+    /// Absent: `secrets`. Adding one encrypts its objects as they are next written (a key
+    /// rotation writes them all); removing one does not decrypt it: it stays in the
+    /// configuration, so that its encrypted objects stay readable
+    /// (docs/guide/certificates.md "Encrypting more resources").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Vec<String>>,
 }
 
 /// How a tenant's pods run in the super cluster (docs/design.md §11). They all run in one
@@ -252,7 +266,8 @@ pub struct EncryptionStatus {
     pub provider: String,
     /// The name of the key that encrypts every write (never the key itself).
     pub key: String,
-    /// The resources encrypted (`secrets`).
+    /// The resources the configuration in `<cluster>-encryption` encrypts (`secrets`, and
+    /// those of `spec.encryption.resources`); a change rolls the apiservers to it.
     pub resources: Vec<String>,
     /// The key rotation in progress, or the last one (requested with the annotation
     /// `controlplane.cluster.x-k8s.io/rotate-encryption-key`).

@@ -3,6 +3,7 @@
 
 pub mod applyset;
 mod readiness;
+pub mod surge;
 
 pub use readiness::{Readiness, readiness};
 

@@ -3,6 +3,8 @@
 //! runtime's memory limit and collector target, etcd's backend quota — so that a platform
 //! sizes its tenants in its channel, not in capn's code (docs/guide/sizes.md).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
@@ -68,6 +70,15 @@ pub struct ComponentSize {
     /// less (src/plan/etcd_quota.rs). A NestedEtcd's `spec.storage.quotaBackendBytes` wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota_backend_bytes: Option<Quantity>,
+    /// Command-line flags of the component's main container, flag name → value, applied
+    /// like the component's `spec.extraArgs` (a flag the template renders is replaced in
+    /// place, another is appended) and before them: the component's own `extraArgs` win flag
+    /// by flag. For the knobs that have no field of their own: the apiserver's watch cache
+    /// sizes, the controllers the controller-manager runs, etcd's snapshot count
+    /// (docs/guide/sizes.md says what each buys). A flag must exist in every release of the
+    /// channel that the size is used with: the process refuses an unknown flag at start.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra_args: BTreeMap<String, String>,
 }
 
 /// The longest size name: a DNS label.
@@ -135,6 +146,14 @@ impl ComponentSize {
         };
         if let Some(q) = &self.quota_backend_bytes {
             bytes("quotaBackendBytes", q)?;
+        }
+        for flag in self.extra_args.keys() {
+            if flag.is_empty() || flag.starts_with('-') || flag.contains('=') || flag.chars().any(char::is_whitespace) {
+                return Err(format!(
+                    "{} key {flag:?} is not a flag name: keys are flag names without leading dashes, '=' or whitespace (`watch-cache-sizes: \"...\"` sets --watch-cache-sizes=...)",
+                    at("extraArgs")
+                ));
+            }
         }
         let resources = self.resources.as_ref();
         for (list, map) in [
@@ -213,6 +232,21 @@ mod tests {
             .check("small", ComponentKind::Etcd)
             .unwrap_err();
         assert!(e.contains("sizes.small.etcd.resources.requests.cpu \"lots\""), "{e}");
+        let e = size("extraArgs: {\"--v\": \"2\"}")
+            .check("small", ComponentKind::ApiServer)
+            .unwrap_err();
+        assert!(
+            e.contains("sizes.small.apiserver.extraArgs key \"--v\" is not a flag name"),
+            "{e}"
+        );
+        for bad in ["", "a=b", "a b"] {
+            let yaml = format!("extraArgs: {{{bad:?}: x}}");
+            assert!(size(&yaml).check("s", ComponentKind::Etcd).is_err(), "{yaml}");
+        }
+        assert_eq!(
+            size("extraArgs: {snapshot-count: \"5000\"}").check("s", ComponentKind::Etcd),
+            Ok(())
+        );
         for bad in ["goGC: 0", "quotaBackendBytes: 0", "goMemLimit: -1Mi"] {
             assert!(size(bad).check("s", ComponentKind::Etcd).is_err(), "{bad}");
         }

@@ -185,10 +185,10 @@ impl Origin<'_> {
                     Some("spec.version"),
                 )
             }
-            PlanError::AuditPolicy(e) => {
+            PlanError::Reference(e) => {
                 return Problem {
                     object: Some(self.component.clone()),
-                    path: Some(crate::plan::audit::ReferenceError::PATH.to_string()),
+                    path: Some(e.field.to_string()),
                     reason: e.reason,
                     message: e.detail.clone(),
                     cause: Some(Arc::new(error.clone())),
@@ -321,18 +321,37 @@ fn plan_component<K: ComponentResource>(
     docs: &[Value],
 ) -> Result<Plan, PlanError> {
     let name = component.name_any();
-    // A referenced audit policy is read from the file, as the controllers read it from
+    // What a component references is read from the file, as the controllers read it from
     // the cluster (a ConfigMap of that name in the input; the namespace is not compared).
+    let text = |(config_map, key): (&str, &str)| {
+        docs.iter()
+            .find(|d| kind_of(d) == ("v1", "ConfigMap") && name_of(d) == config_map)
+            .and_then(|d| d.get("data"))
+            .and_then(|data| data.get(key))
+            .and_then(Value::as_str)
+    };
     let referenced = match crate::plan::audit::policy_reference(component.audit()) {
-        Some((config_map, key)) => {
-            let text = docs
-                .iter()
-                .find(|d| kind_of(d) == ("v1", "ConfigMap") && name_of(d) == config_map)
-                .and_then(|d| d.get("data"))
-                .and_then(|data| data.get(key))
-                .and_then(Value::as_str);
-            Some(crate::plan::audit::referenced_policy(&name, config_map, key, text)?)
-        }
+        Some(at @ (config_map, key)) => Some(crate::plan::audit::referenced_policy(&name, config_map, key, text(at))?),
+        None => None,
+    };
+    let issuer = crate::plan::service_account_issuer(&cluster.dns_domain);
+    let authentication = match crate::plan::authentication::configuration_reference(component.authentication()) {
+        Some(at @ (config_map, key)) => Some(crate::plan::authentication::referenced_configuration(
+            &name,
+            config_map,
+            key,
+            text(at),
+            &issuer,
+        )?),
+        None => None,
+    };
+    let authorization = match crate::plan::authorization::configuration_reference(component.authorization()) {
+        Some(at @ (config_map, key)) => Some(crate::plan::authorization::referenced_configuration(
+            &name,
+            config_map,
+            key,
+            text(at),
+        )?),
         None => None,
     };
     let request = ComponentRequest {
@@ -349,6 +368,10 @@ fn plan_component<K: ComponentResource>(
         }),
         authentication: component.authentication(),
         authorization: component.authorization(),
+        referenced: crate::plan::ReferencedConfigurations {
+            authentication: authentication.as_ref(),
+            authorization: authorization.as_ref(),
+        },
     };
     plan(channels, cluster, &request, upstream)
 }
@@ -1590,6 +1613,73 @@ mod tests {
                 .unwrap()
                 .contains("\"level\": \"Request\""),
             "{policy}"
+        );
+    }
+
+    #[test]
+    fn a_configuration_ref_renders_what_the_same_configuration_inline_renders() {
+        let apiserver = |spec: Value| component("NestedAPIServer", "demo-apiserver", spec);
+        let authentication = json!({"jwt": [{"issuer": {"url": "https://sso.example.com", "audiences": ["t"]},
+            "claimMappings": {"username": {"claim": "sub", "prefix": "sso:"}}}]});
+        let authorization =
+            json!({"authorizers": [{"type": "Node", "name": "node"}, {"type": "RBAC", "name": "rbac"}]});
+        let document = |configuration: &Value, kind: &str| {
+            let mut document = configuration.clone();
+            document["apiVersion"] = "apiserver.config.k8s.io/v1".into();
+            document["kind"] = kind.into();
+            document.to_string()
+        };
+        let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "access"}, "data": {
+            "config.yaml": document(&authentication, "AuthenticationConfiguration"),
+            "authz.yaml": document(&authorization, "AuthorizationConfiguration"),
+        }});
+        let by_ref = json!({
+            "authentication": {"configurationRef": {"name": "access"}},
+            "authorization": {"configurationRef": {"name": "access", "key": "authz.yaml"}},
+        });
+        let inline = render(vec![
+            ncp(None),
+            apiserver(json!({
+                "authentication": {"configuration": authentication},
+                "authorization": {"configuration": authorization},
+            })),
+        ])
+        .unwrap();
+        let referenced = render(vec![ncp(None), apiserver(by_ref.clone()), config_map.clone()]).unwrap();
+        for name in ["demo-authentication", "demo-authorization"] {
+            assert_eq!(
+                find(&referenced.objects, "ConfigMap", name)["data"],
+                find(&inline.objects, "ConfigMap", name)["data"],
+                "{name}"
+            );
+        }
+        assert_eq!(
+            find(&referenced.objects, "StatefulSet", "demo-apiserver")["spec"]["template"],
+            find(&inline.objects, "StatefulSet", "demo-apiserver")["spec"]["template"],
+            "the pod is the same whichever the source"
+        );
+
+        let missing = render(vec![ncp(None), apiserver(by_ref.clone())]).unwrap_err();
+        assert_eq!(error_reason(&missing), Some("AuthenticationConfigurationMissing"));
+        assert!(
+            missing.to_string().contains(
+                "NestedAPIServer demo-apiserver: spec.authentication.configurationRef: ConfigMap access key config.yaml: not found"
+            ),
+            "{missing}"
+        );
+        let mut wrong = config_map;
+        wrong["data"]["authz.yaml"] = document(
+            &json!({"authorizers": [{"type": "Node", "name": "node"}]}),
+            "AuthorizationConfiguration",
+        )
+        .into();
+        let invalid = render(vec![ncp(None), apiserver(by_ref), wrong]).unwrap_err();
+        assert_eq!(error_reason(&invalid), Some("InvalidAuthorization"));
+        assert!(
+            invalid.to_string().contains(
+                "spec.authorization.configurationRef: ConfigMap access key authz.yaml: authorizers: Invalid value: "
+            ),
+            "{invalid}"
         );
     }
 

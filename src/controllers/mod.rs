@@ -27,8 +27,9 @@ pub mod syncer;
 pub mod watch_health;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use kube::Client;
+use kube::{Client, ResourceExt};
 
 pub use error::ReconcileError;
 
@@ -339,9 +340,47 @@ pub async fn run(client: Client, channels: Arc<ChannelRegistry>, settings: Setti
     if enabled.syncer {
         tasks.push(tokio::spawn(syncer::run(ctx.clone())));
     }
+    // Not one of `tasks`: it never ends by itself, and the controllers' end (on a signal)
+    // ends `run`, which aborts it.
+    let forget = reads_caches.then(|| tokio::spawn(forget_deleted_control_planes(ctx.clone())));
+    let _forget = AbortOnDrop(forget.iter().map(|t| t.abort_handle()).collect());
     // Abort the others when this future is dropped (tests restart controllers this way).
     let _guard = AbortOnDrop(tasks.iter().map(|t| t.abort_handle()).collect());
     join_controllers(tasks).await;
+}
+
+/// How often [`forget_deleted_control_planes`] looks: an alert on a deleted tenant stops
+/// within this (plus the scrape interval).
+const FORGET_DELETED_EVERY: Duration = Duration::from_secs(10);
+
+/// Drops the metric series of control planes that no longer exist, every
+/// [`FORGET_DELETED_EVERY`], by the cache of NestedControlPlanes (no request). A deleted
+/// control plane is never reconciled again, so without this its series (a `0` readiness
+/// that keeps `CapnControlPlaneNotReady` firing, an old certificate expiry) would stay until
+/// capn restarts. Series are keyed by the control plane's namespace and cluster name
+/// (docs/operations/metrics.md), which every component shares.
+pub async fn forget_deleted_control_planes(ctx: Arc<Context>) {
+    let mut every = tokio::time::interval(FORGET_DELETED_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let live: std::collections::HashSet<(String, String)> = ctx
+            .caches
+            .control_planes
+            .state()
+            .iter()
+            .map(|ncp| (ncp.namespace().unwrap_or_default(), shared::read::cluster_name(&**ncp)))
+            .collect();
+        let gone = ctx
+            .metrics
+            .retain_control_planes(|ns, cluster| live.contains(&(ns.to_owned(), cluster.to_owned())));
+        if gone > 0 {
+            tracing::debug!(
+                control_planes = gone,
+                "dropped the metric series of deleted control planes"
+            );
+        }
+    }
 }
 
 /// Waits until every task in `tasks` has ended, and resumes the first panic among them as

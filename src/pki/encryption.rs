@@ -1,5 +1,6 @@
-//! Encryption at rest of a tenant's Secrets (docs/design.md §6 "Encryption at rest"): the
-//! key capn generates, and the kube-apiserver `EncryptionConfiguration`
+//! Encryption at rest of a tenant's Secrets and the resources `spec.encryption.resources`
+//! adds (docs/design.md §6 "Encryption at rest"): the key capn generates, and the
+//! kube-apiserver `EncryptionConfiguration`
 //! (`apiserver.config.k8s.io/v1`) that encrypts with it, kept together in the Secret
 //! `<c>-encryption` like the other key material.
 //!
@@ -25,9 +26,10 @@ use super::PkiError;
 pub const ENCRYPTION_CONFIG_KEY: &str = "encryption-configuration.yaml";
 /// The provider of every key capn generates.
 pub const PROVIDER: &str = "secretbox";
-/// The resources encrypted: Secrets (the Kubernetes documentation's example, and where a
-/// tenant's credentials are).
-pub const ENCRYPTED_RESOURCES: [&str; 1] = ["secrets"];
+/// The resources encrypted when `spec.encryption.resources` is absent, and always among
+/// them: Secrets (the Kubernetes documentation's example, and where a tenant's credentials
+/// are).
+pub const DEFAULT_RESOURCES: [&str; 1] = ["secrets"];
 /// The length of a `secretbox` key, bytes.
 const KEY_BYTES: usize = 32;
 
@@ -71,9 +73,10 @@ impl EncryptionKey {
     }
 }
 
-/// The `EncryptionConfiguration` that encrypts [`ENCRYPTED_RESOURCES`] with `keys` (the
-/// first encrypts, every one decrypts) and reads unencrypted values (`identity`, last).
-pub fn encryption_configuration(keys: &[EncryptionKey]) -> String {
+/// The `EncryptionConfiguration` that encrypts `resources` (one `resources` entry listing
+/// them all, in order) with `keys` (the first encrypts, every one decrypts) and reads
+/// unencrypted values (`identity`, last).
+pub fn encryption_configuration(keys: &[EncryptionKey], resources: &[String]) -> String {
     let keys: Vec<_> = keys
         .iter()
         .map(|k| serde_json::json!({"name": k.name, "secret": k.secret_base64()}))
@@ -82,11 +85,51 @@ pub fn encryption_configuration(keys: &[EncryptionKey]) -> String {
         "apiVersion": "apiserver.config.k8s.io/v1",
         "kind": "EncryptionConfiguration",
         "resources": [{
-            "resources": ENCRYPTED_RESOURCES,
+            "resources": resources,
             "providers": [{PROVIDER: {"keys": keys}}, {"identity": {}}],
         }],
     });
     serde_saphyr::to_string(&config).unwrap_or_default()
+}
+
+/// The resources `config` encrypts, in order (every `resources` entry's, each once); the
+/// [`DEFAULT_RESOURCES`] for a configuration that names none.
+///
+/// Errors: [`PkiError::InvalidEncryptionConfiguration`] when `config` is not YAML.
+pub fn configured_resources(config: &str) -> Result<Vec<String>, PkiError> {
+    let value: serde_json::Value =
+        serde_saphyr::from_str(config).map_err(|e| PkiError::InvalidEncryptionConfiguration(e.to_string()))?;
+    let mut out: Vec<String> = Vec::new();
+    for name in value["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["resources"].as_array().into_iter().flatten())
+        .filter_map(serde_json::Value::as_str)
+    {
+        if !out.iter().any(|r| r == name) {
+            out.push(name.to_owned());
+        }
+    }
+    if out.is_empty() {
+        out = DEFAULT_RESOURCES.map(str::to_owned).to_vec();
+    }
+    Ok(out)
+}
+
+/// The resources to encrypt: those `spec.encryption.resources` names (the
+/// [`DEFAULT_RESOURCES`] when absent), `secrets` first if the list lacks it, then those
+/// encrypted already (`configured`) that the spec no longer names: a resource dropped from
+/// the configuration would leave its encrypted objects unreadable (the apiserver reads a
+/// resource it does not list with `identity` only), so it stays.
+pub fn desired_resources(spec: Option<&[String]>, configured: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = DEFAULT_RESOURCES.map(str::to_owned).to_vec();
+    for name in spec.into_iter().flatten().chain(configured) {
+        if !out.contains(name) {
+            out.push(name.clone());
+        }
+    }
+    out
 }
 
 /// The names of the [`PROVIDER`] keys in `config`, in order (the one that encrypts first).
@@ -251,13 +294,66 @@ pub fn encryption_configuration_from_secret(secret: &Secret) -> Result<String, P
 mod tests {
     use super::*;
 
+    fn secrets() -> Vec<String> {
+        DEFAULT_RESOURCES.map(str::to_owned).to_vec()
+    }
+
+    #[test]
+    fn the_default_configuration_is_the_one_capn_always_wrote() {
+        // Written by hand from the shape capn rendered before `spec.encryption.resources`
+        // existed: a tenant on the default must not see its Secret change (no apiserver roll).
+        let key = EncryptionKey {
+            name: "key1".into(),
+            secret: [7; KEY_BYTES],
+        };
+        // (serde_json's maps sort their keys: `providers` before `resources`.)
+        let expected = "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- providers:\n  - secretbox:\n      keys:\n      - name: key1\n        secret: BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=\n  - identity: {}\n  resources:\n  - secrets\n";
+        assert_eq!(
+            encryption_configuration(&[key], &desired_resources(None, &[])),
+            expected
+        );
+    }
+
+    #[test]
+    fn more_resources_are_listed_in_the_one_entry_and_read_back() {
+        let listed: Vec<String> = ["secrets", "configmaps", "deployments.apps"].map(String::from).to_vec();
+        let config = encryption_configuration(&[EncryptionKey::generate("key1").unwrap()], &listed);
+        let value: serde_json::Value = serde_saphyr::from_str(&config).unwrap();
+        assert_eq!(value["resources"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            value["resources"][0]["resources"],
+            serde_json::json!(["secrets", "configmaps", "deployments.apps"])
+        );
+        assert_eq!(configured_resources(&config).unwrap(), listed);
+        // A configuration naming no resource (none capn wrote) reads as the default.
+        assert_eq!(
+            configured_resources("kind: EncryptionConfiguration\n").unwrap(),
+            ["secrets"]
+        );
+    }
+
+    #[test]
+    fn secrets_stay_first_and_a_resource_once_encrypted_stays() {
+        let s = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        assert_eq!(desired_resources(None, &s(&["secrets"])), ["secrets"]);
+        assert_eq!(
+            desired_resources(Some(&s(&["configmaps", "secrets"])), &s(&["secrets"])),
+            ["secrets", "configmaps"]
+        );
+        // configmaps dropped from the spec: still encrypted, so still readable.
+        assert_eq!(
+            desired_resources(Some(&s(&["secrets", "events"])), &s(&["secrets", "configmaps"])),
+            ["secrets", "events", "configmaps"]
+        );
+    }
+
     #[test]
     fn a_configuration_encrypts_secrets_with_the_first_key_and_still_reads_plain_values() {
         let (new, old) = (
             EncryptionKey::generate("key2").unwrap(),
             EncryptionKey::generate("key1").unwrap(),
         );
-        let config = encryption_configuration(&[new.clone(), old]);
+        let config = encryption_configuration(&[new.clone(), old], &secrets());
         let value: serde_json::Value = serde_saphyr::from_str(&config).unwrap();
         assert_eq!(value["kind"], "EncryptionConfiguration");
         assert_eq!(value["resources"][0]["resources"], serde_json::json!(["secrets"]));
@@ -349,7 +445,7 @@ mod tests {
             EncryptionKey::generate("key2").unwrap(),
             EncryptionKey::generate("key1").unwrap(),
         );
-        let read = keys(&encryption_configuration(&[a.clone(), b.clone()])).unwrap();
+        let read = keys(&encryption_configuration(&[a.clone(), b.clone()], &secrets())).unwrap();
         assert_eq!(read, [a, b]);
         assert_eq!(next_key_name(["key1"]), "key2");
         assert_eq!(next_key_name(["key9", "key10", "other"]), "key11");
@@ -365,8 +461,8 @@ mod tests {
             EncryptionKey::generate("key1").unwrap(),
         );
         let (ia, ib) = (
-            key_identities(&encryption_configuration(std::slice::from_ref(&a))).unwrap(),
-            key_identities(&encryption_configuration(&[b])).unwrap(),
+            key_identities(&encryption_configuration(std::slice::from_ref(&a), &secrets())).unwrap(),
+            key_identities(&encryption_configuration(&[b], &secrets())).unwrap(),
         );
         assert_ne!(ia, ib);
         assert!(
@@ -374,12 +470,12 @@ mod tests {
             "{ia:?}"
         );
         assert!(!ia[0].contains(&a.secret_base64()));
-        assert_eq!(ia, key_identities(&encryption_configuration(&[a])).unwrap());
+        assert_eq!(ia, key_identities(&encryption_configuration(&[a], &secrets())).unwrap());
     }
 
     #[test]
     fn the_secret_holds_the_configuration() {
-        let config = encryption_configuration(&[EncryptionKey::generate("key1").unwrap()]);
+        let config = encryption_configuration(&[EncryptionKey::generate("key1").unwrap()], &secrets());
         let secret = encryption_secret("demo-encryption", "ns", "demo", &config);
         assert_eq!(encryption_configuration_from_secret(&secret).unwrap(), config);
     }

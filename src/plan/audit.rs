@@ -15,6 +15,7 @@
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::reference::{Expected, Reference};
 use crate::api::{ApiServerAudit, AuditGroupResources, AuditLog, AuditPolicy, AuditPolicyRule};
 use crate::validate::{FieldError, Kind, check_object};
 
@@ -64,26 +65,10 @@ pub struct AuditWebhookVars {
     pub mode: String,
 }
 
-/// Why a referenced audit policy cannot be used: the reason and what is wrong, naming the
-/// ConfigMap, the key and the place in the document. Displayed as `NestedAPIServer <name>:
-/// spec.audit.policyRef: <detail>`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("NestedAPIServer {resource}: {PATH}: {detail}")]
-pub struct ReferenceError {
-    /// `AuditPolicyMissing` (no such ConfigMap or key) or `InvalidAuditPolicy`.
-    pub reason: &'static str,
-    /// The NestedAPIServer's name.
-    pub resource: String,
-    /// What is wrong, after the field.
-    pub detail: String,
-}
+pub use super::reference::ReferenceError;
 
-impl ReferenceError {
-    /// The field at fault.
-    pub const PATH: &'static str = "spec.audit.policyRef";
-}
-
-const PATH: &str = ReferenceError::PATH;
+/// The field that references a policy.
+pub const REFERENCE_FIELD: &str = "spec.audit.policyRef";
 
 /// capn's default policy, used when `spec.audit` names none. What it records
 /// (docs/guide/security.md "The default policy"):
@@ -167,38 +152,23 @@ pub fn referenced_policy(
     key: &str,
     text: Option<&str>,
 ) -> Result<AuditPolicy, ReferenceError> {
-    let at = format!("ConfigMap {config_map} key {key}");
-    let Some(text) = text else {
-        return Err(ReferenceError {
-            reason: "AuditPolicyMissing",
-            resource: resource_name.to_owned(),
-            detail: format!(
-                "{at}: not found: create it with an audit.k8s.io/v1 Policy under that key, or drop policyRef for capn's default policy"
-            ),
-        });
+    let reference = Reference {
+        resource: resource_name,
+        field: REFERENCE_FIELD,
+        config_map,
+        key,
     };
-    let invalid = |detail: String| ReferenceError {
-        reason: "InvalidAuditPolicy",
-        resource: resource_name.to_owned(),
-        detail: format!("{at}: {detail}"),
-    };
-    let document: serde_json::Value =
-        serde_saphyr::from_str(text).map_err(|e| invalid(format!("not a YAML or JSON document: {e}")))?;
-    let field = |name: &str| {
-        document
-            .get(name)
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or_default()
-    };
-    if (field("apiVersion"), field("kind")) != (POLICY_API_VERSION, "Policy") {
-        return Err(invalid(format!(
-            "is apiVersion {:?} kind {:?}; must be apiVersion {POLICY_API_VERSION} kind Policy",
-            field("apiVersion"),
-            field("kind")
-        )));
-    }
-    let policy: AuditPolicy =
-        serde_path_to_error::deserialize(&document).map_err(|e| invalid(format!("{}: {}", e.path(), e.inner())))?;
+    let (policy, document) = reference.read(
+        text,
+        &Expected {
+            api_version: POLICY_API_VERSION,
+            kind: "Policy",
+            missing_reason: "AuditPolicyMissing",
+            invalid_reason: "InvalidAuditPolicy",
+            missing_hint: "create it with an audit.k8s.io/v1 Policy under that key, or drop policyRef for capn's default policy",
+            strict: false,
+        },
+    )?;
     let object = serde_json::json!({
         "metadata": {"name": resource_name},
         "spec": {"audit": {"policy": document}},
@@ -207,9 +177,7 @@ pub fn referenced_policy(
         .into_iter()
         .find(|e| e.path.starts_with("spec.audit.policy"))
     {
-        let inside = e.path.trim_start_matches("spec.audit.policy").trim_start_matches('.');
-        let inside = if inside.is_empty() { "(the document)" } else { inside };
-        return Err(invalid(format!("{inside}: Invalid value: {}: {}", e.value, e.message)));
+        return Err(reference.field_error(&e, "spec.audit.policy"));
     }
     Ok(policy)
 }
@@ -278,8 +246,7 @@ pub fn audit_vars(
 
 /// The ConfigMap and key `policyRef` names, if set.
 pub fn policy_reference(audit: Option<&ApiServerAudit>) -> Option<(&str, &str)> {
-    let reference = audit?.policy_ref.as_ref()?;
-    Some((reference.name.as_str(), reference.key.as_deref().unwrap_or(POLICY_KEY)))
+    Some(audit?.policy_ref.as_ref()?.name_and_key(POLICY_KEY))
 }
 
 #[cfg(test)]
@@ -472,6 +439,7 @@ mod tests {
                 audit: audit.map(|spec| AuditRequest { spec, referenced }),
                 authentication: None,
                 authorization: None,
+                referenced: Default::default(),
             };
             let upstream = Upstream {
                 etcd_endpoints: etcd_members("demo", "tenant-a", 1)
@@ -592,7 +560,7 @@ mod tests {
             let by_ref: ApiServerAudit =
                 serde_json::from_value(serde_json::json!({"policyRef": {"name": "mine"}})).unwrap();
             match plan_with("1.36.3", Some(&by_ref), None) {
-                Err(PlanError::AuditPolicy(e)) => assert_eq!(e.reason, "AuditPolicyMissing"),
+                Err(PlanError::Reference(e)) => assert_eq!(e.reason, "AuditPolicyMissing"),
                 other => panic!("{other:?}"),
             }
             let bad: ApiServerAudit =

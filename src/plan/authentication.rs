@@ -14,7 +14,8 @@
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::api::ApiServerAuthentication;
+use super::reference::{CONFIGURATION_KEY, Expected, Reference, ReferenceError};
+use crate::api::{ApiServerAuthentication, AuthenticationConfiguration};
 use crate::validate::{FieldError, Kind, check_object};
 
 /// The `apiVersion` of the rendered `AuthenticationConfiguration`.
@@ -38,9 +39,15 @@ pub struct AuthenticationVars {
     pub anonymous_digest: String,
 }
 
+/// The field that references a configuration in a ConfigMap.
+pub const REFERENCE_FIELD: &str = "spec.authentication.configurationRef";
+/// The inline field, whose rules a referenced configuration is checked by.
+pub const INLINE_FIELD: &str = "spec.authentication.configuration";
+
 /// Checks the field rules of `spec.authentication` of NestedAPIServer `resource_name`
-/// ([`crate::validate`]), and that no issuer is the tenant's own service-account issuer
-/// `service_account_issuer` (kube-apiserver refuses an overlap at start).
+/// ([`crate::validate`]: exactly one of `configuration` and `configurationRef`, and the
+/// inline configuration's rules), and that no issuer is the tenant's own service-account
+/// issuer `service_account_issuer` (kube-apiserver refuses an overlap at start).
 ///
 /// # Errors
 /// The first [`FieldError`], under its path (`spec.authentication.configuration.jwt[0].issuer.url`).
@@ -56,12 +63,13 @@ pub fn check_fields(
     if let Some(e) = check_object(Kind::NestedAPIServer, &object).into_iter().next() {
         return Err(e);
     }
-    for (i, jwt) in authentication.configuration.jwt.iter().enumerate() {
+    let jwt = authentication.configuration.iter().flat_map(|c| &c.jwt);
+    for (i, jwt) in jwt.enumerate() {
         if jwt.issuer.url.trim_end_matches('/') == service_account_issuer {
             return Err(FieldError {
                 kind: Kind::NestedAPIServer.as_str(),
                 name: resource_name.to_owned(),
-                path: format!("spec.authentication.configuration.jwt[{i}].issuer.url"),
+                path: format!("{INLINE_FIELD}.jwt[{i}].issuer.url"),
                 value: serde_json::Value::from(jwt.issuer.url.as_str()).to_string(),
                 message: "must not be the tenant's own service-account issuer (--service-account-issuer), whose tokens kube-apiserver verifies itself",
                 reason: "InvalidAuthentication",
@@ -71,13 +79,66 @@ pub fn check_fields(
     Ok(())
 }
 
-/// The render-context `authentication` of cluster `cluster_name`: `None` without
-/// `spec.authentication`.
+/// The ConfigMap and key `configurationRef` names (the key defaults to
+/// [`CONFIGURATION_KEY`]), if set.
+pub fn configuration_reference(authentication: Option<&ApiServerAuthentication>) -> Option<(&str, &str)> {
+    Some(
+        authentication?
+            .configuration_ref
+            .as_ref()?
+            .name_and_key(CONFIGURATION_KEY),
+    )
+}
+
+/// Reads and checks a referenced configuration: the text under `key` of ConfigMap
+/// `config_map` (`None`: the ConfigMap or the key is missing), by the rules of the inline
+/// `configuration` ([`check_fields`]).
+///
+/// # Errors
+/// [`ReferenceError`]: `AuthenticationConfigurationMissing` when there is no text;
+/// `InvalidAuthentication` when it is not YAML or JSON, not an `apiserver.config.k8s.io/v1`
+/// `AuthenticationConfiguration`, has a field capn does not know or of the wrong type, or
+/// breaks a rule of the inline form (named by its place in the document, `jwt[0].issuer.url`).
+pub fn referenced_configuration(
+    resource_name: &str,
+    config_map: &str,
+    key: &str,
+    text: Option<&str>,
+    service_account_issuer: &str,
+) -> Result<AuthenticationConfiguration, ReferenceError> {
+    let reference = Reference {
+        resource: resource_name,
+        field: REFERENCE_FIELD,
+        config_map,
+        key,
+    };
+    let (configuration, _) = reference.read::<AuthenticationConfiguration>(
+        text,
+        &Expected {
+            api_version: API_VERSION,
+            kind: "AuthenticationConfiguration",
+            missing_reason: "AuthenticationConfigurationMissing",
+            invalid_reason: "InvalidAuthentication",
+            missing_hint: "create it with an apiserver.config.k8s.io/v1 AuthenticationConfiguration under that key, or set configuration inline",
+            strict: true,
+        },
+    )?;
+    let inline = ApiServerAuthentication {
+        configuration: Some(configuration),
+        configuration_ref: None,
+    };
+    check_fields(resource_name, &inline, service_account_issuer)
+        .map_err(|e| reference.field_error(&e, INLINE_FIELD))?;
+    Ok(inline.configuration.unwrap_or_default())
+}
+
+/// The render-context `authentication` of cluster `cluster_name` from its configuration
+/// (inline, or read from `configurationRef`): `None` without `spec.authentication`.
 pub fn authentication_vars(
     cluster_name: &str,
-    authentication: Option<&ApiServerAuthentication>,
+    configuration: Option<&AuthenticationConfiguration>,
 ) -> Option<AuthenticationVars> {
-    let configuration = &authentication?.configuration;
+    let configuration = configuration?;
     let mut document = serde_json::to_value(configuration).unwrap_or_default();
     if let Some(map) = document.as_object_mut() {
         map.insert("apiVersion".into(), API_VERSION.into());
@@ -99,9 +160,7 @@ pub fn authentication_vars(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
-        AuthenticationConfiguration, ClaimMappings, JwtAuthenticator, JwtIssuer, PrefixedClaimOrExpression,
-    };
+    use crate::api::{ClaimMappings, ConfigMapKeyReference, JwtAuthenticator, JwtIssuer, PrefixedClaimOrExpression};
 
     const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
@@ -126,7 +185,8 @@ mod tests {
 
     fn with(jwt: Vec<JwtAuthenticator>) -> ApiServerAuthentication {
         ApiServerAuthentication {
-            configuration: AuthenticationConfiguration { jwt, anonymous: None },
+            configuration: Some(AuthenticationConfiguration { jwt, anonymous: None }),
+            configuration_ref: None,
         }
     }
 
@@ -189,7 +249,8 @@ mod tests {
     #[test]
     fn the_document_is_an_authentication_configuration_and_only_anonymous_is_digested() {
         assert_eq!(authentication_vars("c", None), None);
-        let first = authentication_vars("c", Some(&with(vec![jwt("https://a.example")]))).unwrap();
+        let vars = |a: &ApiServerAuthentication| authentication_vars("c", a.configuration.as_ref());
+        let first = vars(&with(vec![jwt("https://a.example")])).unwrap();
         assert_eq!(first.config_map, "c-authentication");
         let document: serde_json::Value = serde_json::from_str(&first.configuration).unwrap();
         assert_eq!(document["apiVersion"], "apiserver.config.k8s.io/v1");
@@ -197,17 +258,82 @@ mod tests {
         assert_eq!(document["jwt"][0]["claimMappings"]["username"]["prefix"], "oidc:");
         let mut other = jwt("https://a.example");
         other.claim_mappings.username.prefix = Some("sso:".into());
-        let second = authentication_vars("c", Some(&with(vec![other]))).unwrap();
+        let second = vars(&with(vec![other])).unwrap();
         assert_ne!(first.configuration, second.configuration);
         assert_eq!(
             first.anonymous_digest, second.anonymous_digest,
             "a JWT change is reloaded by the apiserver, so it does not touch the pod template"
         );
         let mut anonymous = with(vec![jwt("https://a.example")]);
-        anonymous.configuration.anonymous = Some(serde_json::json!({"enabled": false}));
-        assert_ne!(
-            authentication_vars("c", Some(&anonymous)).unwrap().anonymous_digest,
-            first.anonymous_digest
+        anonymous.configuration.as_mut().unwrap().anonymous = Some(serde_json::json!({"enabled": false}));
+        assert_ne!(vars(&anonymous).unwrap().anonymous_digest, first.anonymous_digest);
+    }
+
+    #[test]
+    fn a_referenced_configuration_is_checked_by_the_inline_rules_and_renders_the_same() {
+        let inline = with(vec![jwt("https://a.example")]);
+        // JSON, which is YAML too.
+        let mut text = serde_json::to_value(inline.configuration.as_ref().unwrap()).unwrap();
+        text["apiVersion"] = API_VERSION.into();
+        text["kind"] = "AuthenticationConfiguration".into();
+        let text = text.to_string();
+        let read = referenced_configuration("a", "cm", "config.yaml", Some(&text), SA_ISSUER);
+        let read = read.unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(Some(&read), inline.configuration.as_ref());
+        assert_eq!(
+            authentication_vars("c", Some(&read)),
+            authentication_vars("c", inline.configuration.as_ref()),
+            "a configuration renders the same from either source"
         );
+
+        let document = |url: &str| {
+            format!(
+                "apiVersion: apiserver.config.k8s.io/v1\nkind: AuthenticationConfiguration\njwt:\n- issuer: {{url: '{url}', audiences: [t]}}\n  claimMappings: {{username: {{claim: sub, prefix: 'oidc:'}}}}\n"
+            )
+        };
+        let e = referenced_configuration("a", "cm", "k", Some(&document("http://a.example")), SA_ISSUER).unwrap_err();
+        assert_eq!(e.reason, "InvalidAuthentication");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "NestedAPIServer a: spec.authentication.configurationRef: ConfigMap cm key k: jwt[0].issuer.url: Invalid value: \"http://a.example\": {}",
+                check_fields("a", &with(vec![jwt("http://a.example")]), SA_ISSUER)
+                    .unwrap_err()
+                    .message
+            )
+        );
+        let e = referenced_configuration("a", "cm", "k", Some(&document(SA_ISSUER)), SA_ISSUER).unwrap_err();
+        assert!(e.detail.starts_with("ConfigMap cm key k: jwt[0].issuer.url: "), "{e}");
+        assert!(e.detail.contains("service-account issuer"), "{e}");
+        let e = referenced_configuration("a", "cm", "k", None, SA_ISSUER).unwrap_err();
+        assert_eq!(e.reason, "AuthenticationConfigurationMissing");
+        assert_eq!(
+            configuration_reference(Some(&ApiServerAuthentication {
+                configuration: None,
+                configuration_ref: Some(ConfigMapKeyReference {
+                    name: "cm".into(),
+                    key: None
+                }),
+            })),
+            Some(("cm", "config.yaml"))
+        );
+    }
+
+    #[test]
+    fn exactly_one_source_is_required() {
+        let both = ApiServerAuthentication {
+            configuration_ref: Some(ConfigMapKeyReference {
+                name: "cm".into(),
+                key: None,
+            }),
+            ..with(vec![jwt("https://a.example")])
+        };
+        let (path, message) = refused(&both);
+        assert_eq!(path, "spec.authentication");
+        assert!(
+            message.contains("exactly one of configuration and configurationRef"),
+            "{message}"
+        );
+        assert_eq!(refused(&ApiServerAuthentication::default()).0, "spec.authentication");
     }
 }

@@ -13,7 +13,8 @@
 
 use serde::Serialize;
 
-use crate::api::ApiServerAuthorization;
+use super::reference::{CONFIGURATION_KEY, Expected, Reference, ReferenceError};
+use crate::api::{ApiServerAuthorization, AuthorizationConfiguration};
 use crate::validate::{FieldError, Kind, check_object};
 
 /// The `apiVersion` of the rendered `AuthorizationConfiguration`.
@@ -53,8 +54,13 @@ pub struct WebhookSecretVars {
     pub dir: String,
 }
 
+/// The field that references a configuration in a ConfigMap.
+pub const REFERENCE_FIELD: &str = "spec.authorization.configurationRef";
+/// The inline field, whose rules a referenced configuration is checked by.
+pub const INLINE_FIELD: &str = "spec.authorization.configuration";
+
 /// Checks the field rules of `spec.authorization` of NestedAPIServer `resource_name`
-/// ([`crate::validate`]: unique authorizer names, exactly one `Node` and one `RBAC`, a
+/// ([`crate::validate`]: exactly one of `configuration` and `configurationRef`; unique authorizer names, exactly one `Node` and one `RBAC`, a
 /// webhook exactly for `Webhook`, the versions, failure policy, timeout and connection type
 /// kube-apiserver accepts).
 ///
@@ -71,11 +77,65 @@ pub fn check_fields(resource_name: &str, authorization: &ApiServerAuthorization)
         .map_or(Ok(()), Err)
 }
 
-/// The webhooks' Secret names and keys, in the order of the authorizers.
-pub fn webhook_secrets(authorization: Option<&ApiServerAuthorization>) -> Vec<(&str, &str)> {
-    authorization
+/// The ConfigMap and key `configurationRef` names (the key defaults to
+/// [`CONFIGURATION_KEY`]), if set.
+pub fn configuration_reference(authorization: Option<&ApiServerAuthorization>) -> Option<(&str, &str)> {
+    Some(
+        authorization?
+            .configuration_ref
+            .as_ref()?
+            .name_and_key(CONFIGURATION_KEY),
+    )
+}
+
+/// Reads and checks a referenced configuration: the text under `key` of ConfigMap
+/// `config_map` (`None`: the ConfigMap or the key is missing), in capn's shape (a webhook
+/// names its `kubeConfigSecretRef`), by the rules of the inline `configuration`
+/// ([`check_fields`]).
+///
+/// # Errors
+/// [`ReferenceError`]: `AuthorizationConfigurationMissing` when there is no text;
+/// `InvalidAuthorization` when it is not YAML or JSON, not an `apiserver.config.k8s.io/v1`
+/// `AuthorizationConfiguration`, has a field capn does not know (Kubernetes'
+/// `kubeConfigFile` among them) or of the wrong type, or breaks a rule of the inline form
+/// (named by its place in the document, `authorizers[0].webhook.timeout`).
+pub fn referenced_configuration(
+    resource_name: &str,
+    config_map: &str,
+    key: &str,
+    text: Option<&str>,
+) -> Result<AuthorizationConfiguration, ReferenceError> {
+    let reference = Reference {
+        resource: resource_name,
+        field: REFERENCE_FIELD,
+        config_map,
+        key,
+    };
+    let (configuration, _) = reference.read::<AuthorizationConfiguration>(
+        text,
+        &Expected {
+            api_version: API_VERSION,
+            kind: "AuthorizationConfiguration",
+            missing_reason: "AuthorizationConfigurationMissing",
+            invalid_reason: "InvalidAuthorization",
+            missing_hint: "create it with an apiserver.config.k8s.io/v1 AuthorizationConfiguration under that key, or set configuration inline",
+            strict: true,
+        },
+    )?;
+    let inline = ApiServerAuthorization {
+        configuration: Some(configuration),
+        configuration_ref: None,
+    };
+    check_fields(resource_name, &inline).map_err(|e| reference.field_error(&e, INLINE_FIELD))?;
+    Ok(inline.configuration.unwrap_or_default())
+}
+
+/// The webhooks' Secret names and keys, in the order of the authorizers of `configuration`
+/// (inline, or read from `configurationRef`).
+pub fn webhook_secrets(configuration: Option<&AuthorizationConfiguration>) -> Vec<(&str, &str)> {
+    configuration
         .into_iter()
-        .flat_map(|a| &a.configuration.authorizers)
+        .flat_map(|c| &c.authorizers)
         .filter_map(|a| a.webhook.as_ref())
         .map(|w| {
             let reference = &w.connection_info.kube_config_secret_ref;
@@ -87,13 +147,13 @@ pub fn webhook_secrets(authorization: Option<&ApiServerAuthorization>) -> Vec<(&
         .collect()
 }
 
-/// The render-context `authorization` of cluster `cluster_name`: `None` without
-/// `spec.authorization`.
+/// The render-context `authorization` of cluster `cluster_name` from its configuration
+/// (inline, or read from `configurationRef`): `None` without `spec.authorization`.
 pub fn authorization_vars(
     cluster_name: &str,
-    authorization: Option<&ApiServerAuthorization>,
+    configuration: Option<&AuthorizationConfiguration>,
 ) -> Option<AuthorizationVars> {
-    let configuration = &authorization?.configuration;
+    let configuration = configuration?;
     let mut webhooks = Vec::new();
     let authorizers: Vec<serde_json::Value> = configuration
         .authorizers
@@ -134,10 +194,7 @@ pub fn authorization_vars(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
-        AuthorizationConfiguration, AuthorizerConfiguration, SecretKeyReference, WebhookAuthorizer,
-        WebhookConnectionInfo,
-    };
+    use crate::api::{AuthorizerConfiguration, SecretKeyReference, WebhookAuthorizer, WebhookConnectionInfo};
 
     fn plain(type_: &str, name: &str) -> AuthorizerConfiguration {
         AuthorizerConfiguration {
@@ -170,7 +227,8 @@ mod tests {
 
     fn with(authorizers: Vec<AuthorizerConfiguration>) -> ApiServerAuthorization {
         ApiServerAuthorization {
-            configuration: AuthorizationConfiguration { authorizers },
+            configuration: Some(AuthorizationConfiguration { authorizers }),
+            configuration_ref: None,
         }
     }
 
@@ -249,7 +307,7 @@ mod tests {
     #[test]
     fn the_document_points_each_webhook_at_its_mounted_secret() {
         assert_eq!(authorization_vars("c", None), None);
-        let vars = authorization_vars("c", Some(&with(standard()))).unwrap();
+        let vars = authorization_vars("c", with(standard()).configuration.as_ref()).unwrap();
         assert_eq!(vars.config_map, "c-authorization");
         let document: serde_json::Value = serde_json::from_str(&vars.configuration).unwrap();
         assert_eq!(document["apiVersion"], "apiserver.config.k8s.io/v1");
@@ -283,8 +341,48 @@ mod tests {
             }]
         );
         assert_eq!(
-            webhook_secrets(Some(&with(standard()))),
+            webhook_secrets(with(standard()).configuration.as_ref()),
             [("policy-kubeconfig", "kubeconfig")]
         );
+    }
+
+    #[test]
+    fn a_referenced_configuration_is_checked_by_the_inline_rules_and_renders_the_same() {
+        let inline = with(standard());
+        let mut document = serde_json::to_value(inline.configuration.as_ref().unwrap()).unwrap();
+        document["apiVersion"] = API_VERSION.into();
+        document["kind"] = "AuthorizationConfiguration".into();
+        let read = referenced_configuration("a", "cm", "config.yaml", Some(&document.to_string())).unwrap();
+        assert_eq!(Some(&read), inline.configuration.as_ref());
+        assert_eq!(
+            authorization_vars("c", Some(&read)),
+            authorization_vars("c", inline.configuration.as_ref())
+        );
+
+        let mut slow = document.clone();
+        slow["authorizers"][0]["webhook"]["timeout"] = "31s".into();
+        let e = referenced_configuration("a", "cm", "k", Some(&slow.to_string())).unwrap_err();
+        assert_eq!(e.reason, "InvalidAuthorization");
+        assert_eq!(e.field, "spec.authorization.configurationRef");
+        assert!(
+            e.detail
+                .starts_with("ConfigMap cm key k: authorizers[0].webhook.timeout: Invalid value: \"31s\": "),
+            "{e}"
+        );
+        let mut no_rbac = document.clone();
+        no_rbac["authorizers"].as_array_mut().unwrap().pop();
+        let e = referenced_configuration("a", "cm", "k", Some(&no_rbac.to_string())).unwrap_err();
+        assert!(e.detail.starts_with("ConfigMap cm key k: authorizers: "), "{e}");
+        // Kubernetes' own shape names a file on the apiserver's pod, which capn refuses.
+        let mut file = document.clone();
+        file["authorizers"][0]["webhook"]["connectionInfo"] =
+            serde_json::json!({"type": "KubeConfigFile", "kubeConfigFile": "/etc/webhook.kubeconfig"});
+        let e = referenced_configuration("a", "cm", "k", Some(&file.to_string())).unwrap_err();
+        assert!(
+            e.detail.contains("authorizers[0].webhook.connectionInfo") && e.detail.contains("kubeConfigSecretRef"),
+            "{e}"
+        );
+        let e = referenced_configuration("a", "cm", "k", None).unwrap_err();
+        assert_eq!(e.reason, "AuthorizationConfigurationMissing");
     }
 }

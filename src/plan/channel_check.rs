@@ -68,6 +68,7 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
                 audit: None,
                 authentication: None,
                 authorization: None,
+                referenced: Default::default(),
             };
             let own_members = if kind == ComponentKind::Etcd {
                 members.clone()

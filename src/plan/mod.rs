@@ -14,6 +14,7 @@ mod digest;
 pub mod etcd_quota;
 mod labels;
 pub mod policy;
+pub mod reference;
 mod rules;
 pub mod size;
 
@@ -92,6 +93,19 @@ pub struct ComponentRequest<'a> {
     pub authentication: Option<&'a crate::api::ApiServerAuthentication>,
     /// apiserver only: `spec.authorization`.
     pub authorization: Option<&'a crate::api::ApiServerAuthorization>,
+    /// apiserver only: the configurations the `configurationRef`s of `authentication` and
+    /// `authorization` name, read and checked by the caller.
+    pub referenced: ReferencedConfigurations<'a>,
+}
+
+/// The configurations a NestedAPIServer's `configurationRef`s name, as the caller (the
+/// controller, `capn render`) read them and checked them with
+/// [`authentication::referenced_configuration`] and
+/// [`authorization::referenced_configuration`]; `None` where no `configurationRef` is set.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReferencedConfigurations<'a> {
+    pub authentication: Option<&'a crate::api::AuthenticationConfiguration>,
+    pub authorization: Option<&'a crate::api::AuthorizationConfiguration>,
 }
 
 /// The audit settings of a NestedAPIServer to plan ([`audit`]).
@@ -231,9 +245,10 @@ pub enum PlanError {
     /// server gives at admission.
     #[error(transparent)]
     Field(#[from] crate::validate::FieldError),
-    /// `spec.audit.policyRef` names a policy that is missing or invalid.
+    /// `spec.audit.policyRef` or a `configurationRef` names a ConfigMap or key that is
+    /// missing, or a document that is invalid.
     #[error(transparent)]
-    AuditPolicy(#[from] audit::ReferenceError),
+    Reference(#[from] reference::ReferenceError),
     #[error("rendered {kind}/{name} {message}")]
     InvalidObject {
         kind: String,
@@ -254,7 +269,7 @@ impl PlanError {
             Self::InvalidCertificateValidity(_) => "InvalidCertificateValidityPeriod",
             Self::NoEtcdEndpoints => "WaitingForEtcd",
             Self::Field(e) => e.reason(),
-            Self::AuditPolicy(e) => e.reason,
+            Self::Reference(e) => e.reason,
             Self::InvalidObject { .. } => "InvalidObject",
         }
     }
@@ -483,7 +498,10 @@ pub fn plan(
     );
     let templates = channel.templates(kind, &version).unwrap_or_default();
     let mut objects = render_templates_in(templates, &context, &cluster.namespace)?;
-    apply_extra_args(&mut objects, &spec.extra_args)?;
+    // The size's flags first, the component's own `extraArgs` over them flag by flag.
+    let mut extra_args = size::extra_args(kind, size);
+    extra_args.extend(spec.extra_args.iter().map(|(k, v)| (k.clone(), v.clone())));
+    apply_extra_args(&mut objects, &extra_args)?;
     apply_patches(&mut objects, &spec.patches)?;
     let reloaded = reloaded_secret_names(&channel.name, channel.component(kind), &context)?;
     let startup_secrets: Vec<String> = mounted_secrets(&objects)
@@ -543,7 +561,7 @@ pub fn etcd_quota_bytes(
 /// The render-context `audit` of an apiserver: none without `spec.audit`.
 ///
 /// # Errors
-/// [`PlanError::AuditPolicy`] when `policyRef` is set and the caller found no policy.
+/// [`PlanError::Reference`] when `policyRef` is set and the caller found no policy.
 fn planned_audit(
     cluster: &ClusterSettings,
     request: &ComponentRequest<'_>,
@@ -562,7 +580,9 @@ fn planned_audit(
 /// The render-context `authentication` of an apiserver: none without `spec.authentication`.
 ///
 /// # Errors
-/// [`PlanError::Field`] when it breaks a rule of [`authentication::check_fields`].
+/// [`PlanError::Field`] when it breaks a rule of [`authentication::check_fields`];
+/// [`PlanError::Reference`] when `configurationRef` is set and the caller found no
+/// configuration.
 fn planned_authentication(
     cluster: &ClusterSettings,
     request: &ComponentRequest<'_>,
@@ -573,18 +593,28 @@ fn planned_authentication(
     else {
         return Ok(None);
     };
-    authentication::check_fields(
-        request.resource_name,
-        spec,
-        &service_account_issuer(&cluster.dns_domain),
-    )?;
-    Ok(authentication::authentication_vars(&cluster.name, Some(spec)))
+    let issuer = service_account_issuer(&cluster.dns_domain);
+    authentication::check_fields(request.resource_name, spec, &issuer)?;
+    let configuration = match (&spec.configuration, request.referenced.authentication) {
+        (Some(configuration), _) | (None, Some(configuration)) => configuration,
+        (None, None) => {
+            let (config_map, key) = authentication::configuration_reference(Some(spec)).unwrap_or_default();
+            return match authentication::referenced_configuration(request.resource_name, config_map, key, None, &issuer)
+            {
+                Err(e) => Err(e.into()),
+                Ok(_) => Ok(None),
+            };
+        }
+    };
+    Ok(authentication::authentication_vars(&cluster.name, Some(configuration)))
 }
 
 /// The render-context `authorization` of an apiserver: none without `spec.authorization`.
 ///
 /// # Errors
-/// [`PlanError::Field`] when it breaks a rule of [`authorization::check_fields`].
+/// [`PlanError::Field`] when it breaks a rule of [`authorization::check_fields`];
+/// [`PlanError::Reference`] when `configurationRef` is set and the caller found no
+/// configuration.
 fn planned_authorization(
     cluster: &ClusterSettings,
     request: &ComponentRequest<'_>,
@@ -596,7 +626,17 @@ fn planned_authorization(
         return Ok(None);
     };
     authorization::check_fields(request.resource_name, spec)?;
-    Ok(authorization::authorization_vars(&cluster.name, Some(spec)))
+    let configuration = match (&spec.configuration, request.referenced.authorization) {
+        (Some(configuration), _) | (None, Some(configuration)) => configuration,
+        (None, None) => {
+            let (config_map, key) = authorization::configuration_reference(Some(spec)).unwrap_or_default();
+            return match authorization::referenced_configuration(request.resource_name, config_map, key, None) {
+                Err(e) => Err(e.into()),
+                Ok(_) => Ok(None),
+            };
+        }
+    };
+    Ok(authorization::authorization_vars(&cluster.name, Some(configuration)))
 }
 
 /// The tenant apiserver's `--service-account-issuer` (the `stable` channel's): the issuer

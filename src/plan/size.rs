@@ -61,6 +61,14 @@ pub fn apply(context: &mut RenderContext, kind: ComponentKind, spec: &ComponentS
     };
 }
 
+/// The flags the size sets on `kind`'s main container (`sizes.<size>.<component>.extraArgs`),
+/// which the component's own `extraArgs` override flag by flag; empty without a size.
+pub fn extra_args(kind: ComponentKind, size: Option<(&str, &Size)>) -> std::collections::BTreeMap<String, String> {
+    size.and_then(|(_, s)| s.component(kind))
+        .map(|c| c.extra_args.clone())
+        .unwrap_or_default()
+}
+
 /// etcd: the ceiling the size puts on the quota capn sizes from the volume, in bytes
 /// (`None`: etcd's own 2 GiB default; [`super::etcd_quota::quota_backend_bytes`]).
 pub fn quota_ceiling(size: Option<(&str, &Size)>) -> Option<u64> {

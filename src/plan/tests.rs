@@ -47,6 +47,7 @@ fn request(kind: ComponentKind, spec: &ComponentSpec) -> ComponentRequest<'_> {
         audit: None,
         authentication: None,
         authorization: None,
+        referenced: Default::default(),
     }
 }
 
@@ -220,6 +221,7 @@ fn ephemeral_etcd_uses_empty_dir_and_no_claims() {
             audit: None,
             authentication: None,
             authorization: None,
+            referenced: Default::default(),
         },
         &Upstream::default(),
     )
@@ -995,6 +997,7 @@ fn a_pending_restore_renders_fetch_etcdutl_and_commit_init_containers() {
                 audit: None,
                 authentication: None,
                 authorization: None,
+                referenced: Default::default(),
             }
         }
         let mut kube_1_37 = cluster();
@@ -1178,6 +1181,17 @@ fn every_size_renders_its_resources_flags_env_and_quota_in_every_release() {
                     settings.max_mutating_requests_inflight.map(|n| n.to_string()),
                     "{at}"
                 );
+                for (name, value) in &settings.extra_args {
+                    assert_eq!(flag(sts, name).as_ref(), Some(value), "{at}: the size's --{name}");
+                    assert_eq!(
+                        args(sts)
+                            .iter()
+                            .filter(|a| a.starts_with(&format!("--{name}=")))
+                            .count(),
+                        1,
+                        "{at}: --{name} once"
+                    );
+                }
                 if kind == ComponentKind::Etcd {
                     // What the space controller compares with is what renders.
                     let mut c = cluster();
@@ -1203,7 +1217,7 @@ fn the_stable_sizes_set_what_they_say() {
         env(sts),
         [
             ("GOMEMLIMIT".to_string(), "920MiB".to_string()),
-            ("GOGC".into(), "50".into())
+            ("GOGC".into(), "25".into())
         ]
     );
     let etcd = sized_plan(ComponentKind::Etcd, &v("3.6.8"), Some("small"), &default);
@@ -1289,6 +1303,49 @@ fn explicit_fields_extra_args_and_patches_win_over_the_size() {
         flag(find(&p, "StatefulSet"), "quota-backend-bytes").as_deref(),
         Some("104857600")
     );
+}
+
+#[test]
+fn a_sizes_extra_args_set_flags_under_the_components_own() {
+    // A channel whose small apiserver sets three flags through the size (issue 40: the
+    // knobs without a field of their own).
+    let mut channels = registry();
+    let mut stable = channels.get("stable").unwrap().clone();
+    let small = stable.index.sizes.get_mut("small").unwrap();
+    small.apiserver.as_mut().unwrap().extra_args =
+        [("watch-cache", "false"), ("max-requests-inflight", "120"), ("v", "3")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    channels.insert(stable);
+    let mut c = cluster();
+    c.size = Some("small".into());
+    let spec: ComponentSpec = serde_json::from_value(serde_json::json!({"extraArgs": {"v": "5"}})).unwrap();
+    let p = plan(
+        &channels,
+        &c,
+        &request(ComponentKind::ApiServer, &spec),
+        &three_endpoints(),
+    )
+    .unwrap();
+    let sts = find(&p, "StatefulSet");
+    // Appended (no template flag), over the size's own field, and under the component's.
+    assert_eq!(flag(sts, "watch-cache").as_deref(), Some("false"));
+    assert_eq!(flag(sts, "max-requests-inflight").as_deref(), Some("120"));
+    assert_eq!(flag(sts, "v").as_deref(), Some("5"));
+    for name in ["watch-cache", "max-requests-inflight", "v"] {
+        let prefix = format!("--{name}=");
+        assert_eq!(args(sts).iter().filter(|a| a.starts_with(&prefix)).count(), 1, "{name}");
+    }
+    // The other components of that size get none of the apiserver's flags.
+    let etcd = plan(
+        &channels,
+        &c,
+        &request(ComponentKind::Etcd, &ComponentSpec::default()),
+        &Upstream::default(),
+    )
+    .unwrap();
+    assert_eq!(flag(find(&etcd, "StatefulSet"), "watch-cache"), None);
 }
 
 #[test]

@@ -179,6 +179,16 @@ pub enum Syntax {
     AuthorizerFailurePolicy,
     /// A webhook authorizer's `connectionInfo.type`: `KubeConfigFile`.
     WebhookConnectionType,
+    /// `spec.authentication` and `spec.authorization`: exactly one of `configuration` (inline)
+    /// and `configurationRef` (a ConfigMap).
+    ConfigurationSource,
+    /// The resources encrypted at rest: `secrets` among them, each once (kube-apiserver's
+    /// `duplicateResourceErr`).
+    EncryptedResources,
+    /// One resource encrypted at rest, as kube-apiserver's `EncryptionConfiguration` names it
+    /// and its validation (k8s.io/apiserver `pkg/apis/apiserver/validation`
+    /// `validateResourceNames`) accepts it, without the wildcards capn does not offer.
+    EncryptedResource,
 }
 
 /// One CEL rule of a syntax and the message shown when it fails.
@@ -271,6 +281,27 @@ const CLAIM_AT_MOST_ONE_MESSAGE: &str = "set at most one of claim and expression
 const CLAIM_PREFIX_MESSAGE: &str =
     "prefix is required when claim is set (\"\" for none), as kube-apiserver requires it";
 const EXPRESSION_PREFIX_MESSAGE: &str = "prefix may not be set with expression: put it in the expression";
+const CONFIGURATION_SOURCE_MESSAGE: &str =
+    "set exactly one of configuration and configurationRef: the configuration inline, or the ConfigMap that holds it";
+/// A resource named in an `EncryptionConfiguration`: a lower-case `<resource>` of the core
+/// group or `<resource>.<group>`; no wildcard (`*.<group>`, `*.*`), which capn does not offer.
+const ENCRYPTED_RESOURCE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// Resources without a REST API, which kube-apiserver refuses to encrypt
+/// (`nonRESTAPIResourceErr`).
+pub const NON_REST_RESOURCES: &[&str] = &["apiserveripinfo", "serviceipallocations", "servicenodeportallocations"];
+const ENCRYPTED_RESOURCE_MESSAGE: &str = "must be a resource as kube-apiserver's EncryptionConfiguration names it: lower-case <resource> of the core group or <resource>.<group>, like configmaps or deployments.apps; wildcards (*.apps, *.*) are not offered, because a key rotation writes every object of every listed resource again and needs each resource named";
+const NON_REST_RESOURCE_MESSAGE: &str = "apiserveripinfo, serviceipallocations and servicenodeportallocations have no REST API and cannot be encrypted (kube-apiserver refuses them)";
+const EVENTS_GROUP_MESSAGE: &str = "events.k8s.io Events are stored as the core group's events: name them events (kube-apiserver refuses the events.k8s.io group)";
+const EXTENSIONS_GROUP_MESSAGE: &str =
+    "the extensions group was removed and cannot be encrypted (kube-apiserver refuses it)";
+const ENCRYPTED_SECRETS_MESSAGE: &str = "must include secrets: the tenant's Secrets are always encrypted, and dropping them would leave those encrypted so far unreadable";
+const ENCRYPTED_DUPLICATE_MESSAGE: &str =
+    "must name each resource once (kube-apiserver refuses a resource listed twice)";
+/// A resource of the group `events.k8s.io` (the group is what follows the first `.`, as
+/// k8s.io/apimachinery `ParseGroupResource` splits it).
+const EVENTS_GROUP: &str = "^[^.]+\\.events\\.k8s\\.io$";
+/// A resource of the removed group `extensions`.
+const EXTENSIONS_GROUP: &str = "^[^.]+\\.extensions$";
 const IMAGE_REPOSITORY_MESSAGE: &str =
     "must be a registry host with an optional port and path, like registry.k8s.io or localhost:5000/mirror";
 
@@ -304,7 +335,8 @@ impl Syntax {
             | Self::JwtIssuerUrl
             | Self::JwtAudiences
             | Self::RequiredClaimMapping
-            | Self::OptionalClaimMapping => "InvalidAuthentication",
+            | Self::OptionalClaimMapping
+            | Self::ConfigurationSource => "InvalidAuthentication",
             Self::Authorizers
             | Self::AuthorizerWebhook
             | Self::AuthorizerType
@@ -314,6 +346,7 @@ impl Syntax {
             | Self::MatchConditionVersion
             | Self::AuthorizerFailurePolicy
             | Self::WebhookConnectionType => "InvalidAuthorization",
+            Self::EncryptedResources | Self::EncryptedResource => "InvalidEncryptionResources",
         }
     }
 
@@ -427,6 +460,31 @@ impl Syntax {
                 JWT_ISSUER_MESSAGE
             )],
             Self::JwtAudiences => vec![cel!("size(self) > 0", JWT_AUDIENCES_MESSAGE)],
+            Self::EncryptedResources => vec![
+                cel!("self.exists(r, r == 'secrets')", ENCRYPTED_SECRETS_MESSAGE),
+                cel!(
+                    "self.all(r, self.filter(s, s == r).size() == 1)",
+                    ENCRYPTED_DUPLICATE_MESSAGE
+                ),
+            ],
+            Self::EncryptedResource => vec![
+                cel!(
+                    format!("self.matches('{}')", cel_pattern(ENCRYPTED_RESOURCE)),
+                    ENCRYPTED_RESOURCE_MESSAGE
+                ),
+                cel!(
+                    format!("!({})", cel_one_of(NON_REST_RESOURCES)),
+                    NON_REST_RESOURCE_MESSAGE
+                ),
+                cel!(
+                    format!("!self.matches('{}')", cel_pattern(EVENTS_GROUP)),
+                    EVENTS_GROUP_MESSAGE
+                ),
+                cel!(
+                    format!("!self.matches('{}')", cel_pattern(EXTENSIONS_GROUP)),
+                    EXTENSIONS_GROUP_MESSAGE
+                ),
+            ],
             Self::RequiredClaimMapping => vec![
                 cel!("has(self.claim) != has(self.expression)", CLAIM_ONE_MESSAGE),
                 cel!("!has(self.claim) || has(self.prefix)", CLAIM_PREFIX_MESSAGE),
@@ -471,6 +529,10 @@ impl Syntax {
             )],
             Self::AuthorizerFailurePolicy => vec![cel!(cel_one_of(FAILURE_POLICIES), FAILURE_POLICY_MESSAGE)],
             Self::WebhookConnectionType => vec![cel!(cel_one_of(CONNECTION_TYPES), CONNECTION_TYPE_MESSAGE)],
+            Self::ConfigurationSource => vec![cel!(
+                "has(self.configuration) != has(self.configurationRef)",
+                CONFIGURATION_SOURCE_MESSAGE
+            )],
         }
     }
 
@@ -488,6 +550,7 @@ impl Syntax {
             Self::AuditLevel | Self::AuditStage | Self::AuditWebhookMode => Some(32),
             Self::DataKey => Some(253),
             Self::JwtIssuerUrl => Some(512),
+            Self::EncryptedResource => Some(253),
             Self::AuthorizerType
             | Self::WebhookTimeout
             | Self::GoDuration
@@ -507,7 +570,9 @@ impl Syntax {
             | Self::RequiredClaimMapping
             | Self::OptionalClaimMapping
             | Self::Authorizers
-            | Self::AuthorizerWebhook => None,
+            | Self::AuthorizerWebhook
+            | Self::ConfigurationSource
+            | Self::EncryptedResources => None,
         }
     }
 
@@ -690,6 +755,39 @@ impl Syntax {
                 .ok_or(rules[0].message),
             Self::AuthorizerFailurePolicy => one_of(string, FAILURE_POLICIES).then_some(()).ok_or(rules[0].message),
             Self::WebhookConnectionType => one_of(string, CONNECTION_TYPES).then_some(()).ok_or(rules[0].message),
+            Self::ConfigurationSource => {
+                let has = |field: &str| value.get(field).is_some_and(|v| !v.is_null());
+                if has("configuration") != has("configurationRef") {
+                    Ok(())
+                } else {
+                    fail(0)
+                }
+            }
+            Self::EncryptedResources => {
+                let items: Vec<&Value> = value.as_array().into_iter().flatten().collect();
+                let distinct: std::collections::BTreeSet<String> = items.iter().map(|v| v.to_string()).collect();
+                if !items.iter().any(|r| r.as_str() == Some("secrets")) {
+                    fail(0)
+                } else if distinct.len() != items.len() {
+                    fail(1)
+                } else {
+                    Ok(())
+                }
+            }
+            Self::EncryptedResource => match string {
+                Some(s) if s.len() <= 253 && matches(ENCRYPTED_RESOURCE, s) => {
+                    if NON_REST_RESOURCES.contains(&s) {
+                        fail(1)
+                    } else if matches(EVENTS_GROUP, s) {
+                        fail(2)
+                    } else if matches(EXTENSIONS_GROUP, s) {
+                        fail(3)
+                    } else {
+                        Ok(())
+                    }
+                }
+                _ => fail(0),
+            },
             Self::GoDuration => match string {
                 Some(s) if s.len() <= 32 && matches(GO_DURATION, s) => Ok(()),
                 _ => fail(0),
@@ -805,9 +903,15 @@ pub struct Rule {
 
 impl Rule {
     /// Short stable reason of a value this rule refuses: its syntax's
-    /// ([`Syntax::reason`]), except schedules, which are named after what they schedule.
+    /// ([`Syntax::reason`]), except schedules, which are named after what they schedule, and
+    /// the shared syntaxes of `spec.authentication` and `spec.authorization`, named after
+    /// the setting they are part of.
     pub fn reason(&self) -> &'static str {
         match (self.syntax, self.path) {
+            (Syntax::ConfigurationSource | Syntax::DataKey, path) if path.starts_with("spec.authorization") => {
+                "InvalidAuthorization"
+            }
+            (Syntax::DataKey, path) if path.starts_with("spec.authentication") => "InvalidAuthentication",
             (Syntax::CronSchedule, "spec.encryption.keyRotationSchedule") => "InvalidKeyRotationSchedule",
             (Syntax::CronSchedule, "spec.defragmentation.schedule") => "InvalidDefragmentationSchedule",
             (Syntax::CronSchedule, "spec.hibernation.schedules[].start" | "spec.hibernation.schedules[].end") => {
@@ -952,6 +1056,16 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         kinds: NCP,
+        path: "spec.encryption.resources",
+        syntax: Syntax::EncryptedResources,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.encryption.resources[]",
+        syntax: Syntax::EncryptedResource,
+    },
+    Rule {
+        kinds: NCP,
         path: "spec.hibernation.schedules[].start",
         syntax: Syntax::CronSchedule,
     },
@@ -1064,6 +1178,21 @@ pub const RULES: &[Rule] = &[
     // expressions are compiled by kube-apiserver only).
     Rule {
         kinds: APISERVER,
+        path: "spec.authentication",
+        syntax: Syntax::ConfigurationSource,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authentication.configurationRef.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authentication.configurationRef.key",
+        syntax: Syntax::DataKey,
+    },
+    Rule {
+        kinds: APISERVER,
         path: "spec.authentication.configuration.jwt",
         syntax: Syntax::JwtAuthenticators,
     },
@@ -1090,6 +1219,21 @@ pub const RULES: &[Rule] = &[
     // NestedAPIServer `spec.authorization` (issue 39 item 1): what kube-apiserver checks of
     // an AuthorizationConfiguration at start (pkg/apis/apiserver/validation), and capn's
     // own limits (Node and RBAC kept, no InClusterConfig).
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization",
+        syntax: Syntax::ConfigurationSource,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configurationRef.name",
+        syntax: Syntax::ObjectName,
+    },
+    Rule {
+        kinds: APISERVER,
+        path: "spec.authorization.configurationRef.key",
+        syntax: Syntax::DataKey,
+    },
     Rule {
         kinds: APISERVER,
         path: "spec.authorization.configuration.authorizers",
@@ -1176,6 +1320,7 @@ pub const SIZE_BOUNDS: &[(&str, &str, i64)] = &[
         64,
     ),
     ("spec.hibernation.schedules", "maxItems", 8),
+    ("spec.encryption.resources", "maxItems", 64),
     (
         "spec.authentication.configuration.jwt[].issuer.audiences",
         "maxItems",

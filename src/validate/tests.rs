@@ -307,3 +307,50 @@ fn backup_destinations_are_s3_urls_and_bucket_names() {
     bad(Syntax::Retention { max: 1000 }, json!(0));
     bad(Syntax::Retention { max: 1000 }, json!(1001));
 }
+
+#[test]
+fn encrypted_resources_are_named_as_kube_apiserver_accepts_them_without_wildcards() {
+    for good in [
+        "secrets",
+        "configmaps",
+        "events",
+        "deployments.apps",
+        "widgets.example.com",
+        "leases.coordination.k8s.io",
+    ] {
+        ok(Syntax::EncryptedResource, json!(good));
+    }
+    // Each with the message of the rule it breaks (kube-apiserver's refusal, or capn's).
+    for (wrong, message) in [
+        ("Secrets", ENCRYPTED_RESOURCE_MESSAGE),
+        ("*.apps", ENCRYPTED_RESOURCE_MESSAGE),
+        ("*.*", ENCRYPTED_RESOURCE_MESSAGE),
+        ("*.", ENCRYPTED_RESOURCE_MESSAGE),
+        ("*", ENCRYPTED_RESOURCE_MESSAGE),
+        ("secrets.*", ENCRYPTED_RESOURCE_MESSAGE),
+        ("", ENCRYPTED_RESOURCE_MESSAGE),
+        (".apps", ENCRYPTED_RESOURCE_MESSAGE),
+        ("servicenodeportallocations", NON_REST_RESOURCE_MESSAGE),
+        ("apiserveripinfo", NON_REST_RESOURCE_MESSAGE),
+        ("events.events.k8s.io", EVENTS_GROUP_MESSAGE),
+        ("deployments.extensions", EXTENSIONS_GROUP_MESSAGE),
+    ] {
+        assert_eq!(Syntax::EncryptedResource.check(&json!(wrong)), Err(message), "{wrong}");
+    }
+    ok(Syntax::EncryptedResources, json!(["secrets", "configmaps"]));
+    assert_eq!(
+        Syntax::EncryptedResources.check(&json!(["configmaps"])),
+        Err(ENCRYPTED_SECRETS_MESSAGE)
+    );
+    assert_eq!(
+        Syntax::EncryptedResources.check(&json!(["secrets", "configmaps", "configmaps"])),
+        Err(ENCRYPTED_DUPLICATE_MESSAGE)
+    );
+    let ncp = json!({
+        "metadata": {"name": "demo"},
+        "spec": {"encryption": {"resources": ["secrets", "*.apps", "configmaps"]}},
+    });
+    let errors = check_object(Kind::NestedControlPlane, &ncp);
+    let found: Vec<(&str, &str)> = errors.iter().map(|e| (e.path.as_str(), e.reason())).collect();
+    assert_eq!(found, [("spec.encryption.resources[1]", "InvalidEncryptionResources")]);
+}

@@ -61,6 +61,7 @@ pub use runner::node::{MAX_PODS_VARIABLE, Node, node};
 pub mod s3;
 pub mod stand_in;
 mod start;
+pub mod usage;
 
 pub use net::{free_ports, http_get};
 pub use process::{CapnOptions, CapnProcess};

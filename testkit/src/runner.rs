@@ -4,7 +4,9 @@
 //!
 //! For every StatefulSet labelled `app.kubernetes.io/managed-by=capn` in its namespace, the
 //! runner keeps pods `<name>-0..replicas` (Parallel or OrderedReady, RollingUpdate one pod at a
-//! time from the highest ordinal), and for each pod:
+//! time from the highest ordinal, as the StatefulSet controller walks it: a pod made during a
+//! roll runs the update revision and must be ready before an older one is deleted, which
+//! capn's surge of a single apiserver relies on), and for each pod:
 //! - a network namespace of its own with one address on a private bridge, and a UTS namespace
 //!   whose hostname is the pod name;
 //! - its volumes: Secret and ConfigMap volumes (`items`, `defaultMode`, `optional`) in the
@@ -450,6 +452,28 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Keeps the file `merged` the concatenation of several runners' hosts files
+/// ([`Runner::hosts_file`]), for a capn that serves tenants of several runners (it takes one
+/// `--etcd-hosts-file`); written anew (by rename) whenever one of them changes, checked every
+/// 200 ms. Runs until its task is aborted.
+pub async fn merge_hosts_files(files: Vec<PathBuf>, merged: PathBuf) {
+    let mut last = String::new();
+    loop {
+        let text: String = files
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .collect::<Vec<_>>()
+            .join("\n");
+        if text != last {
+            let temporary = merged.with_extension("new");
+            if std::fs::write(&temporary, &text).is_ok() && std::fs::rename(&temporary, &merged).is_ok() {
+                last = text;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 impl Runner {
     /// Starts the runner for `namespace`, running each image's release from the release
     /// cache of `hack/kube-assets.sh` ([`release_cache`]) and capn's own image as `capn`
@@ -729,6 +753,19 @@ impl Runner {
             .collect();
         pods.sort_by(|a, b| a.name.cmp(&b.name));
         pods
+    }
+
+    /// The process of container `container` of pod `pod` while it runs (the binary itself:
+    /// the runner execs the container's command in place of the process it forks), for
+    /// [`crate::usage`]. `None` when there is no such pod or container, or it does not run.
+    pub fn container_pid(&self, pod: &str, container: &str) -> Option<i32> {
+        let state = lock(&self.shared.state);
+        let pod = state
+            .sets
+            .values()
+            .flat_map(|s| s.pods.values())
+            .find(|p| p.name == pod)?;
+        lock(&pod.shared.containers).values().find(|c| c.name == container)?.pid
     }
 
     /// The address of a pod.
@@ -1351,7 +1388,7 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
         } else if !deleting && let Some(o) = extra.iter().max() {
             delete_pod(set.pods.get_mut(o).expect("listed"));
         }
-        // Rolling update, one pod at a time from the highest ordinal, once all are ready.
+        // Rolling update, one pod at a time from the highest ordinal.
         let rolling = spec
             .update_strategy
             .as_ref()
@@ -1364,16 +1401,26 @@ fn plan_pass(shared: &Arc<Shared>, sets: &[Arc<StatefulSet>]) -> Vec<(String, St
             .and_then(|s| s.rolling_update.as_ref())
             .and_then(|r| r.partition)
             .unwrap_or(0);
-        let all_ready = (0..replicas).all(|o| set.pods.get(&o).is_some_and(|p| !p.deleting && pod_ready(&p.shared)));
-        if rolling && all_ready && !set.pods.values().any(|p| p.deleting) {
-            let outdated = set
-                .pods
-                .iter_mut()
-                .filter(|(o, p)| **o >= partition && **o < replicas && p.revision != revision)
-                .max_by_key(|(o, _)| **o);
-            if let Some((_, pod)) = outdated {
-                events.push(format!("{}: template changed, replacing the pod", pod.name));
-                delete_pod(pod);
+        // As the StatefulSet controller's `updateStatefulSet` (pkg/controller/statefulset):
+        // OrderedReady rolls only while every pod is ready and none terminates; then, and
+        // always with Parallel, it walks from the highest ordinal down to the partition,
+        // deletes the first pod at an old revision that is not terminating, and stops at the
+        // first that is missing, terminating or not ready. So a pod created at the update
+        // revision (capn's surge pod, docs/design.md §5 "Surge") must be ready before an
+        // older one goes, and an outdated pod that is not ready is still replaced.
+        let settled = (0..replicas).all(|o| set.pods.get(&o).is_some_and(|p| !p.deleting && pod_ready(&p.shared)))
+            && !set.pods.values().any(|p| p.deleting);
+        if rolling && (parallel || settled) {
+            for ordinal in (partition.max(0)..replicas).rev() {
+                let Some(pod) = set.pods.get_mut(&ordinal) else { break };
+                if pod.revision != revision && !pod.deleting {
+                    events.push(format!("{}: template changed, replacing the pod", pod.name));
+                    delete_pod(pod);
+                    break;
+                }
+                if pod.deleting || !pod_ready(&pod.shared) {
+                    break;
+                }
             }
         }
         // Create missing pods.

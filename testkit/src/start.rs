@@ -266,7 +266,8 @@ fn controller_manager_args(kubeconfig: &Path, port: u16, files: &Credentials) ->
         // deleted). The EndpointSlice controller gives Services their endpoints, which the
         // test node's kube-proxy routes ClusterIPs to. The ClusterRole aggregation controller
         // fills the aggregated ClusterRole capn ships for the synced custom resource kinds.
-        "--controllers=garbagecollector,namespace,resourcequota,persistentvolume-binder,pvc-protection,pv-protection,endpointslice,clusterrole-aggregation"
+        // The HorizontalPodAutoscaler controller drives a control plane's scale subresource.
+        "--controllers=garbagecollector,namespace,resourcequota,persistentvolume-binder,pvc-protection,pv-protection,endpointslice,clusterrole-aggregation,horizontalpodautoscaling"
             .to_owned(),
         "--leader-elect=false".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),

@@ -269,7 +269,44 @@ pub(crate) async fn boot_with(test: &str, docs: Option<Vec<serde_json::Value>>, 
     }
 }
 
+/// Whether a StatefulSet's roll is over at `replicas`: asked for that many, its controller saw
+/// the current generation, and that many pods exist, ready, at the update revision.
+pub(crate) fn statefulset_settled(sts: &StatefulSet, replicas: i32) -> bool {
+    let (Some(spec), Some(status)) = (sts.spec.as_ref(), sts.status.as_ref()) else {
+        return false;
+    };
+    spec.replicas == Some(replicas)
+        && status.observed_generation == sts.metadata.generation
+        && status.replicas == replicas
+        && status.ready_replicas == Some(replicas)
+        && status.updated_replicas == Some(replicas)
+        && status.current_revision == status.update_revision
+}
+
 impl Booted {
+    /// Waits until the apiserver's roll is over, its surge included (docs/design.md §5
+    /// "Surge": one apiserver rolls at two replicas, then goes back to one): its StatefulSet
+    /// is settled at the NestedAPIServer's replicas. A new apiserver answering is not the
+    /// end of a roll: the old one may still be replaced after it.
+    pub async fn apiserver_settled(&self) {
+        let apiservers = Api::<capn::api::NestedAPIServer>::namespaced(self.client.clone(), &self.ns);
+        let sets = Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns);
+        self.runner
+            .wait_for("the apiserver's roll is over", BOOTED_STEP, || async {
+                let desired = apiservers
+                    .get("demo-apiserver")
+                    .await
+                    .ok()?
+                    .spec
+                    .component
+                    .replicas
+                    .unwrap_or(1);
+                let sts = sets.get("demo-apiserver").await.ok()?;
+                statefulset_settled(&sts, desired).then_some(())
+            })
+            .await;
+    }
+
     /// Waits up to `timeout` for the CA rotation of NestedControlPlane `demo` to complete,
     /// and returns its status.
     pub async fn rotation_completed(&self, timeout: Duration) -> Box<capn::api::CertificateAuthorityRotation> {

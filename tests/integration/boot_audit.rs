@@ -131,12 +131,8 @@ async fn requests_to_the_tenant_are_audited_to_the_log_and_the_webhook() {
         .unwrap();
     let condition = booted
         .runner
-        .wait_for("the missing webhook Secret is a condition", BOOTED_STEP, || async {
-            let status = apiservers.get("demo-apiserver").await.ok()?.status?;
-            status
-                .conditions
-                .into_iter()
-                .find(|c| c.type_ == "Synced" && c.reason == "AuditWebhookConfigMissing")
+        .wait_for("the missing webhook Secret is a condition", BOOTED_STEP, || {
+            crate::harness::apiserver_refusal(&apiservers, "demo-apiserver", "AuditWebhookConfigMissing")
         })
         .await;
     assert!(

@@ -3,7 +3,9 @@
 //! JWKS; tokens signed ES256 with ring) is configured through `spec.authentication`; a token
 //! it signs authenticates to the tenant as the mapped user (SelfSubjectReview), and a
 //! changed claim mapping (the username prefix) takes effect in the same apiserver process,
-//! without a restart.
+//! without a restart. Then the configuration moves to a ConfigMap (`configurationRef`):
+//! refused while the ConfigMap is missing, applied when it is created, and an edit of the
+//! ConfigMap reaches the same apiserver process.
 
 use std::sync::Arc;
 
@@ -11,7 +13,8 @@ use base64::Engine as _;
 use capn::api::NestedAPIServer;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use ring::rand::SystemRandom;
 use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair as _};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -120,11 +123,28 @@ pub(crate) fn serve_https(
     (ca, task)
 }
 
-fn authentication(issuer: &Issuer, prefix: &str) -> Value {
-    json!({"spec": {"authentication": {"configuration": {"jwt": [{
+fn configuration(issuer: &Issuer, prefix: &str) -> Value {
+    json!({"jwt": [{
         "issuer": {"url": issuer.url, "audiences": [AUDIENCE], "certificateAuthority": issuer.ca},
         "claimMappings": {"username": {"claim": "sub", "prefix": prefix}},
-    }]}}}})
+    }]})
+}
+
+fn authentication(issuer: &Issuer, prefix: &str) -> Value {
+    json!({"spec": {"authentication": {"configuration": configuration(issuer, prefix)}}})
+}
+
+/// The ConfigMap `sso` holding the configuration as a whole document under `config.yaml`
+/// (JSON, which is YAML).
+fn config_map(issuer: &Issuer, prefix: &str) -> ConfigMap {
+    let mut document = configuration(issuer, prefix);
+    document["apiVersion"] = "apiserver.config.k8s.io/v1".into();
+    document["kind"] = "AuthenticationConfiguration".into();
+    serde_json::from_value(json!({
+        "metadata": {"name": "sso"},
+        "data": {"config.yaml": serde_json::to_string_pretty(&document).unwrap()},
+    }))
+    .unwrap()
 }
 
 /// Who `token` is to the tenant apiserver; `None` while no apiserver pod is ready (a roll)
@@ -157,7 +177,9 @@ pub(crate) struct Unrestarted {
 }
 
 impl Unrestarted {
+    /// Once the apiserver's last roll is over: what runs and the template it runs from.
     pub(crate) async fn take(booted: &crate::boot::Booted) -> Self {
+        booted.apiserver_settled().await;
         Self {
             processes: apiserver_processes(booted),
             template: Self::template(booted).await,
@@ -216,6 +238,8 @@ async fn a_token_of_a_configured_issuer_logs_in_and_a_changed_mapping_applies_wi
             },
         )
         .await;
+    // The surge pod answers first; demo-apiserver-0 is replaced once it is ready.
+    booted.apiserver_settled().await;
     assert!(
         apiserver_processes(&booted).len() > before,
         "the new flag rolled the apiserver"
@@ -243,6 +267,92 @@ async fn a_token_of_a_configured_issuer_logs_in_and_a_changed_mapping_applies_wi
     say(&format!(
         "authentication: the new prefix applied {:.1?} after the change, in the same process",
         changed.elapsed()
+    ));
+
+    // The configuration from a ConfigMap that does not exist yet: refused with a condition
+    // naming it; the running apiserver keeps what it has.
+    apiservers
+        .patch(
+            "demo-apiserver",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"authentication": {
+                "configuration": null, "configurationRef": {"name": "sso"},
+            }}})),
+        )
+        .await
+        .unwrap();
+    let refused = booted
+        .runner
+        .wait_for("the missing ConfigMap is a condition", BOOTED_STEP, || {
+            crate::harness::apiserver_refusal(&apiservers, "demo-apiserver", "AuthenticationConfigurationMissing")
+        })
+        .await;
+    assert!(
+        refused
+            .message
+            .contains("spec.authentication.configurationRef: ConfigMap sso key config.yaml: not found"),
+        "{}",
+        refused.message
+    );
+    assert_eq!(
+        user_of(&booted, &kubeconfig, &token).await.as_deref(),
+        Some("sso:alice"),
+        "nothing was applied: the apiserver still reads the inline configuration"
+    );
+
+    // Its creation wakes the apiserver's reconcile; the new prefix applies.
+    let config_maps = Api::<ConfigMap>::namespaced(booted.client.clone(), &booted.ns);
+    let created = std::time::Instant::now();
+    config_maps
+        .create(&PostParams::default(), &config_map(&issuer, "ref:"))
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for(
+            "the referenced configuration applies: ref:alice",
+            BOOTED_STEP * 3,
+            || async {
+                let user = user_of(&booted, &kubeconfig, &token).await?;
+                (user == "ref:alice").then_some(())
+            },
+        )
+        .await;
+    say(&format!(
+        "authentication: the created ConfigMap applied {:.1?} after its creation",
+        created.elapsed()
+    ));
+
+    // An edit of the ConfigMap, and nothing else, reaches the same process. capn's copy
+    // changes when the ConfigMap's change wakes the apiserver's reconcile (the periodic
+    // resync is an hour away), then the kubelet refreshes the file and kube-apiserver reloads it.
+    let edited = std::time::Instant::now();
+    config_maps
+        .replace("sso", &PostParams::default(), &config_map(&issuer, "cm:"))
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for("capn copies the edited ConfigMap", BOOTED_STEP, || async {
+            let copy = config_maps.get("demo-authentication").await.ok()?;
+            let text = copy.data?.remove("authentication-config.yaml")?;
+            text.contains("\"cm:\"").then_some(())
+        })
+        .await;
+    say(&format!(
+        "authentication: capn copied the edited ConfigMap {:.1?} after the edit",
+        edited.elapsed()
+    ));
+    booted
+        .runner
+        .wait_for("the edited ConfigMap applies: cm:alice", BOOTED_STEP * 3, || async {
+            let user = user_of(&booted, &kubeconfig, &token).await?;
+            (user == "cm:alice").then_some(())
+        })
+        .await;
+    say(&format!(
+        "authentication: the edited ConfigMap applied {:.1?} after the edit, in the same process",
+        edited.elapsed()
     ));
     unrestarted.assert_same(&booted).await;
     issuer.task.abort();

@@ -99,15 +99,8 @@ async fn a_webhook_authorizer_allows_what_rbac_does_not_and_a_changed_configurat
         .unwrap();
     let refused = booted
         .runner
-        .wait_for("the missing webhook Secret is a condition", BOOTED_STEP, || async {
-            apiservers
-                .get("demo-apiserver")
-                .await
-                .ok()?
-                .status?
-                .conditions
-                .into_iter()
-                .find(|c| c.type_ == "Synced" && c.reason == "AuthorizationWebhookConfigMissing")
+        .wait_for("the missing webhook Secret is a condition", BOOTED_STEP, || {
+            crate::harness::apiserver_refusal(&apiservers, "demo-apiserver", "AuthorizationWebhookConfigMissing")
         })
         .await;
     assert!(

@@ -5,7 +5,9 @@
 //! its log can be searched for key material.
 //!
 //! Availability figures (probes, failures, longest outage) are printed, not asserted as
-//! times; what is asserted is behaviour: every outage ends, the tenant works after.
+//! times; what is asserted is behaviour: every outage ends, the tenant works after, and one
+//! apiserver's renewal rolls stay within the 2 s goal of its surge-first roll (issue 40
+//! item 6, a bound of the feature, not a speed).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,16 +28,16 @@ const AUTHORITIES: [&str; 4] = ["demo-ca", "demo-etcd", "demo-proxy", "demo-sa"]
 
 /// What a prober saw.
 #[derive(Debug, Default)]
-struct Availability {
-    probes: u32,
-    failures: u32,
-    longest_outage: Duration,
+pub(crate) struct Availability {
+    pub probes: u32,
+    pub failures: u32,
+    pub longest_outage: Duration,
 }
 
 /// Asks `/readyz` every second through a kubeconfig read fresh from `demo-kubeconfig`, until
 /// `done`. A probe tries a fresh client up to three times (the runner resolves the Service
 /// to the pods ready at that moment, as a Service would, and one may be going away).
-async fn probe(booted: &Booted, done: &AtomicBool) -> Availability {
+pub(crate) async fn probe(booted: &Booted, done: &AtomicBool) -> Availability {
     probe_path(booted, done, "/readyz", |text| text == "ok").await
 }
 
@@ -284,7 +286,13 @@ const RENEWAL_VALIDITY_THREE_APISERVERS: Duration = Duration::from_secs(150);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_certificates_renew_into_the_running_processes_for_two_cycles() {
-    let (booted, _) = renewals("renewal", 1, 2, RENEWAL_VALIDITY).await;
+    let (booted, availability) = renewals("renewal", 1, 2, RENEWAL_VALIDITY).await;
+    // One apiserver rolls surge-first (issue 40 item 6): the issue's goal is at most 2 s
+    // without an answer.
+    assert!(
+        availability.longest_outage <= Duration::from_secs(2),
+        "{availability:?}"
+    );
     // The first certificates have expired. Make the apiserver dial etcd anew: a connection
     // made with an expired client certificate would be refused, and /readyz would stay red.
     let etcd = pid_of(&booted.runner, "demo-etcd-0");

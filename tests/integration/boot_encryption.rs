@@ -1,10 +1,12 @@
 //! Issue 39 (encryption at rest, its first part), on a booted control plane: the tenant's
 //! Secrets are stored encrypted in its etcd with the key capn generated, read back through
 //! the apiserver as written, and the key is named in the status, never shown; a key
-//! rotation schedule rotates it without a request.
+//! rotation schedule rotates it without a request. `spec.encryption.resources` adds
+//! ConfigMaps: one written after is stored encrypted, one written before stays plain text
+//! until the rotation's rewrite stage stores it under the new key.
 
-use capn::api::NestedControlPlane;
-use k8s_openapi::api::core::v1::Secret;
+use capn::api::{NestedAPIServer, NestedControlPlane};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -20,6 +22,23 @@ fn b64(bytes: &[u8]) -> String {
 fn unb64(text: &str) -> Vec<u8> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(text).unwrap()
+}
+
+/// The value etcd holds under `key`, read with the apiserver's own etcd client certificate;
+/// `None` when absent or etcd does not answer.
+async fn stored_value(etcd: &kube::Client, key: &str) -> Option<Vec<u8>> {
+    let range = etcd_call(etcd, "/v3/kv/range", json!({"key": b64(key.as_bytes())}))
+        .await
+        .ok()?;
+    Some(unb64(range["kvs"][0]["value"].as_str()?))
+}
+
+fn config_map(name: &str, marker: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"value": marker}})).unwrap()
+}
+
+fn holds(stored: &[u8], text: &str) -> bool {
+    stored.windows(text.len()).any(|w| w == text.as_bytes())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,6 +99,69 @@ async fn a_tenants_secrets_are_encrypted_in_its_etcd_with_the_key_capn_keeps() {
         String::from_utf8_lossy(prefix)
     ));
 
+    say(
+        "spec.encryption.resources adds configmaps: one written before stays plain text, one written after is encrypted",
+    );
+    let config_maps = Api::<ConfigMap>::namespaced(tenant.clone(), "default");
+    config_maps
+        .create(&PostParams::default(), &config_map("before", &marker))
+        .await
+        .unwrap();
+    let apiservers = Api::<NestedAPIServer>::namespaced(booted.client.clone(), &booted.ns);
+    let digest = |a: NestedAPIServer| a.status.and_then(|s| s.certificates).map(|c| c.digest);
+    let applied = digest(apiservers.get("demo-apiserver").await.unwrap());
+    let added = std::time::Instant::now();
+    ncps.patch(
+        "demo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"encryption": {"resources": ["secrets", "configmaps"]}}})),
+    )
+    .await
+    .unwrap();
+    booted
+        .runner
+        .wait_for("the status lists configmaps", BOOTED_STEP, || async {
+            let resources = ncps.get("demo").await.ok()?.status?.encryption?.resources;
+            (resources == ["secrets", "configmaps"]).then_some(())
+        })
+        .await;
+    // The apiserver rolls to the new configuration (the digest of <c>-encryption on its pod
+    // template changed) and is ready again on it.
+    booted
+        .runner
+        .wait_for("the apiserver runs with the new configuration", BOOTED_STEP, || async {
+            let apiserver = apiservers.get("demo-apiserver").await.ok()?;
+            let generation = apiserver.metadata.generation;
+            let status = apiserver.status.clone()?;
+            let current = status.ready && status.observed_generation == generation;
+            (current && digest(apiserver) != applied).then_some(())
+        })
+        .await;
+    // A new client finds the new pod.
+    let config_maps = Api::<ConfigMap>::namespaced(tenant_client(&booted).await, "default");
+    config_maps
+        .create(&PostParams::default(), &config_map("after", &marker))
+        .await
+        .unwrap();
+    let after = stored_value(&etcd, "/registry/configmaps/default/after").await.unwrap();
+    assert!(
+        after.starts_with(prefix),
+        "stored as {:?}",
+        String::from_utf8_lossy(&after[..after.len().min(40)])
+    );
+    assert!(!holds(&after, &marker), "the plain text is not in etcd");
+    let before = stored_value(&etcd, "/registry/configmaps/default/before")
+        .await
+        .unwrap();
+    assert!(
+        holds(&before, &marker),
+        "a ConfigMap written before configmaps were added stays as stored until written again"
+    );
+    say(&format!(
+        "configmaps encrypted {:.1} s after the spec named them (one apiserver roll)",
+        added.elapsed().as_secs_f64()
+    ));
+
     // The key is in <c>-encryption only: not in the status.
     let config = secret_value(
         &secret(&booted.client, &booted.ns, "demo-encryption").await.unwrap(),
@@ -116,6 +198,19 @@ async fn a_tenants_secrets_are_encrypted_in_its_etcd_with_the_key_capn_keeps() {
     );
     assert!(run.0 <= started.0, "started at or after its run");
     assert_eq!(rotated.1.request, "", "no annotation asked for it");
+    // The rewrite stage wrote every ConfigMap too: the one stored plain is now under key2.
+    let before = stored_value(&etcd, "/registry/configmaps/default/before")
+        .await
+        .unwrap();
+    assert!(
+        before.starts_with(b"k8s:enc:secretbox:v1:key2:") && !holds(&before, &marker),
+        "after the rotation: {:?}",
+        String::from_utf8_lossy(&before[..before.len().min(40)])
+    );
+    say(&format!(
+        "the rotation's rewrite stage wrote {} objects of secrets and configmaps again",
+        rotated.1.rewritten.unwrap_or_default()
+    ));
     // Off again, so the test ends between rotations; the Secret reads back under key2.
     ncps.patch(
         "demo",

@@ -21,7 +21,7 @@ use crate::harness::{secret, secret_value};
 
 /// Leaf validity: long enough that the admin kubeconfig read before the sleep is still
 /// valid after wake, short enough that a renewal (at two thirds) falls due during it.
-const VALIDITY_SECONDS: u64 = 480;
+const VALIDITY_SECONDS: u64 = 300;
 
 /// The leaf whose renewal falls due while asleep: the apiserver's serving certificate.
 const LEAF: &str = "demo-apiserver";

@@ -694,3 +694,68 @@ async fn the_control_plane_mirrors_each_count_of_a_degrading_apiserver() {
     }
     f.stop().await;
 }
+
+/// The control plane's scale subresource is what a HorizontalPodAutoscaler drives
+/// (docs/guide/sizes.md "Autoscaling the apiservers"): the super cluster's own HPA
+/// controller reads it (the `status.selector` of the apiserver pods included) and, below
+/// `minReplicas`, raises `spec.replicas` through it, which capn carries to the apiserver
+/// StatefulSet. No metrics API runs here, so the HPA scales by its bounds only.
+#[tokio::test]
+async fn a_horizontal_pod_autoscaler_drives_the_apiservers_through_the_scale_subresource() {
+    let f = Fixture::new().await;
+    let (client, ns) = (f.client.clone(), f.ns.clone());
+    f.apply_example("examples/nestedcontrolplane.yaml").await;
+    wait_until("three component resources exist", CONTROLLER_STEP, || async {
+        (components(&client, &ns).await.len() == 3).then_some(())
+    })
+    .await;
+    f.bring_up("demo").await;
+    // The scale a client reads: capn recorded the apiserver's replicas, which the user left unset.
+    let scale = Api::<NestedControlPlane>::namespaced(client.clone(), &ns)
+        .get_scale("demo")
+        .await
+        .expect("GET the control plane's scale subresource");
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(1));
+    let selector = scale.status.map(|s| s.selector.unwrap_or_default()).unwrap_or_default();
+    assert!(selector.contains("demo"), "the apiserver pods' selector: {selector}");
+    f.apply(json!({
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "demo-apiserver"},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+                "kind": "NestedControlPlane",
+                "name": "demo"
+            },
+            "minReplicas": 2,
+            "maxReplicas": 3,
+            "metrics": [{"type": "Resource", "resource": {
+                "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]
+        }
+    }))
+    .await;
+    // The HPA controller looks every 15 s.
+    let step = CONTROLLER_STEP * 4;
+    wait_until("the HPA raised spec.replicas to its minimum", step, || async {
+        (control_plane(&client, &ns, "demo").await.spec.replicas == Some(2)).then_some(())
+    })
+    .await;
+    wait_until("the apiserver StatefulSet has 2 replicas", step, || async {
+        statefulset(&client, &ns, "demo-apiserver")
+            .await
+            .and_then(|s| s.spec?.replicas)
+            .filter(|r| *r == 2)
+    })
+    .await;
+    let hpa: Api<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns);
+    let status = hpa.get("demo-apiserver").await.unwrap().status.unwrap_or_default();
+    let able = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "AbleToScale")
+        .expect("the HPA reports AbleToScale");
+    assert_eq!(able.status, "True", "the HPA reads the scale subresource: {able:?}");
+    f.stop().await;
+}

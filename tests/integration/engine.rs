@@ -256,12 +256,26 @@ async fn an_upgrade_from_1_36_to_1_37_waits_for_its_preflight_then_rolls_etcd_th
         "registry.k8s.io/kube-controller-manager:v1.36.3",
         "the controller-manager waits for the apiserver"
     );
-    mark_statefulset_ready(&client, &ns, "demo-apiserver").await.unwrap();
+    // One apiserver rolls surge-first (docs/design.md §5 "Surge"): the write that changed
+    // its image asked for a second replica.
+    assert_eq!(
+        sts("demo-apiserver").await.spec.unwrap().replicas,
+        Some(2),
+        "the new release's apiserver comes up beside the old one"
+    );
+    // Standing in for the StatefulSet controller at each step: the surge rolls out at two,
+    // then capn asks for one again, which must be reported too before the apiserver is ready.
     wait_until("the controller-manager rolls to 1.37.2", CONTROLLER_STEP, || async {
+        mark_statefulset_ready(&client, &ns, "demo-apiserver").await.ok()?;
         (image(&sts("demo-controller-manager").await) == "registry.k8s.io/kube-controller-manager:v1.37.2")
             .then_some(())
     })
     .await;
+    assert_eq!(
+        sts("demo-apiserver").await.spec.unwrap().replicas,
+        Some(1),
+        "the surge ends before the controller-manager moves"
+    );
     mark_statefulset_ready(&client, &ns, "demo-controller-manager")
         .await
         .unwrap();

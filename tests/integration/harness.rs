@@ -189,6 +189,23 @@ impl Fixture {
     }
 }
 
+/// The `Synced` condition of NestedAPIServer `name` while it is False with `reason` (a
+/// refusal), for a test's wait; `None` otherwise or when it cannot be read.
+pub async fn apiserver_refusal(
+    apiservers: &Api<NestedAPIServer>,
+    name: &str,
+    reason: &str,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    apiservers
+        .get(name)
+        .await
+        .ok()?
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Synced" && c.status == "False" && c.reason == reason)
+}
+
 /// Requests a CA rotation of NestedControlPlane `name` (the annotation's `value`, e.g. `ca`).
 pub async fn request_rotation(client: &Client, ns: &str, name: &str, value: &str) {
     Api::<NestedControlPlane>::namespaced(client.clone(), ns)

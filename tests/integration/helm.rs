@@ -254,20 +254,22 @@ fn check_against_the_code(objects: &[Value], release: &str, ns: &str, image: &st
     assert_eq!(service["spec"]["ports"][0]["port"], 8080);
 }
 
+/// Every file of `dir`, by name: (name, text), sorted.
+fn listing(dir: &Path) -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&path).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
 #[test]
 fn the_charts_crds_are_copies_of_crds_and_its_versions_are_the_crates() {
-    let listing = |dir: &Path| -> Vec<(String, String)> {
-        let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| {
-                let path = e.unwrap().path();
-                let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                (name, std::fs::read_to_string(&path).unwrap())
-            })
-            .collect();
-        files.sort();
-        files
-    };
     let chart = listing(&repository().join(CHART).join("crds"));
     let crds = listing(&repository().join("crds"));
     let names = |files: &[(String, String)]| files.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
@@ -286,6 +288,87 @@ fn the_charts_crds_are_copies_of_crds_and_its_versions_are_the_crates() {
         chart_yaml["appVersion"],
         env!("CARGO_PKG_VERSION"),
         "Chart.yaml appVersion"
+    );
+}
+
+/// The monitoring toggles render the Prometheus Operator's and Grafana's objects, and only
+/// when asked: the alerts are `deploy/monitoring/rules.yaml`'s groups, the dashboards its
+/// JSON files, and the ServiceMonitor scrapes the metrics Service's port.
+#[test]
+fn the_monitoring_values_render_the_alerts_dashboards_and_scrape_of_deploy_monitoring() {
+    let (release, ns) = ("capn-watched", "capn-system");
+    let defaults = render(release, ns, &[]);
+    for kind in ["ServiceMonitor", "PrometheusRule", "ConfigMap"] {
+        assert!(find(&defaults, kind).is_none(), "no {kind} unless asked");
+    }
+    let objects = render(
+        release,
+        ns,
+        &[
+            "monitoring.serviceMonitor.enabled=true",
+            "monitoring.serviceMonitor.labels.release=kube-prometheus-stack",
+            "monitoring.prometheusRule.enabled=true",
+            "monitoring.prometheusRule.labels.release=kube-prometheus-stack",
+            "monitoring.dashboards.enabled=true",
+            "monitoring.dashboards.namespace=monitoring",
+        ],
+    );
+    check_against_the_code(&objects, release, ns, &default_image());
+    let deploy = repository().join("deploy/monitoring");
+    let rules: Value = serde_saphyr::from_str(&std::fs::read_to_string(deploy.join("rules.yaml")).unwrap()).unwrap();
+    let rule = the(&objects, "PrometheusRule");
+    assert_eq!(rule["spec"], rules, "the PrometheusRule's spec is rules.yaml's groups");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    assert_eq!(rule["metadata"]["namespace"], ns);
+
+    let dashboards = the(&objects, "ConfigMap");
+    assert_eq!(dashboards["metadata"]["namespace"], "monitoring");
+    assert_eq!(dashboards["metadata"]["labels"]["grafana_dashboard"], "1");
+    let files = listing(&deploy.join("dashboards"));
+    let data: Vec<(String, String)> = dashboards["data"]
+        .as_object()
+        .expect("the dashboards ConfigMap has data")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(
+        data, files,
+        "the ConfigMap holds deploy/monitoring/dashboards/, byte for byte"
+    );
+
+    let monitor = the(&objects, "ServiceMonitor");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    let service = the(&objects, "Service");
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &service["metadata"]["labels"][key], value,
+            "the ServiceMonitor selects the metrics Service by {key}"
+        );
+    }
+    let port = monitor["spec"]["endpoints"][0]["port"].as_str().unwrap();
+    assert!(
+        service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == port),
+        "the metrics Service has the port {port} the ServiceMonitor scrapes"
+    );
+    // Prometheus refuses an interval that is not its duration: so does the schema.
+    let bad = tool(
+        "helm",
+        &[
+            "lint",
+            "--strict",
+            CHART,
+            "--set",
+            "monitoring.serviceMonitor.interval=30 seconds",
+        ],
+    );
+    assert!(
+        !bad.status.success(),
+        "helm lint accepted a bad interval:\n{}",
+        text(&bad)
     );
 }
 

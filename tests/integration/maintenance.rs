@@ -286,6 +286,7 @@ fn rendered(ns: &str) -> Vec<Value> {
             audit: None,
             authentication: None,
             authorization: None,
+            referenced: Default::default(),
         };
         let p = plan(&channels, &cluster, &request, &upstream).unwrap();
         objects.extend(p.objects.into_iter().map(|mut o| {

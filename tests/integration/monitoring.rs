@@ -258,6 +258,36 @@ fn the_prometheus_rule_is_generated_from_the_rules() {
     );
 }
 
+/// The chart (`charts/capn/monitoring/`) carries copies of the rules and dashboards, since
+/// helm reads only files inside the chart; `UPDATE_MANIFESTS=1` copies them again.
+#[test]
+fn the_charts_monitoring_files_are_copies_of_deploy_monitoring() {
+    let chart = repository().join("charts/capn/monitoring");
+    let mut files = vec![RULES.to_owned()];
+    for entry in std::fs::read_dir(repository().join(DASHBOARDS)).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        files.push(format!("{DASHBOARDS}/{name}"));
+    }
+    for file in files {
+        let relative = file.strip_prefix(&format!("{MONITORING}/")).unwrap().to_owned();
+        let copy = chart.join(&relative);
+        if std::env::var_os("UPDATE_MANIFESTS").is_some() {
+            std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+            std::fs::write(&copy, read(&file)).unwrap();
+        }
+        assert!(
+            std::fs::read_to_string(&copy).unwrap_or_default() == read(&file),
+            "charts/capn/monitoring/{relative} differs from {file}; copy it with `UPDATE_MANIFESTS=1 cargo test --test integration monitoring`"
+        );
+    }
+    let copies = std::fs::read_dir(chart.join("dashboards")).unwrap().count();
+    let originals = std::fs::read_dir(repository().join(DASHBOARDS)).unwrap().count();
+    assert_eq!(
+        copies, originals,
+        "charts/capn/monitoring/dashboards holds the dashboards, no more"
+    );
+}
+
 /// Every panel of a dashboard, rows' nested panels included.
 fn panels(dashboard: &Value) -> Vec<&Value> {
     let mut out = Vec::new();
@@ -459,7 +489,7 @@ fn sample(encoded: &str, line_start: &str) -> Option<i64> {
 }
 
 #[tokio::test]
-async fn a_control_plane_exports_its_readiness_and_certificate_schedule() {
+async fn a_control_plane_exports_its_readiness_and_certificate_schedule_until_it_is_deleted() {
     use crate::harness::{CONTROLLER_STEP, apply_example, bring_up};
     let client = capn_testkit::cluster().client();
     let ns = capn_testkit::test_namespace(&client).await;
@@ -518,6 +548,22 @@ async fn a_control_plane_exports_its_readiness_and_certificate_schedule() {
         expiry - now > window,
         "a new control plane is outside its renew window: expiry {expiry}, now {now}"
     );
+    // Deleted, it leaves /metrics: no series of it keeps an alert firing.
+    let ncps: kube::Api<capn::api::NestedControlPlane> = kube::Api::namespaced(client.clone(), &ns);
+    ncps.delete("demo", &Default::default())
+        .await
+        .expect("delete the control plane");
+    capn_testkit::wait_until(
+        "the deleted control plane's series leave /metrics",
+        // The sweep runs every 10 s.
+        CONTROLLER_STEP * 3,
+        || {
+            let metrics = metrics.clone();
+            let labels = labels.clone();
+            async move { (!metrics.encode().contains(&labels)).then_some(()) }
+        },
+    )
+    .await;
     controllers.abort();
     let _ = controllers.await;
 }

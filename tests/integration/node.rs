@@ -310,6 +310,10 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
         "name": "sh", "image": "registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
         "command": ["/bin/sh", "-c", "echo from $(cat /etc/hostname); sleep 0.1; exit 3"]}]});
     create(&api, "shell", shell).await;
+    // The e2e suite's nginx, as its ReplicationController and EndpointSlice specs run it.
+    let web = json!({"containers": [{"name": "web", "image": "registry.k8s.io/e2e-test-images/nginx:1.14-4",
+        "ports": [{"containerPort": 80}]}]});
+    create(&api, "web", web).await;
     let alpine = json!({"restartPolicy": "Never", "containers": [{
         "name": "sh", "image": AGNHOST, "command": ["sh", "-c", "ls /etc/hostname; nc -h 2>&1 | head -1; dig -v 2>&1; mv /localhost.crt /tmp/ && echo moved"]}]});
     create(&api, "alpine", alpine).await;
@@ -334,6 +338,18 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
         "BusyBox's ls, the image's own nc and dig, and its localhost.crt, which a container may move: {log}"
     );
 
+    let web = wait_pod(&api, "web", "running and ready", running_and_ready).await;
+    let address = SocketAddr::from((pod_ip(&web), 80));
+    let answered = poll_until(RUN, || async {
+        matches!(http_get(address, "/").await, Ok((200, _))).then_some(())
+    })
+    .await;
+    assert!(
+        answered.is_some(),
+        "the nginx stand-in answers on port 80\n{}",
+        node().report()
+    );
+
     let refused = wait_pod(&api, "elsewhere", "refused", |p| {
         first_state(p).waiting.and_then(|w| w.reason).as_deref() == Some("ErrImagePull")
     })
@@ -344,7 +360,7 @@ async fn pods_end_per_restart_policy_and_unknown_images_are_refused() {
         .and_then(|w| w.message)
         .unwrap_or_default();
     assert!(message.contains("agnhost") && message.contains("busybox"), "{message}");
-    for name in ["done", "fails", "elsewhere", "shell", "alpine"] {
+    for name in ["done", "fails", "elsewhere", "shell", "alpine", "web"] {
         delete_and_wait(&api, &ns, name).await;
     }
 }

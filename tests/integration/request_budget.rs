@@ -24,7 +24,11 @@ use crate::harness::{Capn, apply_example, control_plane};
 /// control plane's status observes the generation of its own spec patch (the rest: creating
 /// 11 Secrets and 11 workload objects, status writes), 61 to 63 (2026-12-02, later) since the
 /// control plane creates its components already labelled as their ApplySet's parents, 60
-/// since it writes its endpoint with the component references. How
+/// since it writes its endpoint with the component references, 63 (2026-12-07) since capn
+/// watches the ConfigMaps it does not own (a LIST and a WATCH, for the apiservers that
+/// reference one); 67 in a later run the same day, with one more apiserver status write,
+/// two more controller-manager ones and one `patch nestedapiservers`.
+/// How
 /// many status writes coalesce depends on the machine's load: 71 was counted once while the
 /// whole suite ran beside it (7 control-plane status writes instead of 2), before the last
 /// change, so the budget keeps that much room.

@@ -68,7 +68,7 @@ async fn a_small_control_plane_runs_with_the_small_size_explicit_fields_win_and_
         "etcd's resources are small's"
     );
     assert_eq!(env(&etcd, "GOMEMLIMIT").as_deref(), Some("460MiB"));
-    assert_eq!(env(&etcd, "GOGC").as_deref(), Some("50"));
+    assert_eq!(env(&etcd, "GOGC").as_deref(), Some("25"));
     assert_eq!(
         flags(&etcd).get("quota-backend-bytes").map(String::as_str),
         Some("104857600"),

@@ -108,6 +108,21 @@ fn corpus() -> Vec<Case> {
     );
     bad_ncp(
         &mut c,
+        "InvalidEncryptionResources",
+        "spec.encryption.resources",
+        vec![
+            json!({"encryption": {"resources": ["configmaps"]}}),
+            json!({"encryption": {"resources": ["secrets", "secrets"]}}),
+            json!({"encryption": {"resources": ["secrets", "*.*"]}}),
+            json!({"encryption": {"resources": ["secrets", "*.apps"]}}),
+            json!({"encryption": {"resources": ["secrets", "ConfigMaps"]}}),
+            json!({"encryption": {"resources": ["secrets", "serviceipallocations"]}}),
+            json!({"encryption": {"resources": ["secrets", "events.events.k8s.io"]}}),
+            json!({"encryption": {"resources": ["secrets", "ingresses.extensions"]}}),
+        ],
+    );
+    bad_ncp(
+        &mut c,
         "InvalidSAN",
         "spec.certSANs[",
         vec![
@@ -410,6 +425,38 @@ fn corpus() -> Vec<Case> {
         "spec.authorization.configuration.authorizers[0].webhook.failurePolicy",
         vec![webhook(json!({"failurePolicy": "Allow"}))],
     );
+    // configurationRef (issue 39 item 1): exactly one of inline and referenced.
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthentication",
+        "spec.authentication: Invalid value",
+        vec![
+            json!({"authentication": {"configurationRef": {"name": "sso"}, "configuration": {"jwt": [{"issuer": {"url": "https://a.example", "audiences": ["t"]}, "claimMappings": {"username": {"claim": "sub", "prefix": "oidc:"}}}]}}}),
+            json!({"authentication": {}}),
+        ],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthorization",
+        "spec.authorization: Invalid value",
+        vec![json!({"authorization": {}})],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthentication",
+        "spec.authentication.configurationRef.key",
+        vec![json!({"authentication": {"configurationRef": {"name": "sso", "key": "a/b"}}})],
+    );
+    bad_component(
+        &mut c,
+        apiserver,
+        "InvalidAuthorization",
+        "spec.authorization.configurationRef.key",
+        vec![json!({"authorization": {"configurationRef": {"name": "policy", "key": "a b"}}})],
+    );
     // spec.defragmentation (issue 40 item 1): a schedule named after what it schedules.
     bad_component(
         &mut c,
@@ -515,6 +562,36 @@ fn corpus() -> Vec<Case> {
         )),
     });
     c.push(Case {
+        name: "authentication-missing".into(),
+        docs: vec![
+            component(
+                apiserver,
+                "authentication-missing-apiserver",
+                json!({"authentication": {"configurationRef": {"name": "no-such-configuration"}}}),
+            ),
+            ncp("authentication-missing", json!({})),
+        ],
+        refused: Some((
+            "AuthenticationConfigurationMissing",
+            "spec.authentication.configurationRef: ConfigMap no-such-configuration key config.yaml: not found",
+        )),
+    });
+    c.push(Case {
+        name: "authorization-missing".into(),
+        docs: vec![
+            component(
+                apiserver,
+                "authorization-missing-apiserver",
+                json!({"authorization": {"configurationRef": {"name": "no-such-policy", "key": "authz.yaml"}}}),
+            ),
+            ncp("authorization-missing", json!({})),
+        ],
+        refused: Some((
+            "AuthorizationConfigurationMissing",
+            "spec.authorization.configurationRef: ConfigMap no-such-policy key authz.yaml: not found",
+        )),
+    });
+    c.push(Case {
         name: "unknown-version".into(),
         docs: vec![ncp("unknown-version", json!({"version": "1.99"}))],
         refused: Some(("UnknownVersion", "\"1.99\"")),
@@ -547,6 +624,13 @@ fn corpus() -> Vec<Case> {
         docs,
         refused: None,
     };
+    c.push(valid(
+        "encrypts-more",
+        vec![ncp(
+            "encrypts-more",
+            json!({"encryption": {"resources": ["configmaps", "secrets", "deployments.apps", "widgets.example.com"]}}),
+        )],
+    ));
     c.push(valid(
         "ipv6",
         vec![ncp(

@@ -32,6 +32,53 @@ fn cluster_ip(applied: &[serde_json::Value], service: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The NestedAPIServers in `namespace` for which `reads` holds.
+fn referring(
+    ctx: &Context,
+    namespace: &str,
+    reads: impl Fn(&NestedAPIServer) -> bool,
+) -> Vec<ObjectRef<NestedAPIServer>> {
+    ctx.caches
+        .apiservers
+        .state()
+        .iter()
+        .filter(|a| a.metadata.namespace.as_deref() == Some(namespace) && reads(a))
+        .map(|a| ObjectRef::from_obj(&**a))
+        .collect()
+}
+
+/// Whether `apiserver` may read Secret `name` of its namespace: its audit webhook's, or a
+/// webhook authorizer's. An authorization configuration in a ConfigMap names its Secrets
+/// where the cache cannot see them, so such an apiserver reads every Secret of its
+/// namespace as far as this trigger knows (a spare pass costs reads, not writes).
+fn reads_secret(apiserver: &NestedAPIServer, name: &str) -> bool {
+    let security = &apiserver.spec.security;
+    let authorization = security.authorization.as_deref();
+    security
+        .audit
+        .as_ref()
+        .and_then(|audit| audit.webhook.as_ref())
+        .is_some_and(|w| w.config_secret_ref.name == name)
+        || authorization.is_some_and(|a| a.configuration_ref.is_some())
+        || crate::plan::authorization::webhook_secrets(authorization.and_then(|a| a.configuration.as_ref()))
+            .iter()
+            .any(|(secret, _)| *secret == name)
+}
+
+/// Whether `apiserver` references ConfigMap `name` of its namespace: its audit policy,
+/// authentication or authorization configuration.
+fn references_config_map(apiserver: &NestedAPIServer, name: &str) -> bool {
+    let security = &apiserver.spec.security;
+    [
+        crate::plan::audit::policy_reference(security.audit.as_deref()),
+        crate::plan::authentication::configuration_reference(security.authentication.as_deref()),
+        crate::plan::authorization::configuration_reference(security.authorization.as_deref()),
+    ]
+    .into_iter()
+    .flatten()
+    .any(|(config_map, _)| config_map == name)
+}
+
 impl ComponentResource for NestedAPIServer {
     component_accessors!(ComponentKind::ApiServer, apiserver, "apiserver", apiservers);
 
@@ -58,33 +105,28 @@ impl ComponentResource for NestedAPIServer {
         ctx: &Arc<Context>,
         subscriptions: &crate::controllers::shared::cache::Subscriptions,
     ) -> Option<BoxStream<'static, ObjectRef<Self>>> {
-        // And a change of the Secret an audit or authorization webhook configuration is read
-        // from (capn does not own it, so the Secret triggers of the control plane miss it).
+        // And a change of a Secret or ConfigMap the apiserver's security settings read
+        // (capn does not own them, so the Secret triggers of the control plane miss them).
         let apiservers = ctx.clone();
         let webhook_secrets = ctx.caches.secret_changes().flat_map(move |secret| {
-            let referring: Vec<ObjectRef<Self>> = apiservers
-                .caches
-                .apiservers
-                .state()
-                .iter()
-                .filter(|a| {
-                    a.metadata.namespace.as_deref() == Some(secret.namespace.as_str())
-                        && (a
-                            .spec
-                            .security
-                            .audit
-                            .as_ref()
-                            .and_then(|audit| audit.webhook.as_ref())
-                            .is_some_and(|w| w.config_secret_ref.name == secret.name)
-                            || crate::plan::authorization::webhook_secrets(a.spec.security.authorization.as_deref())
-                                .iter()
-                                .any(|(name, _)| *name == secret.name))
-                })
-                .map(|a| ObjectRef::from_obj(&**a))
-                .collect();
+            let referring = referring(&apiservers, &secret.namespace, |a| reads_secret(a, &secret.name));
             futures::stream::iter(referring)
         });
-        Some(futures::stream::select(successor_of::<NestedEtcd, Self>(ctx, subscriptions), webhook_secrets).boxed())
+        let apiservers = ctx.clone();
+        let config_maps = ctx.caches.config_map_changes().flat_map(move |config_map| {
+            let referring = referring(&apiservers, &config_map.namespace, |a| {
+                references_config_map(a, &config_map.name)
+            });
+            futures::stream::iter(referring)
+        });
+        Some(
+            futures::stream::select_all([
+                successor_of::<NestedEtcd, Self>(ctx, subscriptions),
+                webhook_secrets.boxed(),
+                config_maps.boxed(),
+            ])
+            .boxed(),
+        )
     }
 
     fn audit(&self) -> Option<&crate::api::ApiServerAudit> {

@@ -59,7 +59,8 @@ pub(super) async fn drive<K: ComponentResource>(
     }
     let (restore_vars, restore_status) = proceed!(prepare_restore(object, ctx, ns, &cluster).await);
     let referenced_policy = proceed!(read_audit_references(object, ctx, ns).await);
-    proceed!(check_authorization_secrets(object, ctx, ns).await);
+    let (referenced_authentication, referenced_authorization) =
+        proceed!(read_access_references(object, ctx, ns, &cluster).await);
     let policy = match renewal_policy(&ncp, ctx.settings.certificate_validity) {
         Ok(policy) => policy,
         Err(message) => return Ok(Outcome::Invalid(PlanError::InvalidCertificateValidity(message))),
@@ -101,6 +102,10 @@ pub(super) async fn drive<K: ComponentResource>(
         }),
         authentication: object.authentication(),
         authorization: object.authorization(),
+        referenced: crate::plan::ReferencedConfigurations {
+            authentication: referenced_authentication.as_ref(),
+            authorization: referenced_authorization.as_ref(),
+        },
     };
     let plan = match plan(&ctx.channels, &cluster, &request, &upstream) {
         Ok(plan) => plan,
@@ -258,13 +263,14 @@ async fn prepare_restore<K: ComponentResource>(
 /// policy in the ConfigMap `policyRef` names (read and checked, `None` without
 /// `policyRef`), and that the webhook's Secret has its key. A missing or invalid one
 /// refuses the pass (condition, Event) and nothing is applied; it is read again within a
-/// minute, and a change of the webhook Secret wakes the apiserver at once.
+/// minute, and a change of the ConfigMap or of the webhook Secret wakes the apiserver at
+/// once.
 async fn read_audit_references<K: ComponentResource>(
     object: &K,
     ctx: &Context,
     ns: &str,
 ) -> Stage<Option<crate::api::AuditPolicy>> {
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use k8s_openapi::api::core::v1::Secret;
     let Some(audit) = object.audit() else {
         return Ok(Ok(None));
     };
@@ -274,11 +280,8 @@ async fn read_audit_references<K: ComponentResource>(
     }
     let referenced = match crate::plan::audit::policy_reference(Some(audit)) {
         Some((config_map, key)) => {
-            let found = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
-                .get_opt(config_map)
-                .await?;
-            let text = found.as_ref().and_then(|c| c.data.as_ref()).and_then(|d| d.get(key));
-            match crate::plan::audit::referenced_policy(&name, config_map, key, text.map(String::as_str)) {
+            let text = config_map_text(ctx, ns, config_map, key).await?;
+            match crate::plan::audit::referenced_policy(&name, config_map, key, text.as_deref()) {
                 Ok(policy) => Some(policy),
                 Err(e) => {
                     return Ok(Err(Outcome::Refused {
@@ -316,20 +319,72 @@ async fn read_audit_references<K: ComponentResource>(
     Ok(Ok(referenced))
 }
 
-/// apiserver: that every webhook authorizer's kubeconfig Secret of `spec.authorization`
-/// has its key (issue 39 item 1), checked before planning like the audit webhook's: a
-/// missing one refuses the pass (condition, Event) and nothing is applied, so no apiserver
-/// starts with a file it cannot read; its creation wakes the apiserver at once.
-async fn check_authorization_secrets<K: ComponentResource>(object: &K, ctx: &Context, ns: &str) -> Stage<()> {
+/// The text under `key` of ConfigMap `name` in `ns`; `None` when the ConfigMap or the key
+/// does not exist.
+async fn config_map_text(ctx: &Context, ns: &str, name: &str, key: &str) -> Result<Option<String>, ReconcileError> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let found = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
+        .get_opt(name)
+        .await?;
+    Ok(found.and_then(|c| c.data).and_then(|mut d| d.remove(key)))
+}
+
+/// apiserver: what `spec.authentication` and `spec.authorization` reference, read before
+/// planning (issue 39 item 1): the configurations their `configurationRef`s name (read and
+/// checked by the rules of the inline form; `None` without `configurationRef`), and that
+/// every webhook authorizer's kubeconfig Secret has its key. A missing or invalid one
+/// refuses the pass (condition, Event naming the ConfigMap or Secret, the key and the
+/// field) and nothing is applied, so no apiserver starts with a file it cannot read; it is
+/// read again within a minute, and a change of the ConfigMap or Secret wakes the apiserver
+/// at once.
+async fn read_access_references<K: ComponentResource>(
+    object: &K,
+    ctx: &Context,
+    ns: &str,
+    cluster: &ClusterSettings,
+) -> Stage<(
+    Option<crate::api::AuthenticationConfiguration>,
+    Option<crate::api::AuthorizationConfiguration>,
+)> {
+    use crate::plan::{authentication, authorization};
     use k8s_openapi::api::core::v1::Secret;
-    let Some(authorization) = object.authorization() else {
-        return Ok(Ok(()));
-    };
     let name = object.name_any();
-    if let Err(e) = crate::plan::authorization::check_fields(&name, authorization) {
+    let refused = |e: crate::plan::reference::ReferenceError| {
+        Ok(Err(Outcome::Refused {
+            reason: e.reason,
+            message: e.to_string(),
+        }))
+    };
+    let mut referenced_authentication = None;
+    if let Some(spec) = object.authentication() {
+        let issuer = crate::plan::service_account_issuer(&cluster.dns_domain);
+        if let Err(e) = authentication::check_fields(&name, spec, &issuer) {
+            return Ok(Err(Outcome::Invalid(e.into())));
+        }
+        if let Some((config_map, key)) = authentication::configuration_reference(Some(spec)) {
+            let text = config_map_text(ctx, ns, config_map, key).await?;
+            match authentication::referenced_configuration(&name, config_map, key, text.as_deref(), &issuer) {
+                Ok(configuration) => referenced_authentication = Some(configuration),
+                Err(e) => return refused(e),
+            }
+        }
+    }
+    let Some(spec) = object.authorization() else {
+        return Ok(Ok((referenced_authentication, None)));
+    };
+    if let Err(e) = authorization::check_fields(&name, spec) {
         return Ok(Err(Outcome::Invalid(e.into())));
     }
-    for (secret, key) in crate::plan::authorization::webhook_secrets(Some(authorization)) {
+    let mut referenced_authorization = None;
+    if let Some((config_map, key)) = authorization::configuration_reference(Some(spec)) {
+        let text = config_map_text(ctx, ns, config_map, key).await?;
+        match authorization::referenced_configuration(&name, config_map, key, text.as_deref()) {
+            Ok(configuration) => referenced_authorization = Some(configuration),
+            Err(e) => return refused(e),
+        }
+    }
+    let configuration = spec.configuration.as_ref().or(referenced_authorization.as_ref());
+    for (secret, key) in authorization::webhook_secrets(configuration) {
         let found = Api::<Secret>::namespaced(ctx.client.clone(), ns)
             .get_opt(secret)
             .await?;
@@ -342,7 +397,7 @@ async fn check_authorization_secrets<K: ComponentResource>(object: &K, ctx: &Con
             }));
         }
     }
-    Ok(Ok(()))
+    Ok(Ok((referenced_authentication, referenced_authorization)))
 }
 
 /// Applies the plan rank by rank: the Services, then (once the kind's certificates are
@@ -387,6 +442,19 @@ async fn apply<K: ComponentResource>(
         }
     };
     stamp_certificates_digest(&mut plan.objects[services..], &certificates.digest);
+    // The apiserver is stateless: at one replica it rolls surge-first (docs/design.md §5
+    // "Surge"), decided from the final template, digest included. Not etcd (members keep
+    // data) nor the controller-manager (it runs without leader election at one replica, so
+    // two must never run at once).
+    if K::KIND == ComponentKind::ApiServer {
+        for object in &mut plan.objects[services..] {
+            let live = match ctx.caches.live(object) {
+                crate::apply::Live::Cached(live) => live,
+                crate::apply::Live::Unwatched => None,
+            };
+            crate::apply::surge::surge_first(object, live.as_ref());
+        }
+    }
     let workloads = services
         + plan.objects[services..]
             .iter()

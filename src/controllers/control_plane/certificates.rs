@@ -9,7 +9,7 @@ use super::scope::Round;
 use crate::api::{ApiEndpoint, CertificateRenewal, EncryptionStatus, NestedControlPlaneStatus};
 use crate::controllers::ReconcileError;
 use crate::controllers::shared::certificates::CaRef;
-use crate::pki::encryption::{ENCRYPTED_RESOURCES, PROVIDER};
+use crate::pki::encryption::{PROVIDER, desired_resources};
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, admin_leaf, admin_user, server_url,
 };
@@ -36,6 +36,12 @@ pub(super) async fn ensure_authorities(
     // The encryption key came later than the CAs: a control plane made by an older capn
     // gets one (nothing was encrypted before it); once recorded, it is never made again.
     let may_create_key = status.encryption.is_none();
+    // A new control plane's key encrypts what its spec asks from the start; a change later
+    // is `encryption_rotation::step`'s (written once no rotation runs).
+    let resources = desired_resources(
+        round.ncp.spec.encryption.as_ref().and_then(|e| e.resources.as_deref()),
+        &[],
+    );
     let (store, names) = (&round.store, &round.names);
     // Five independent Secrets: read or created at once, not one after another.
     let (ca, etcd_ca, proxy_ca, (), keys) = futures::try_join!(
@@ -43,14 +49,14 @@ pub(super) async fn ensure_authorities(
         store.ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create),
         store.ensure_ca(&names.proxy_ca, FRONT_PROXY_CA_COMMON_NAME, may_create),
         store.ensure_service_account_key(&names.sa, may_create),
-        store.ensure_encryption_key(&names.encryption, may_create_key),
+        store.ensure_encryption_key(&names.encryption, may_create_key, &resources),
     )?;
-    if let Some(writer) = keys.and_then(|k| k.into_iter().next()) {
+    if let Some((writer, resources)) = keys.and_then(|(k, r)| Some((k.into_iter().next()?, r))) {
         let rotation = status.encryption.take().and_then(|e| e.rotation);
         status.encryption = Some(Box::new(EncryptionStatus {
             provider: PROVIDER.to_owned(),
             key: writer,
-            resources: ENCRYPTED_RESOURCES.map(str::to_owned).to_vec(),
+            resources,
             rotation,
         }));
     }

@@ -76,6 +76,23 @@ pub(super) async fn follow_replicas(round: &Round<'_>, components: &mut Componen
     Ok(())
 }
 
+/// `spec.replicas` when the user left it unset: the apiserver's replicas (its own, else 1),
+/// recorded in capn's spec patch. The scale subresource reads `.spec.replicas`, and the API
+/// server answers a GET of `/scale` with an error while that field is absent, so without
+/// this `kubectl get --subresource=scale`, a HorizontalPodAutoscaler and Cluster API could
+/// not read a new control plane's scale (found by the HPA test). From then on the control
+/// plane's replicas are the apiserver's ([`follow_replicas`]), as in Cluster API's
+/// KubeadmControlPlane, whose webhook defaults `replicas` to 1.
+pub(super) fn record_replicas(round: &Round<'_>, components: &Components, references: &mut SpecPatch) {
+    if round.ncp.spec.replicas.is_some() {
+        return;
+    }
+    if let Some(apiserver) = components.apiserver.as_ref() {
+        let replicas = apiserver.spec.component.replicas.unwrap_or(1);
+        references.insert("replicas".into(), serde_json::json!(replicas));
+    }
+}
+
 /// The endpoint (CAPI contract: the control plane provider fills it): the apiserver
 /// Service's name and port, once the apiserver reports its Service or, for an apiserver
 /// this pass named, once its first plan renders that Service. Both are known before the
@@ -165,6 +182,7 @@ fn first_plan_of<K: ComponentResource>(round: &Round<'_>, fresh: &K) -> Option<P
         audit: None,
         authentication: None,
         authorization: None,
+        referenced: Default::default(),
     };
     first_plan(&round.ctx.channels, &cluster, &request)
 }

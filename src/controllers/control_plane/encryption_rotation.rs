@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 
 use super::rotation::{new_request_after, observations};
 use super::scope::Round;
@@ -23,7 +23,8 @@ use crate::backup::schedule::Schedule;
 use crate::controllers::ReconcileError;
 use crate::controllers::shared::tenant::tenant_client;
 use crate::pki::encryption::{
-    EncryptionKey, KeyRotationPhase, encryption_configuration, key_names, keys, keys_for_phase, next_key_name,
+    EncryptionKey, KeyRotationPhase, configured_resources, desired_resources, encryption_configuration, key_names,
+    keys, keys_for_phase, next_key_name,
 };
 use crate::pki::rotation::converged;
 use crate::status::{ConditionUpdate, ENCRYPTION_KEY_ROTATION, Reason};
@@ -38,7 +39,7 @@ const LOOK_AGAIN: Duration = Duration::from_secs(5);
 /// The longest a pass waits for the next run of the key rotation schedule.
 const SCHEDULE_RECHECK: Duration = Duration::from_secs(3600);
 
-/// The Secrets written again at once in `RewriteSecrets`.
+/// The objects written again at once in `RewriteSecrets`.
 const REWRITES_AT_ONCE: usize = 4;
 
 /// Starts a requested rotation and moves the one in progress as far as it can, recording its
@@ -63,6 +64,10 @@ pub(super) async fn step(
         .map(|r| (r.request.as_str(), r.phase.as_str()));
     let running = last.is_some_and(|(_, phase)| phase != KeyRotationPhase::Completed.as_str());
     let requested = new_request_after(annotation, last, KeyRotationPhase::Completed.as_str());
+    if !running && requested.is_none() && write_resources(round, &secret, &mut encryption.resources).await? {
+        // The apiservers roll to it (the Secret's digest changed); a rotation waits a pass.
+        return Ok(Some(LOOK_AGAIN));
+    }
     let schedule = round
         .ncp
         .spec
@@ -128,7 +133,7 @@ pub(super) async fn step(
         return Ok(next_run);
     };
     let outcome = match phase {
-        KeyRotationPhase::RewriteSecrets => rewrite(round).await?,
+        KeyRotationPhase::RewriteSecrets => rewrite(round, &secret).await?,
         _ => move_config(round, phase, &secret, &rotation.key).await?,
     };
     let phase = record(rotation, phase, outcome, &round.now.k8s);
@@ -138,6 +143,31 @@ pub(super) async fn step(
     }
     round.set(status, condition);
     Ok((phase != KeyRotationPhase::Completed).then_some(LOOK_AGAIN))
+}
+
+/// Writes `spec.encryption.resources` into `<c>-encryption` (`secret`) when it asks for
+/// another set than `recorded` (the status's, what the configuration encrypts), keeping its
+/// keys; a resource encrypted already stays ([`desired_resources`]). Returns whether it
+/// wrote. Objects of an added resource stay as stored until they are next written (a key
+/// rotation's `RewriteSecrets` writes them all); identity, last in the configuration, reads
+/// them meanwhile.
+async fn write_resources(round: &Round<'_>, secret: &str, recorded: &mut Vec<String>) -> Result<bool, ReconcileError> {
+    let spec = round.ncp.spec.encryption.as_ref().and_then(|e| e.resources.as_deref());
+    let desired = desired_resources(spec, recorded);
+    if desired == *recorded {
+        return Ok(false);
+    }
+    let config = read(round, secret).await?;
+    let current = keys(&config).map_err(pki(secret))?;
+    if configured_resources(&config).map_err(pki(secret))? != desired {
+        round
+            .store
+            .write_encryption_config(secret, &encryption_configuration(&current, &desired))
+            .await?;
+    }
+    tracing::info!(secret, resources = ?desired, "encrypting these resources");
+    *recorded = desired;
+    Ok(true)
 }
 
 /// Takes back an `InvalidKeyRotationSchedule` condition once the schedule parses (or is
@@ -209,9 +239,10 @@ async fn move_config(
     };
     let desired = keys_for_phase(phase, &current, &new).unwrap_or_else(|| current.clone());
     if desired != current {
+        let resources = configured_resources(&config).map_err(pki(secret))?;
         round
             .store
-            .write_encryption_config(secret, &encryption_configuration(&desired))
+            .write_encryption_config(secret, &encryption_configuration(&desired, &resources))
             .await?;
         return Ok(Outcome::Waiting(format!("wrote {secret} for phase {}", phase.as_str())));
     }
@@ -221,24 +252,68 @@ async fn move_config(
     })
 }
 
-/// `RewriteSecrets`: every Secret of the tenant written again, unchanged, through its
-/// apiserver, which stores it under the key it now encrypts with (the apiserver writes an
-/// unchanged object again when it read it with another key than its first: the
-/// re-encryption the Kubernetes documentation gives,
+/// `RewriteSecrets`: every object of every resource `<c>-encryption` (`secret`) encrypts
+/// written again, unchanged, through the tenant's apiserver, which stores it under the key it
+/// now encrypts with (the apiserver writes an unchanged object again when it read it with
+/// another key than its first: the re-encryption the Kubernetes documentation gives,
 /// <https://kubernetes.io/docs/tasks/administer-cluster/encrypt-data/#ensure-all-secrets-are-encrypted>).
-/// A Secret changed or deleted meanwhile was written under the new key already.
-async fn rewrite(round: &Round<'_>) -> Result<Outcome, ReconcileError> {
+/// An object changed or deleted meanwhile was written under the new key already. Secrets
+/// are known; every other resource is found by discovery of its group (one not served has
+/// no objects to rewrite).
+async fn rewrite(round: &Round<'_>, secret: &str) -> Result<Outcome, ReconcileError> {
+    let resources = configured_resources(&read(round, secret).await?).map_err(pki(secret))?;
     let client = tenant_client(round.ctx, round.ncp, round.ns).await?;
-    let secrets = Api::<Secret>::all(client.clone())
+    let mut count = 0;
+    for resource in &resources {
+        let Some(api_resource) = api_resource(&client, resource).await? else {
+            tracing::info!(resource, "not served by the tenant: nothing of it to rewrite");
+            continue;
+        };
+        count += rewrite_all(&client, &api_resource).await?;
+    }
+    Ok(Outcome::Done(Some(count)))
+}
+
+/// The served version of `resource` (`configmaps`, `deployments.apps`), `None` when its group
+/// does not serve it or it cannot be listed and updated (`tokenreviews`, which kube-apiserver
+/// accepts in an `EncryptionConfiguration`, is never stored: nothing to rewrite).
+async fn api_resource(client: &kube::Client, resource: &str) -> Result<Option<ApiResource>, ReconcileError> {
+    if resource == "secrets" {
+        return Ok(Some(ApiResource::erase::<Secret>(&())));
+    }
+    let (plural, group) = resource.split_once('.').unwrap_or((resource, ""));
+    let found = match kube::discovery::group(client, group).await {
+        Ok(group) => group
+            .resources_by_stability()
+            .into_iter()
+            .find(|(ar, caps)| {
+                use kube::discovery::verbs::{LIST, UPDATE};
+                ar.plural == plural && caps.supports_operation(LIST) && caps.supports_operation(UPDATE)
+            })
+            .map(|(ar, _)| ar),
+        // A group the tenant does not serve (a CRD not installed there).
+        Err(kube::Error::Discovery(_)) => None,
+        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(other) => return Err(other.into()),
+    };
+    Ok(found)
+}
+
+/// Every object of `resource` written again, [`REWRITES_AT_ONCE`] at a time; how many.
+async fn rewrite_all(client: &kube::Client, resource: &ApiResource) -> Result<i64, ReconcileError> {
+    let objects = Api::<DynamicObject>::all_with(client.clone(), resource)
         .list(&ListParams::default())
         .await?
         .items;
-    let count = secrets.len() as i64;
-    futures::stream::iter(secrets)
-        .map(|secret| {
-            let api = Api::<Secret>::namespaced(client.clone(), &secret.namespace().unwrap_or_default());
+    let count = objects.len() as i64;
+    futures::stream::iter(objects)
+        .map(|object| {
+            let api = match object.namespace() {
+                Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), &ns, resource),
+                None => Api::<DynamicObject>::all_with(client.clone(), resource),
+            };
             async move {
-                match api.replace(&secret.name_any(), &PostParams::default(), &secret).await {
+                match api.replace(&object.name_any(), &PostParams::default(), &object).await {
                     Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
                     other => other.map(drop),
                 }
@@ -247,7 +322,7 @@ async fn rewrite(round: &Round<'_>) -> Result<Outcome, ReconcileError> {
         .buffer_unordered(REWRITES_AT_ONCE)
         .try_collect::<Vec<()>>()
         .await?;
-    Ok(Outcome::Done(Some(count)))
+    Ok(count)
 }
 
 /// Records `outcome` of `phase` in `rotation`; returns the phase it is in now.
@@ -293,7 +368,7 @@ fn condition(phase: KeyRotationPhase, rotation: &EncryptionKeyRotation) -> Condi
                 false,
                 Reason::Completed,
                 format!(
-                    "the encryption key was rotated to {key}; {rewritten} Secrets were written again under it and the old keys dropped"
+                    "the encryption key was rotated to {key}; {rewritten} objects of the encrypted resources were written again under it and the old keys dropped"
                 ),
             );
         }
@@ -364,6 +439,6 @@ mod tests {
         assert!(update.status && update.message.contains("phase DropOldKeys: apiserver demo is rolling"));
         r.phase = KeyRotationPhase::Completed.as_str().into();
         let done = condition(KeyRotationPhase::Completed, &r);
-        assert!(!done.status && done.message.contains("7 Secrets"), "{}", done.message);
+        assert!(!done.status && done.message.contains("7 objects"), "{}", done.message);
     }
 }

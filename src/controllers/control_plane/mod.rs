@@ -169,6 +169,7 @@ async fn drive(
     let mut authorities = certificates::ensure_authorities(&round, status).await?;
     let (mut components, mut references) = components::ensure(&round).await?;
     components::follow_replicas(&round, &mut components).await?;
+    components::record_replicas(&round, &components, &mut references);
     let endpoint = components::endpoint(&round, &components, &mut references);
     *spec_patched = components::record(&round, references).await?;
     let kubeconfig = certificates::ensure_kubeconfig(&round, &authorities.cluster, endpoint.as_ref()).await?;

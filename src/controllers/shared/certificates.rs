@@ -26,7 +26,8 @@ use time::format_description::well_known::Rfc3339;
 use crate::apply::{apply_params, create_params};
 use crate::controllers::{Context, ReconcileError};
 use crate::pki::encryption::{
-    EncryptionKey, encryption_configuration, encryption_configuration_from_secret, encryption_secret, key_names,
+    EncryptionKey, configured_resources, encryption_configuration, encryption_configuration_from_secret,
+    encryption_secret, key_names,
 };
 use crate::pki::{
     CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, RenewalPolicy, check_leaf,
@@ -472,10 +473,10 @@ impl<'a> CertificateStore<'a> {
     }
 
     /// Ensures `<c>-encryption` (`name`) holds the apiserver's `EncryptionConfiguration`:
-    /// made with a new key (`key1`) when `may_create` (the status never recorded one),
-    /// otherwise read and never replaced. Returns the names of its keys when this pass read
-    /// or made it, `None` when the metadata cache shows it (the status keeps what it
-    /// recorded).
+    /// made with a new key (`key1`) encrypting `resources` when `may_create` (the status
+    /// never recorded one), otherwise read and never replaced. Returns the names of its keys
+    /// and the resources it encrypts when this pass read or made it, `None` when the
+    /// metadata cache shows it (the status keeps what it recorded).
     ///
     /// # Errors
     /// [`ReconcileError::EncryptionKeyMissing`] when it is gone and `may_create` is false;
@@ -484,7 +485,8 @@ impl<'a> CertificateStore<'a> {
         &self,
         name: &str,
         may_create: bool,
-    ) -> Result<Option<Vec<String>>, ReconcileError> {
+        resources: &[String],
+    ) -> Result<Option<(Vec<String>, Vec<String>)>, ReconcileError> {
         if self.cached_version(name).is_some() && !may_create {
             return Ok(None);
         }
@@ -492,7 +494,7 @@ impl<'a> CertificateStore<'a> {
             Some(secret) => Some(secret),
             None if may_create => {
                 let key = EncryptionKey::generate("key1").map_err(Self::pki_error(name))?;
-                let config = encryption_configuration(&[key]);
+                let config = encryption_configuration(&[key], resources);
                 self.create(encryption_secret(name, self.namespace, self.cluster, &config))
                     .await?
             }
@@ -504,7 +506,9 @@ impl<'a> CertificateStore<'a> {
             .transpose()
             .map_err(Self::pki_error(name))?
             .unwrap_or_default();
-        key_names(&config).map(Some).map_err(Self::pki_error(name))
+        let names = key_names(&config).map_err(Self::pki_error(name))?;
+        let resources = configured_resources(&config).map_err(Self::pki_error(name))?;
+        Ok(Some((names, resources)))
     }
 
     /// Ensures Secret `name` holds a leaf certificate for `wanted` signed by `ca`: kept when

@@ -42,7 +42,11 @@
 //!    `/localhost.key` like those it holds for `porter`. `registry.k8s.io/e2e-test-images/sample-apiserver`
 //!    runs the `sample-apiserver` of the super cluster's release (`k8s.io/sample-apiserver`,
 //!    built with the node's binaries), and `registry.k8s.io/etcd` the super cluster's etcd,
-//!    whatever their tags (the e2e aggregator spec runs both). Any other image is refused: its containers stay Waiting with reason
+//!    whatever their tags (the e2e aggregator spec runs both). The e2e web server images
+//!    (`registry.k8s.io/e2e-test-images/nginx` and `…/httpd`, [`WEB_SERVER_IMAGES`]) run
+//!    agnhost's `netexec --http-port=80` when the container gives no command or args (the
+//!    specs that use them need a ready pod answering HTTP on port 80; `/` answers 200, not
+//!    nginx's page). Any other image is refused: its containers stay Waiting with reason
 //!    `ErrImagePull` and a message naming the supported images. `imageID` and `containerID`
 //!    are `capn-node://…` names, not digests.
 //! 2. **Volumes**: the runner's (secret, configMap, emptyDir), plus `downwardAPI` and
@@ -136,6 +140,15 @@ pub const BUSYBOX_IMAGES: [&str; 3] = [
     "registry.k8s.io/e2e-test-images/busybox",
     "busybox",
     "docker.io/library/busybox",
+];
+/// The e2e suite's web server images (`imageutils.Nginx`, `imageutils.Httpd`: the
+/// ReplicationController lifecycle and EndpointSlice "for Pods matching a Service" specs, the
+/// apps specs' `WebserverImage`), which agnhost's `netexec` on their port 80 stands for: those
+/// specs need a pod that runs, gets ready and answers HTTP on port 80, not nginx itself
+/// (adaptation 1).
+pub const WEB_SERVER_IMAGES: [&str; 2] = [
+    "registry.k8s.io/e2e-test-images/nginx",
+    "registry.k8s.io/e2e-test-images/httpd",
 ];
 /// How often the Lease and the Ready heartbeat are renewed (the kubelet's default).
 const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -641,6 +654,26 @@ fn stand_in(container: &mut Container, fixed: &BTreeMap<String, PathBuf>) -> Res
             }
             Ok(())
         }
+        repository if WEB_SERVER_IMAGES.contains(&repository) => {
+            // Only as the image runs itself: a command or arguments would be nginx's or
+            // httpd's own, which netexec does not take.
+            if container.command.as_ref().is_some_and(|c| !c.is_empty())
+                || container.args.as_ref().is_some_and(|a| !a.is_empty())
+            {
+                return Err(format!(
+                    "container {}: the test node stands in for {image} with agnhost netexec on port 80, \
+                     which runs only without a command or args",
+                    container.name
+                ));
+            }
+            container.command = Some(vec!["/agnhost".to_owned()]);
+            container.args = Some(
+                ["netexec", "--http-port=80", "--udp-port=-1"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            );
+            Ok(())
+        }
         repository if BUSYBOX_IMAGES.contains(&repository) => {
             // No entrypoint; the image's command is `sh`, which a container's args replace.
             if container.command.as_ref().is_none_or(Vec::is_empty) {
@@ -661,9 +694,11 @@ fn stand_in(container: &mut Container, fixed: &BTreeMap<String, PathBuf>) -> Res
         _ => Err(format!(
             "container {}: the capn test node cannot run image {image:?}: it runs only \
              {AGNHOST_IMAGE}:<tag> (agnhost, and BusyBox's applets), {PAUSE_IMAGE}:<tag> (agnhost \
-             pause), {} (BusyBox), {SAMPLE_APISERVER_IMAGE}:<tag> and {ETCD_IMAGE}:<tag>",
+             pause), {} (BusyBox), {} (agnhost netexec on port 80), {SAMPLE_APISERVER_IMAGE}:<tag> and \
+             {ETCD_IMAGE}:<tag>",
             container.name,
-            BUSYBOX_IMAGES.join(", ")
+            BUSYBOX_IMAGES.join(", "),
+            WEB_SERVER_IMAGES.join(", ")
         )),
     }
 }
@@ -816,6 +851,21 @@ mod tests {
         stand_in(&mut pause, &fixed).expect("pause runs");
         assert_eq!(pause.command, Some(vec!["/agnhost".to_owned(), "pause".to_owned()]));
         assert_eq!(pause.args, None);
+
+        // The e2e web servers: netexec on port 80, only as the image runs itself.
+        let mut web = container("registry.k8s.io/e2e-test-images/nginx:1.14-4", None, None);
+        stand_in(&mut web, &fixed).expect("the e2e nginx image runs");
+        assert_eq!(web.command, Some(vec!["/agnhost".to_owned()]));
+        assert_eq!(
+            web.args,
+            Some(vec![
+                "netexec".to_owned(),
+                "--http-port=80".to_owned(),
+                "--udp-port=-1".to_owned()
+            ])
+        );
+        let mut told = container("registry.k8s.io/e2e-test-images/httpd:2.4.38-4", Some(&["httpd"]), None);
+        assert!(stand_in(&mut told, &fixed).unwrap_err().contains("without a command"));
 
         let mut nginx = container("nginx:1.27", None, None);
         let refused = stand_in(&mut nginx, &fixed).unwrap_err();

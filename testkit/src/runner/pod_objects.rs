@@ -16,6 +16,10 @@
 //!   containers are). Its `terminationGracePeriodSeconds` is 0: nothing here waits for a
 //!   kubelet's confirmation, so a deletion (capn's, after clearing a member's claim; the
 //!   namespace's) is immediate; the runner then makes the object again while the pod runs.
+//!   It does not shorten a pod's graceful shutdown, which the runner gives the process from
+//!   the template (SIGTERM, SIGKILL after its `terminationGracePeriodSeconds`); the object of
+//!   a pod the runner deletes goes at once, so the super cluster's endpoints drop it as they
+//!   stop counting a terminating pod ready (what the apiserver's surge relies on: design §5).
 //!   The objects do not drive the runner: it runs what the StatefulSets say, as before.
 //!   `priorityClassName` is left out (the tests install no PriorityClass, which pod
 //!   admission requires and StatefulSet admission does not).

@@ -12,6 +12,10 @@
 //! - the StatefulSets and Services capn applied, as [`CachedStatefulSet`] and
 //!   [`CachedService`]: the few fields readiness reads, with their metadata trimmed to
 //!   [`owned_metadata`];
+//! - the ConfigMaps capn does not own, **metadata only** and not kept: each change is
+//!   passed on ([`Caches::config_map_changes`]) so that a ConfigMap a NestedAPIServer
+//!   references (an audit policy, an authentication or authorization configuration) wakes
+//!   it at once;
 //! - Cluster API's Clusters, when Cluster API is installed ([`ClusterCache`]): the spec
 //!   fields capn reads of the Cluster that owns a control plane.
 //!
@@ -37,7 +41,7 @@ use tokio::task::JoinHandle;
 use crate::api::{NestedAPIServer, NestedControlPlane, NestedControllerManager, NestedEtcd};
 use crate::apply::Live;
 use crate::controllers::shared::cache::objects::{
-    CachedSecret, CachedService, CachedStatefulSet, api_json, owned_metadata,
+    CachedSecret, CachedService, CachedStatefulSet, api_json, owned_metadata, trim_statefulset,
 };
 use crate::controllers::shared::read::{CAPI_GROUP, capi_cluster_owner, cluster_name};
 use crate::pki::SecretNames;
@@ -48,6 +52,9 @@ const SHARED_BUFFER: usize = 1024;
 /// Secret changes buffered for the controllers' triggers; a controller that falls further
 /// behind skips the oldest (each control plane is also resynced, so nothing is lost for good).
 const SECRET_EVENTS: usize = 4096;
+/// ConfigMap changes buffered for the apiservers' trigger; one that falls further behind
+/// skips the oldest (read again at the apiserver's next pass).
+const CONFIG_MAP_CHANGES: usize = 1024;
 /// Cluster spec changes buffered for the control plane controller's trigger; one that
 /// falls further behind skips the oldest, seen then at the control plane's next reconcile.
 const CLUSTER_CHANGES: usize = 1024;
@@ -73,6 +80,14 @@ pub struct Caches {
     /// Cluster this cache does not hold).
     pub clusters: Option<ClusterCache>,
     secret_events: broadcast::Sender<Arc<CachedSecret>>,
+    config_map_changes: broadcast::Sender<Arc<ChangedConfigMap>>,
+}
+
+/// A ConfigMap that changed, was created or deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangedConfigMap {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// The Clusters of Cluster API in the watched namespaces, each trimmed to
@@ -243,6 +258,7 @@ impl Caches {
                 services,
                 clusters: None,
                 secret_events: broadcast::channel(1).0,
+                config_map_changes: broadcast::channel(1).0,
             };
             return (Arc::new(caches), subscriptions, Drivers(Vec::new()));
         }
@@ -262,7 +278,7 @@ impl Caches {
         let (controller_managers, cm_handle, cm_task) = shared(api(client, namespace), primary.clone(), strip, metrics);
         let managed = watcher::Config::default().labels(MANAGED);
         let (statefulsets, sts_handle, sts_task) =
-            shared(api(client, namespace), managed.clone(), owned_metadata, metrics);
+            shared(api(client, namespace), managed.clone(), trim_statefulset, metrics);
         let (services, svc_handle, svc_task) = shared(api(client, namespace), managed, owned_metadata, metrics);
 
         let (secret_reader, secret_writer) = reflector::store();
@@ -295,7 +311,10 @@ impl Caches {
                 ready(())
             }),
         );
+        let (config_map_changes, _) = broadcast::channel(CONFIG_MAP_CHANGES);
+        let config_map_task = watch_config_maps(client, namespace, config_map_changes.clone(), metrics.clone());
         let mut tasks = vec![
+            config_map_task,
             cp_task,
             etcd_task,
             apiserver_task,
@@ -322,6 +341,7 @@ impl Caches {
             services,
             clusters,
             secret_events,
+            config_map_changes,
         });
         let drivers = Drivers(tasks);
         let subscriptions = Subscriptions {
@@ -450,6 +470,52 @@ impl Caches {
     pub fn secret_changes(&self) -> impl Stream<Item = Arc<CachedSecret>> + Send + 'static {
         received(self.secret_events.subscribe(), "Secret")
     }
+}
+
+impl Caches {
+    /// Every change of a ConfigMap capn does not own, as the watch sees it (for the
+    /// ConfigMaps a NestedAPIServer references).
+    pub fn config_map_changes(&self) -> impl Stream<Item = Arc<ChangedConfigMap>> + Send + 'static {
+        received(self.config_map_changes.subscribe(), "ConfigMap")
+    }
+}
+
+/// Watches the metadata of the ConfigMaps in `namespace` (all when `None`) that capn did not
+/// apply, and sends each one that changes, appears or goes to `changes`. Nothing is kept:
+/// the apiserver reads a referenced ConfigMap with a GET when it is woken; a user's
+/// ConfigMaps are few and seldom change, and capn's own (label
+/// `app.kubernetes.io/managed-by=capn`), which change with every plan, are not watched.
+fn watch_config_maps(
+    client: &Client,
+    namespace: Option<&str>,
+    changes: broadcast::Sender<Arc<ChangedConfigMap>>,
+    metrics: Arc<Metrics>,
+) -> JoinHandle<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let api: Api<PartialObjectMeta<ConfigMap>> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let config = watcher::Config::default().labels("app.kubernetes.io/managed-by!=capn");
+    tokio::spawn(
+        watcher(api, config)
+            .default_backoff()
+            .touched_objects()
+            .for_each(move |event| {
+                match event {
+                    // Nobody listening yet is fine.
+                    Ok(config_map) => {
+                        metrics.watch_succeeded("ConfigMap");
+                        drop(changes.send(Arc::new(ChangedConfigMap {
+                            namespace: config_map.metadata.namespace.unwrap_or_default(),
+                            name: config_map.metadata.name.unwrap_or_default(),
+                        })));
+                    }
+                    Err(error) => metrics.watch_failed("ConfigMap", &error),
+                }
+                ready(())
+            }),
+    )
 }
 
 /// What `receiver` receives, as a stream that ends when the sender is gone; a receiver

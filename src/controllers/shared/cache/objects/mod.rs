@@ -6,7 +6,8 @@
 //!
 //! - [`CachedSecret`]: from the metadata watch, name, resourceVersion, control plane owners
 //!   and capn's two certificate times, with no `ObjectMeta` at all;
-//! - [`CachedStatefulSet`]: `spec.replicas` and the status (readiness, membership);
+//! - [`CachedStatefulSet`]: `spec.replicas` and the status (readiness, membership), and
+//!   capn's template digest annotation (the apiserver's surge);
 //! - [`CachedService`]: `spec.type`, `spec.clusterIP` and the status (readiness, the
 //!   apiserver's Service address and certificate SANs).
 //!
@@ -23,7 +24,7 @@ mod statefulset;
 
 pub use secret::{CachedSecret, Owner};
 pub use service::{CachedService, CachedServiceSpec};
-pub use statefulset::{CachedStatefulSet, CachedStatefulSetSpec};
+pub use statefulset::{CachedStatefulSet, CachedStatefulSetSpec, trim as trim_statefulset};
 
 /// Implements [`kube::Resource`] for a namespaced cache type with a `metadata` field:
 /// `cached_resource!(Type, group, version, kind, plural)`.
