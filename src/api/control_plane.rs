@@ -198,6 +198,36 @@ pub struct EncryptionSpec {
     /// (docs/guide/certificates.md "Encrypting more resources").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Vec<String>>,
+    /// A KMS v2 plugin the platform runs on the super cluster's nodes, to encrypt every write
+    /// instead of capn's own key (docs/guide/certificates.md "A KMS v2 plugin"). capn adds it
+    /// first as a reader and makes it the writer once every apiserver has it; removed, it
+    /// stays as a reader until the next key rotation has written everything again. Absent:
+    /// capn's `secretbox` key encrypts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // Boxed: few objects set it, and every object is cached (see crds::tests).
+    pub kms: Option<Box<KmsProvider>>,
+}
+
+/// A KMS v2 provider of kube-apiserver's `EncryptionConfiguration` (`kms` with `apiVersion:
+/// v2`, GA since Kubernetes 1.29: every release of the stable channel;
+/// <https://kubernetes.io/docs/tasks/administer-cluster/kms-provider/>). The plugin runs
+/// outside capn, on every super-cluster node an apiserver of the tenant may run on.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct KmsProvider {
+    /// The provider's name in the configuration, which kube-apiserver writes into every
+    /// value it encrypts (`k8s:enc:kms:v2:<name>:`): letters, digits, `-`, `_` and `.`, at
+    /// most 63, never `:`. A new name is a new provider (the old one stays a reader).
+    pub name: String,
+    /// The plugin's gRPC socket on the node: `unix://` and an absolute path in a directory,
+    /// at most 107 bytes of path (a unix socket's limit), like
+    /// `unix:///var/run/kmsplugin/socket.sock`. capn mounts the socket's directory (a
+    /// `hostPath` of type `Directory`, read-only) into the apiserver pods at the same path.
+    pub endpoint: String,
+    /// How long the apiserver waits for the plugin on each call: a Go duration above `0s`
+    /// and at most `30s`. Absent: kube-apiserver's default, 3 seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
 }
 
 /// How a tenant's pods run in the super cluster (docs/design.md §11). They all run in one
@@ -262,10 +292,17 @@ pub enum PodSecurityLevel {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct EncryptionStatus {
-    /// The provider of the `EncryptionConfiguration` (`secretbox`).
+    /// The provider that encrypts every write: `secretbox` (capn's key) or `kms` (the
+    /// plugin of `spec.encryption.kms`).
     pub provider: String,
-    /// The name of the key that encrypts every write (never the key itself).
+    /// The name of the key that encrypts every write (never the key itself): capn's
+    /// (`key1`), or the KMS provider's name.
     pub key: String,
+    /// The KMS v2 providers `<cluster>-encryption` holds, the one that encrypts first when
+    /// `provider` is `kms`; the others only decrypt what they wrote. The apiservers mount
+    /// each one's socket directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kms: Vec<KmsProvider>,
     /// The resources the configuration in `<cluster>-encryption` encrypts (`secrets`, and
     /// those of `spec.encryption.resources`); a change rolls the apiservers to it.
     pub resources: Vec<String>,

@@ -13,6 +13,10 @@
 //! it (they still decrypt what they wrote), and `identity` last, so that what was stored
 //! before encryption was turned on (a tenant made by an older capn) stays readable until it is
 //! next written.
+//!
+//! **A KMS v2 plugin** (`spec.encryption.kms`) goes before capn's keys when it encrypts,
+//! after them while it only decrypts ([`KmsProviders`]): capn's keys always stay, so what
+//! they wrote stays readable and dropping the plugin needs no new key.
 
 use std::collections::BTreeMap;
 
@@ -21,11 +25,15 @@ use k8s_openapi::api::core::v1::Secret;
 use ring::rand::SecureRandom;
 
 use super::PkiError;
+use crate::api::KmsProvider;
 
 /// Data key of `<c>-encryption`: the `EncryptionConfiguration` file, as the apiserver reads it.
 pub const ENCRYPTION_CONFIG_KEY: &str = "encryption-configuration.yaml";
 /// The provider of every key capn generates.
 pub const PROVIDER: &str = "secretbox";
+/// The provider a KMS plugin is in the configuration, and `status.encryption.provider` when
+/// one encrypts.
+pub const KMS_PROVIDER: &str = "kms";
 /// The resources encrypted when `spec.encryption.resources` is absent, and always among
 /// them: Secrets (the Kubernetes documentation's example, and where a tenant's credentials
 /// are).
@@ -73,23 +81,127 @@ impl EncryptionKey {
     }
 }
 
+/// The KMS v2 providers of a configuration, by their place around capn's keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KmsProviders {
+    /// The provider before capn's keys, which encrypts every write.
+    pub writer: Option<KmsProvider>,
+    /// Providers after capn's keys: they only decrypt what they once wrote (or, for one
+    /// being added, will write once every apiserver has it).
+    pub readers: Vec<KmsProvider>,
+}
+
+impl KmsProviders {
+    /// Every provider, the writer first.
+    pub fn all(&self) -> impl Iterator<Item = &KmsProvider> {
+        self.writer.iter().chain(&self.readers)
+    }
+}
+
 /// The `EncryptionConfiguration` that encrypts `resources` (one `resources` entry listing
 /// them all, in order) with `keys` (the first encrypts, every one decrypts) and reads
-/// unencrypted values (`identity`, last).
-pub fn encryption_configuration(keys: &[EncryptionKey], resources: &[String]) -> String {
+/// unencrypted values (`identity`, last); `kms`'s writer goes before the keys and encrypts
+/// instead of them, its readers after them.
+pub fn encryption_configuration(keys: &[EncryptionKey], kms: &KmsProviders, resources: &[String]) -> String {
     let keys: Vec<_> = keys
         .iter()
         .map(|k| serde_json::json!({"name": k.name, "secret": k.secret_base64()}))
+        .collect();
+    let kms_provider = |p: &KmsProvider| {
+        let mut entry = serde_json::json!({"apiVersion": "v2", "name": p.name, "endpoint": p.endpoint});
+        if let Some(timeout) = &p.timeout {
+            entry["timeout"] = timeout.as_str().into();
+        }
+        serde_json::json!({ KMS_PROVIDER: entry })
+    };
+    let providers: Vec<_> = kms
+        .writer
+        .iter()
+        .map(kms_provider)
+        .chain([serde_json::json!({PROVIDER: {"keys": keys}})])
+        .chain(kms.readers.iter().map(kms_provider))
+        .chain([serde_json::json!({"identity": {}})])
         .collect();
     let config = serde_json::json!({
         "apiVersion": "apiserver.config.k8s.io/v1",
         "kind": "EncryptionConfiguration",
         "resources": [{
             "resources": resources,
-            "providers": [{PROVIDER: {"keys": keys}}, {"identity": {}}],
+            "providers": providers,
         }],
     });
     serde_saphyr::to_string(&config).unwrap_or_default()
+}
+
+/// The KMS providers of `config`: one before its first [`PROVIDER`] entry is the writer,
+/// those after it readers (capn writes one `resources` entry; the first one's providers
+/// are read).
+///
+/// Errors: [`PkiError::InvalidEncryptionConfiguration`] when `config` is not YAML or a
+/// `kms` provider lacks its name or endpoint.
+pub fn kms_providers(config: &str) -> Result<KmsProviders, PkiError> {
+    let invalid = |detail: String| PkiError::InvalidEncryptionConfiguration(detail);
+    let value: serde_json::Value = serde_saphyr::from_str(config).map_err(|e| invalid(e.to_string()))?;
+    let mut out = KmsProviders::default();
+    let mut after_keys = false;
+    for provider in value["resources"][0]["providers"].as_array().into_iter().flatten() {
+        if provider.get(PROVIDER).is_some() {
+            after_keys = true;
+        }
+        let Some(kms) = provider.get(KMS_PROVIDER) else {
+            continue;
+        };
+        let field = |f: &str| kms[f].as_str().map(str::to_owned);
+        let (Some(name), Some(endpoint)) = (field("name"), field("endpoint")) else {
+            return Err(invalid("a kms provider without its name or endpoint".to_owned()));
+        };
+        let found = KmsProvider {
+            name,
+            endpoint,
+            timeout: field("timeout"),
+        };
+        match (&out.writer, after_keys) {
+            (None, false) => out.writer = Some(found),
+            _ => out.readers.push(found),
+        }
+    }
+    Ok(out)
+}
+
+/// The KMS providers the configuration should hold next, given `spec.encryption.kms`
+/// (`spec`), those it holds (`current`) and whether every apiserver runs with the
+/// configuration as it is (`converged`). One step at a time, so no apiserver ever meets a
+/// value encrypted by a provider it lacks:
+/// - a new provider is added as a reader first, and becomes the writer only once every
+///   apiserver has it (`converged`); the writer it replaces stays as a reader;
+/// - a provider the spec no longer names stops writing at once (capn's key, which every
+///   apiserver has, writes instead) and stays as a reader: its values are still stored;
+/// - a provider of the spec's name is changed in place (a moved socket, another timeout).
+///
+/// Readers go only when a key rotation drops the old keys, after writing everything again.
+pub fn desired_kms(spec: Option<&KmsProvider>, current: &KmsProviders, converged: bool) -> KmsProviders {
+    let mut next = current.clone();
+    let Some(spec) = spec else {
+        if let Some(writer) = next.writer.take() {
+            next.readers.insert(0, writer);
+        }
+        return next;
+    };
+    if next.writer.as_ref().is_some_and(|w| w.name == spec.name) {
+        next.writer = Some(spec.clone());
+        return next;
+    }
+    match next.readers.iter().position(|r| r.name == spec.name) {
+        Some(at) if converged && next.readers[at] == *spec => {
+            next.readers.remove(at);
+            if let Some(old) = next.writer.replace(spec.clone()) {
+                next.readers.insert(0, old);
+            }
+        }
+        Some(at) => next.readers[at] = spec.clone(),
+        None => next.readers.push(spec.clone()),
+    }
+    next
 }
 
 /// The resources `config` encrypts, in order (every `resources` entry's, each once); the
@@ -174,21 +286,22 @@ pub fn keys(config: &str) -> Result<Vec<EncryptionKey>, PkiError> {
 }
 
 /// The identity of every key in `config` (`key1/sha256:0123456789abcdef`: its name and the
-/// first 16 hex digits of the SHA-256 of its bytes), in order: what a backup records of the
-/// keys its Secrets are encrypted with, never the keys. Names alone repeat (every control
-/// plane's first key is `key1`); the digest tells two keys of one name apart.
+/// first 16 hex digits of the SHA-256 of its bytes), in order, then of every KMS provider
+/// (`kms/<name>`): what a backup records of the keys its Secrets are encrypted with, never
+/// the keys. Names alone repeat (every control plane's first key is `key1`); the digest
+/// tells two keys of one name apart. A KMS provider's keys are the plugin's: capn can only
+/// tell that the configuration still names it.
 ///
-/// Errors: as [`keys`].
+/// Errors: as [`keys`] and [`kms_providers`].
 pub fn key_identities(config: &str) -> Result<Vec<String>, PkiError> {
     use sha2::Digest as _;
-    Ok(keys(config)?
-        .into_iter()
-        .map(|k| {
-            let digest = sha2::Sha256::digest(k.secret);
-            let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-            format!("{}/sha256:{hex}", k.name)
-        })
-        .collect())
+    let local = keys(config)?.into_iter().map(|k| {
+        let digest = sha2::Sha256::digest(k.secret);
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        format!("{}/sha256:{hex}", k.name)
+    });
+    let kms = kms_providers(config)?;
+    Ok(local.chain(kms.all().map(|p| format!("kms/{}", p.name))).collect())
 }
 
 /// The name of the next key: `key<n+1>` for the highest `key<n>` among `names`.
@@ -294,6 +407,10 @@ pub fn encryption_configuration_from_secret(secret: &Secret) -> Result<String, P
 mod tests {
     use super::*;
 
+    fn encryption_configuration_plain(keys: &[EncryptionKey], resources: &[String]) -> String {
+        encryption_configuration(keys, &KmsProviders::default(), resources)
+    }
+
     fn secrets() -> Vec<String> {
         DEFAULT_RESOURCES.map(str::to_owned).to_vec()
     }
@@ -309,7 +426,7 @@ mod tests {
         // (serde_json's maps sort their keys: `providers` before `resources`.)
         let expected = "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- providers:\n  - secretbox:\n      keys:\n      - name: key1\n        secret: BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=\n  - identity: {}\n  resources:\n  - secrets\n";
         assert_eq!(
-            encryption_configuration(&[key], &desired_resources(None, &[])),
+            encryption_configuration_plain(&[key], &desired_resources(None, &[])),
             expected
         );
     }
@@ -317,7 +434,7 @@ mod tests {
     #[test]
     fn more_resources_are_listed_in_the_one_entry_and_read_back() {
         let listed: Vec<String> = ["secrets", "configmaps", "deployments.apps"].map(String::from).to_vec();
-        let config = encryption_configuration(&[EncryptionKey::generate("key1").unwrap()], &listed);
+        let config = encryption_configuration_plain(&[EncryptionKey::generate("key1").unwrap()], &listed);
         let value: serde_json::Value = serde_saphyr::from_str(&config).unwrap();
         assert_eq!(value["resources"].as_array().unwrap().len(), 1);
         assert_eq!(
@@ -353,7 +470,7 @@ mod tests {
             EncryptionKey::generate("key2").unwrap(),
             EncryptionKey::generate("key1").unwrap(),
         );
-        let config = encryption_configuration(&[new.clone(), old], &secrets());
+        let config = encryption_configuration_plain(&[new.clone(), old], &secrets());
         let value: serde_json::Value = serde_saphyr::from_str(&config).unwrap();
         assert_eq!(value["kind"], "EncryptionConfiguration");
         assert_eq!(value["resources"][0]["resources"], serde_json::json!(["secrets"]));
@@ -445,7 +562,7 @@ mod tests {
             EncryptionKey::generate("key2").unwrap(),
             EncryptionKey::generate("key1").unwrap(),
         );
-        let read = keys(&encryption_configuration(&[a.clone(), b.clone()], &secrets())).unwrap();
+        let read = keys(&encryption_configuration_plain(&[a.clone(), b.clone()], &secrets())).unwrap();
         assert_eq!(read, [a, b]);
         assert_eq!(next_key_name(["key1"]), "key2");
         assert_eq!(next_key_name(["key9", "key10", "other"]), "key11");
@@ -461,8 +578,8 @@ mod tests {
             EncryptionKey::generate("key1").unwrap(),
         );
         let (ia, ib) = (
-            key_identities(&encryption_configuration(std::slice::from_ref(&a), &secrets())).unwrap(),
-            key_identities(&encryption_configuration(&[b], &secrets())).unwrap(),
+            key_identities(&encryption_configuration_plain(std::slice::from_ref(&a), &secrets())).unwrap(),
+            key_identities(&encryption_configuration_plain(&[b], &secrets())).unwrap(),
         );
         assert_ne!(ia, ib);
         assert!(
@@ -470,13 +587,111 @@ mod tests {
             "{ia:?}"
         );
         assert!(!ia[0].contains(&a.secret_base64()));
-        assert_eq!(ia, key_identities(&encryption_configuration(&[a], &secrets())).unwrap());
+        assert_eq!(
+            ia,
+            key_identities(&encryption_configuration_plain(&[a], &secrets())).unwrap()
+        );
     }
 
     #[test]
     fn the_secret_holds_the_configuration() {
-        let config = encryption_configuration(&[EncryptionKey::generate("key1").unwrap()], &secrets());
+        let config = encryption_configuration_plain(&[EncryptionKey::generate("key1").unwrap()], &secrets());
         let secret = encryption_secret("demo-encryption", "ns", "demo", &config);
         assert_eq!(encryption_configuration_from_secret(&secret).unwrap(), config);
+    }
+
+    fn plugin(name: &str, dir: &str) -> KmsProvider {
+        KmsProvider {
+            name: name.into(),
+            endpoint: format!("unix:///var/run/{dir}/socket.sock"),
+            timeout: None,
+        }
+    }
+
+    #[test]
+    fn a_kms_writer_goes_before_the_keys_and_its_readers_after_them() {
+        let key = EncryptionKey::generate("key1").unwrap();
+        let kms = KmsProviders {
+            writer: Some(KmsProvider {
+                timeout: Some("5s".into()),
+                ..plugin("vault", "vault")
+            }),
+            readers: vec![plugin("old-hsm", "hsm")],
+        };
+        let config = encryption_configuration(std::slice::from_ref(&key), &kms, &secrets());
+        let value: serde_json::Value = serde_saphyr::from_str(&config).unwrap();
+        let providers = value["resources"][0]["providers"].as_array().unwrap();
+        let first_field = |p: &serde_json::Value| p.as_object().unwrap().keys().next().unwrap().clone();
+        assert_eq!(
+            providers.iter().map(first_field).collect::<Vec<_>>(),
+            ["kms", "secretbox", "kms", "identity"]
+        );
+        assert_eq!(
+            providers[0]["kms"],
+            serde_json::json!({"apiVersion": "v2", "name": "vault", "endpoint": "unix:///var/run/vault/socket.sock", "timeout": "5s"})
+        );
+        assert_eq!(
+            providers[2]["kms"].get("timeout"),
+            None,
+            "no timeout: the apiserver's default"
+        );
+        assert_eq!(kms_providers(&config).unwrap(), kms);
+        assert_eq!(keys(&config).unwrap(), [key]);
+        // capn's configurations before KMS existed hold none.
+        let plain = encryption_configuration_plain(&[EncryptionKey::generate("key1").unwrap()], &secrets());
+        assert_eq!(kms_providers(&plain).unwrap(), KmsProviders::default());
+        let identities = key_identities(&config).unwrap();
+        assert!(identities[0].starts_with("key1/sha256:"), "{identities:?}");
+        assert_eq!(identities[1..], ["kms/vault", "kms/old-hsm"]);
+    }
+
+    #[test]
+    fn a_kms_plugin_reads_before_it_writes_and_reads_on_after_it_is_dropped() {
+        let (vault, hsm) = (plugin("vault", "vault"), plugin("hsm", "hsm"));
+        let none = KmsProviders::default();
+        // Added: a reader first, until every apiserver has it.
+        let added = desired_kms(Some(&vault), &none, false);
+        assert_eq!(
+            (added.writer.as_ref(), added.readers.clone()),
+            (None, vec![vault.clone()])
+        );
+        assert_eq!(
+            desired_kms(Some(&vault), &added, false),
+            added,
+            "waits for the apiservers"
+        );
+        let writing = desired_kms(Some(&vault), &added, true);
+        assert_eq!(
+            (writing.writer.clone(), writing.readers.len()),
+            (Some(vault.clone()), 0)
+        );
+        assert_eq!(desired_kms(Some(&vault), &writing, true), writing, "settled");
+        // Replaced by another plugin: the new one reads first, the old one keeps writing
+        // until then, and reads after.
+        let both = desired_kms(Some(&hsm), &writing, false);
+        assert_eq!(
+            (both.writer.clone(), both.readers.clone()),
+            (Some(vault.clone()), vec![hsm.clone()])
+        );
+        let swapped = desired_kms(Some(&hsm), &both, true);
+        assert_eq!(
+            (swapped.writer.clone(), swapped.readers.clone()),
+            (Some(hsm.clone()), vec![vault.clone()])
+        );
+        // Dropped: capn's key writes at once; the plugin still reads.
+        let dropped = desired_kms(None, &swapped, false);
+        assert_eq!(
+            (dropped.writer.clone(), dropped.readers.clone()),
+            (None, vec![hsm.clone(), vault.clone()])
+        );
+        assert_eq!(
+            desired_kms(None, &dropped, true),
+            dropped,
+            "readers stay until a rotation drops them"
+        );
+        // A moved socket of the writing plugin: changed in place.
+        let moved = plugin("hsm", "hsm2");
+        let changed = desired_kms(Some(&moved), &swapped, false);
+        assert_eq!((changed.writer, changed.readers), (Some(moved), vec![vault]));
     }
 }

@@ -426,6 +426,7 @@ mod tests {
                 dns_domain: "cluster.local".into(),
                 super_dns_domain: "cluster.local".into(),
                 network_policy: Default::default(),
+                kms_endpoints: Vec::new(),
             };
             let spec = ComponentSpec::default();
             let request = ComponentRequest {

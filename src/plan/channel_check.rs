@@ -36,6 +36,7 @@ pub fn validate_channel(channel: &Channel) -> Vec<String> {
             apiserver_from: Some(vec![serde_json::json!({"ipBlock": {"cidr": "192.0.2.0/24"}})]),
             metrics_from: None,
         },
+        kms_endpoints: vec!["unix:///var/run/kmsplugin/socket.sock".into()],
     };
     let spec: ComponentSpec = serde_json::from_value(serde_json::json!({
         "replicas": 3,

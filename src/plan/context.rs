@@ -33,6 +33,7 @@
 //! | `authorization` | apiserver only, when its `spec.authorization` is set (else none): `{config_map, key, configuration, webhooks: [{volume, secret, key, dir}]}` ([`super::authorization`]) |
 //! | `size.name` | the component's size (`small`), or none when the channel has no sizes ([`super::size`]) |
 //! | `size.max_requests_inflight`, `size.max_mutating_requests_inflight` | apiserver: the size's `--max-requests-inflight` and `--max-mutating-requests-inflight`, or none (the process's defaults) |
+//! | `encryption.kms_sockets` | `[{volume, directory}]`: each KMS v2 plugin's socket directory on the node, mounted into the apiserver at the same path ([`EncryptionVars`]); empty without `spec.encryption.kms` |
 //! | `size.env` | `[{name, value}]` for the main container: `GOMEMLIMIT` and `GOGC` where the size sets them; empty otherwise |
 //!
 //! Non-string values should go through `tojson` in templates.
@@ -70,6 +71,51 @@ pub struct RenderContext {
     pub authorization: Option<super::authorization::AuthorizationVars>,
     /// What the component's size sets (docs/guide/sizes.md).
     pub size: super::size::SizeVars,
+    /// Encryption at rest: the KMS plugins' sockets.
+    pub encryption: EncryptionVars,
+}
+
+/// The render-context `encryption`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EncryptionVars {
+    /// Each KMS v2 plugin's socket directory, once, in order.
+    pub kms_sockets: Vec<KmsSocketVars>,
+}
+
+/// One KMS socket directory: a `hostPath` volume, mounted at the same path.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct KmsSocketVars {
+    /// The volume's name: `kms-0`, `kms-1`, ...
+    pub volume: String,
+    /// The directory of the socket (`/var/run/kmsplugin` of
+    /// `unix:///var/run/kmsplugin/socket.sock`).
+    pub directory: String,
+}
+
+impl EncryptionVars {
+    /// The socket directories of `endpoints` (`unix://` and an absolute path, as the field
+    /// rules make them), each once; an endpoint of another shape has none.
+    pub fn new(endpoints: &[String]) -> Self {
+        let mut directories: Vec<String> = Vec::new();
+        for endpoint in endpoints {
+            let Some((directory, _socket)) = endpoint.strip_prefix("unix://").and_then(|p| p.rsplit_once('/')) else {
+                continue;
+            };
+            if directory.starts_with('/') && !directories.iter().any(|d| d == directory) {
+                directories.push(directory.to_owned());
+            }
+        }
+        Self {
+            kms_sockets: directories
+                .into_iter()
+                .enumerate()
+                .map(|(i, directory)| KmsSocketVars {
+                    volume: format!("kms-{i}"),
+                    directory,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The pod selector labels of each component of the cluster.

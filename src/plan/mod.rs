@@ -70,6 +70,10 @@ pub struct ClusterSettings {
     pub super_dns_domain: String,
     /// Who the NetworkPolicies admit besides the control plane itself.
     pub network_policy: NetworkPolicySettings,
+    /// The KMS v2 plugins' socket endpoints (`unix:///var/run/kmsplugin/socket.sock`) the
+    /// apiservers must reach: `spec.encryption.kms`'s and those the configuration in
+    /// `<c>-encryption` still holds (`status.encryption.kms`).
+    pub kms_endpoints: Vec<String>,
 }
 
 /// One component resource to plan.
@@ -766,6 +770,7 @@ fn build_context(
         authentication: None,
         authorization: None,
         size: size::SizeVars::default(),
+        encryption: context::EncryptionVars::new(&cluster.kms_endpoints),
     }
 }
 

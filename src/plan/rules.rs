@@ -294,6 +294,7 @@ mod tests {
             dns_domain: DEFAULT_DNS_DOMAIN.into(),
             super_dns_domain: DEFAULT_DNS_DOMAIN.into(),
             network_policy: Default::default(),
+            kms_endpoints: Vec::new(),
         }
     }
 

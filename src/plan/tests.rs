@@ -21,6 +21,7 @@ fn cluster() -> ClusterSettings {
         dns_domain: "cluster.local".into(),
         super_dns_domain: "cluster.local".into(),
         network_policy: Default::default(),
+        kms_endpoints: Vec::new(),
     }
 }
 

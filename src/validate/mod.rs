@@ -189,6 +189,15 @@ pub enum Syntax {
     /// and its validation (k8s.io/apiserver `pkg/apis/apiserver/validation`
     /// `validateResourceNames`) accepts it, without the wildcards capn does not offer.
     EncryptedResource,
+    /// A KMS provider's name: kube-apiserver refuses one with `:` (it is written into every
+    /// value's prefix, `k8s:enc:kms:v2:<name>:`); capn takes letters, digits, `-`, `_`, `.`.
+    KmsName,
+    /// A KMS v2 plugin's endpoint: `unix://` and an absolute path of a socket in a directory
+    /// (kube-apiserver dials KMS v2 plugins on unix sockets only), no `.` or `..` steps, at
+    /// most 107 bytes of path (`sun_path`).
+    KmsEndpoint,
+    /// A KMS provider's `timeout`: a Go duration above 0 and at most 30s.
+    KmsTimeout,
 }
 
 /// One CEL rule of a syntax and the message shown when it fails.
@@ -286,6 +295,13 @@ const CONFIGURATION_SOURCE_MESSAGE: &str =
 /// A resource named in an `EncryptionConfiguration`: a lower-case `<resource>` of the core
 /// group or `<resource>.<group>`; no wildcard (`*.<group>`, `*.*`), which capn does not offer.
 const ENCRYPTED_RESOURCE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// A KMS provider's name.
+const KMS_NAME: &str = "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+const KMS_NAME_MESSAGE: &str = "must be letters, digits, '-', '_' and '.', at most 63, starting and ending with a letter or digit (kube-apiserver writes the name into every value it encrypts and refuses ':')";
+/// A KMS v2 endpoint: `unix://`, then an absolute path of at least two steps, none of them
+/// `.` or `..` (no step starts with a dot).
+const KMS_ENDPOINT: &str = "^unix:///[A-Za-z0-9_-][-A-Za-z0-9_.]*(/[A-Za-z0-9_-][-A-Za-z0-9_.]*)+$";
+const KMS_ENDPOINT_MESSAGE: &str = "must be unix:// and the absolute path of the plugin's socket in a directory, like unix:///var/run/kmsplugin/socket.sock: kube-apiserver dials KMS v2 plugins on unix sockets only, capn mounts the socket's directory, no step may start with '.', and a socket path holds at most 107 bytes";
 /// Resources without a REST API, which kube-apiserver refuses to encrypt
 /// (`nonRESTAPIResourceErr`).
 pub const NON_REST_RESOURCES: &[&str] = &["apiserveripinfo", "serviceipallocations", "servicenodeportallocations"];
@@ -347,6 +363,7 @@ impl Syntax {
             | Self::AuthorizerFailurePolicy
             | Self::WebhookConnectionType => "InvalidAuthorization",
             Self::EncryptedResources | Self::EncryptedResource => "InvalidEncryptionResources",
+            Self::KmsName | Self::KmsEndpoint | Self::KmsTimeout => "InvalidEncryptionKMS",
         }
     }
 
@@ -510,8 +527,16 @@ impl Syntax {
                 AUTHORIZER_WEBHOOK_MESSAGE
             )],
             Self::AuthorizerType => vec![cel!(cel_one_of(AUTHORIZER_TYPES), AUTHORIZER_TYPE_MESSAGE)],
+            Self::KmsName => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(KMS_NAME)),
+                KMS_NAME_MESSAGE
+            )],
+            Self::KmsEndpoint => vec![cel!(
+                format!("self.matches('{}')", cel_pattern(KMS_ENDPOINT)),
+                KMS_ENDPOINT_MESSAGE
+            )],
             // `&&` stops at a string that is no duration, before `duration()` would fail on it.
-            Self::WebhookTimeout => vec![cel!(
+            Self::WebhookTimeout | Self::KmsTimeout => vec![cel!(
                 format!(
                     "self.matches('{}') && duration(self) > duration('0s') && duration(self) <= duration('30s')",
                     cel_pattern(GO_DURATION)
@@ -551,7 +576,10 @@ impl Syntax {
             Self::DataKey => Some(253),
             Self::JwtIssuerUrl => Some(512),
             Self::EncryptedResource => Some(253),
+            Self::KmsName => Some(63),
+            Self::KmsEndpoint => Some(114),
             Self::AuthorizerType
+            | Self::KmsTimeout
             | Self::WebhookTimeout
             | Self::GoDuration
             | Self::SubjectAccessReviewVersion
@@ -792,7 +820,15 @@ impl Syntax {
                 Some(s) if s.len() <= 32 && matches(GO_DURATION, s) => Ok(()),
                 _ => fail(0),
             },
-            Self::WebhookTimeout => match string
+            Self::KmsName => match string {
+                Some(s) if s.len() <= 63 && matches(KMS_NAME, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::KmsEndpoint => match string {
+                Some(s) if s.len() <= 114 && matches(KMS_ENDPOINT, s) => Ok(()),
+                _ => fail(0),
+            },
+            Self::WebhookTimeout | Self::KmsTimeout => match string
                 .filter(|s| s.len() <= 32 && matches(GO_DURATION, s))
                 .and_then(go_duration_nanos)
             {
@@ -1063,6 +1099,21 @@ pub const RULES: &[Rule] = &[
         kinds: NCP,
         path: "spec.encryption.resources[]",
         syntax: Syntax::EncryptedResource,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.encryption.kms.name",
+        syntax: Syntax::KmsName,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.encryption.kms.endpoint",
+        syntax: Syntax::KmsEndpoint,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.encryption.kms.timeout",
+        syntax: Syntax::KmsTimeout,
     },
     Rule {
         kinds: NCP,

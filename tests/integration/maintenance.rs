@@ -255,6 +255,7 @@ fn rendered(ns: &str) -> Vec<Value> {
         dns_domain: "cluster.local".into(),
         super_dns_domain: "cluster.local".into(),
         network_policy: Default::default(),
+        kms_endpoints: Vec::new(),
     };
     let spec = capn::api::ComponentSpec {
         replicas: Some(3),

@@ -121,6 +121,46 @@ fn corpus() -> Vec<Case> {
             json!({"encryption": {"resources": ["secrets", "ingresses.extensions"]}}),
         ],
     );
+    let kms = |name: &str, endpoint: &str, timeout: Option<&str>| {
+        let mut kms = json!({"name": name, "endpoint": endpoint});
+        if let Some(t) = timeout {
+            kms["timeout"] = json!(t);
+        }
+        json!({"encryption": {"kms": kms}})
+    };
+    let socket = "unix:///var/run/kmsplugin/socket.sock";
+    bad_ncp(
+        &mut c,
+        "InvalidEncryptionKMS",
+        "spec.encryption.kms.name",
+        vec![
+            kms("vault:1", socket, None),
+            kms("-vault", socket, None),
+            kms("", socket, None),
+        ],
+    );
+    bad_ncp(
+        &mut c,
+        "InvalidEncryptionKMS",
+        "spec.encryption.kms.endpoint",
+        vec![
+            kms("vault", "/var/run/kmsplugin/socket.sock", None),
+            kms("vault", "unix:///socket.sock", None),
+            kms("vault", "tcp://10.0.0.1:8080", None),
+            kms("vault", "unix:///var/run/../etc/socket.sock", None),
+            kms("vault", "unix://var/run/kmsplugin/socket.sock", None),
+        ],
+    );
+    bad_ncp(
+        &mut c,
+        "InvalidEncryptionKMS",
+        "spec.encryption.kms.timeout",
+        vec![
+            kms("vault", socket, Some("0s")),
+            kms("vault", socket, Some("1m")),
+            kms("vault", socket, Some("3")),
+        ],
+    );
     bad_ncp(
         &mut c,
         "InvalidSAN",
@@ -629,6 +669,13 @@ fn corpus() -> Vec<Case> {
         vec![ncp(
             "encrypts-more",
             json!({"encryption": {"resources": ["configmaps", "secrets", "deployments.apps", "widgets.example.com"]}}),
+        )],
+    ));
+    c.push(valid(
+        "kms",
+        vec![ncp(
+            "kms",
+            json!({"encryption": {"kms": {"name": "vault-kms_v2.1", "endpoint": "unix:///var/run/kms-plugin/vault.sock", "timeout": "2.5s"}}}),
         )],
     ));
     c.push(valid(

@@ -9,7 +9,9 @@ use super::scope::Round;
 use crate::api::{ApiEndpoint, CertificateRenewal, EncryptionStatus, NestedControlPlaneStatus};
 use crate::controllers::ReconcileError;
 use crate::controllers::shared::certificates::CaRef;
-use crate::pki::encryption::{PROVIDER, desired_resources};
+use crate::pki::encryption::{
+    KMS_PROVIDER, KmsProviders, PROVIDER, configured_resources, desired_resources, key_names, kms_providers,
+};
 use crate::pki::{
     CLUSTER_CA_COMMON_NAME, ETCD_CA_COMMON_NAME, FRONT_PROXY_CA_COMMON_NAME, admin_leaf, admin_user, server_url,
 };
@@ -38,27 +40,38 @@ pub(super) async fn ensure_authorities(
     let may_create_key = status.encryption.is_none();
     // A new control plane's key encrypts what its spec asks from the start; a change later
     // is `encryption_rotation::step`'s (written once no rotation runs).
-    let resources = desired_resources(
-        round.ncp.spec.encryption.as_ref().and_then(|e| e.resources.as_deref()),
-        &[],
-    );
+    let spec = round.ncp.spec.encryption.as_ref();
+    let resources = desired_resources(spec.and_then(|e| e.resources.as_deref()), &[]);
+    // A KMS plugin of a new control plane encrypts from the start (no apiserver ran without
+    // it); one given to a control plane made by an older capn reads first
+    // (`encryption_rotation::step` makes it the writer once every apiserver has it).
+    let kms = spec.and_then(|e| e.kms.as_deref()).cloned();
+    let kms = match may_create {
+        true => KmsProviders {
+            writer: kms,
+            readers: Vec::new(),
+        },
+        false => KmsProviders {
+            writer: None,
+            readers: kms.into_iter().collect(),
+        },
+    };
     let (store, names) = (&round.store, &round.names);
     // Five independent Secrets: read or created at once, not one after another.
-    let (ca, etcd_ca, proxy_ca, (), keys) = futures::try_join!(
+    let (ca, etcd_ca, proxy_ca, (), config) = futures::try_join!(
         store.ensure_ca(&names.ca, CLUSTER_CA_COMMON_NAME, may_create),
         store.ensure_ca(&names.etcd_ca, ETCD_CA_COMMON_NAME, may_create),
         store.ensure_ca(&names.proxy_ca, FRONT_PROXY_CA_COMMON_NAME, may_create),
         store.ensure_service_account_key(&names.sa, may_create),
-        store.ensure_encryption_key(&names.encryption, may_create_key, &resources),
+        store.ensure_encryption_key(&names.encryption, may_create_key, &kms, &resources),
     )?;
-    if let Some((writer, resources)) = keys.and_then(|(k, r)| Some((k.into_iter().next()?, r))) {
+    if let Some(config) = config {
         let rotation = status.encryption.take().and_then(|e| e.rotation);
-        status.encryption = Some(Box::new(EncryptionStatus {
-            provider: PROVIDER.to_owned(),
-            key: writer,
-            resources,
-            rotation,
-        }));
+        let recorded = encryption_status(&config, rotation).map_err(|source| ReconcileError::Pki {
+            secret: names.encryption.clone(),
+            source,
+        })?;
+        status.encryption = Some(Box::new(recorded));
     }
     round.set(
         status,
@@ -74,6 +87,33 @@ pub(super) async fn ensure_authorities(
         expiry.extend(store.ca_not_after(authority).await?);
     }
     Ok(Authorities { cluster: ca, expiry })
+}
+
+/// What the status records of the `EncryptionConfiguration` `config`: the provider and key
+/// that encrypt every write (the KMS writer when there is one, else capn's first key), the
+/// resources, the KMS providers; `rotation` kept as it was.
+///
+/// # Errors
+/// [`crate::pki::PkiError::InvalidEncryptionConfiguration`] when capn cannot read it.
+pub(super) fn encryption_status(
+    config: &str,
+    rotation: Option<crate::api::EncryptionKeyRotation>,
+) -> Result<EncryptionStatus, crate::pki::PkiError> {
+    let kms = kms_providers(config)?;
+    let (provider, key) = match &kms.writer {
+        Some(writer) => (KMS_PROVIDER.to_owned(), writer.name.clone()),
+        None => (
+            PROVIDER.to_owned(),
+            key_names(config)?.into_iter().next().unwrap_or_default(),
+        ),
+    };
+    Ok(EncryptionStatus {
+        provider,
+        key,
+        resources: configured_resources(config)?,
+        kms: kms.all().cloned().collect(),
+        rotation,
+    })
 }
 
 /// The admin kubeconfig `<c>-kubeconfig` (CAPI secret layout), once the endpoint is known.

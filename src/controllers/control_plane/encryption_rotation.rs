@@ -15,16 +15,18 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 
+use super::certificates::encryption_status;
 use super::rotation::{new_request_after, observations};
 use super::scope::Round;
+use crate::api::EncryptionStatus;
 use crate::api::{EncryptionKeyRotation, NestedControlPlaneStatus, RotationPhaseRecord};
 use crate::backup::due::{Due, Trigger, due};
 use crate::backup::schedule::Schedule;
 use crate::controllers::ReconcileError;
 use crate::controllers::shared::tenant::tenant_client;
 use crate::pki::encryption::{
-    EncryptionKey, KeyRotationPhase, configured_resources, desired_resources, encryption_configuration, key_names,
-    keys, keys_for_phase, next_key_name,
+    EncryptionKey, KMS_PROVIDER, KeyRotationPhase, KmsProviders, configured_resources, desired_kms, desired_resources,
+    encryption_configuration, key_names, keys, keys_for_phase, kms_providers, next_key_name,
 };
 use crate::pki::rotation::converged;
 use crate::status::{ConditionUpdate, ENCRYPTION_KEY_ROTATION, Reason};
@@ -58,13 +60,14 @@ pub(super) async fn step(
         return Ok(None);
     };
     let annotation = round.ncp.annotations().get(ROTATE_KEY_ANNOTATION).map(String::as_str);
-    let last = encryption
+    let last_rotation = encryption
         .rotation
         .as_ref()
-        .map(|r| (r.request.as_str(), r.phase.as_str()));
+        .map(|r| (r.request.clone(), r.phase.clone()));
+    let last = last_rotation.as_ref().map(|(r, p)| (r.as_str(), p.as_str()));
     let running = last.is_some_and(|(_, phase)| phase != KeyRotationPhase::Completed.as_str());
     let requested = new_request_after(annotation, last, KeyRotationPhase::Completed.as_str());
-    if !running && requested.is_none() && write_resources(round, &secret, &mut encryption.resources).await? {
+    if !running && requested.is_none() && write_configuration(round, &secret, encryption).await? {
         // The apiservers roll to it (the Secret's digest changed); a rotation waits a pass.
         return Ok(Some(LOOK_AGAIN));
     }
@@ -138,35 +141,64 @@ pub(super) async fn step(
     };
     let phase = record(rotation, phase, outcome, &round.now.k8s);
     let condition = condition(phase, rotation);
-    if phase >= KeyRotationPhase::RewriteSecrets {
+    // (A KMS_PROVIDER plugin that writes stays the key in status: capn's new key only reads.)
+    if phase >= KeyRotationPhase::RewriteSecrets && encryption.provider != KMS_PROVIDER {
         encryption.key = rotation.key.clone();
+    }
+    if phase == KeyRotationPhase::Completed {
+        encryption
+            .kms
+            .truncate(usize::from(encryption.provider == KMS_PROVIDER));
     }
     round.set(status, condition);
     Ok((phase != KeyRotationPhase::Completed).then_some(LOOK_AGAIN))
 }
 
-/// Writes `spec.encryption.resources` into `<c>-encryption` (`secret`) when it asks for
-/// another set than `recorded` (the status's, what the configuration encrypts), keeping its
-/// keys; a resource encrypted already stays ([`desired_resources`]). Returns whether it
-/// wrote. Objects of an added resource stay as stored until they are next written (a key
-/// rotation's `RewriteSecrets` writes them all); identity, last in the configuration, reads
-/// them meanwhile.
-async fn write_resources(round: &Round<'_>, secret: &str, recorded: &mut Vec<String>) -> Result<bool, ReconcileError> {
-    let spec = round.ncp.spec.encryption.as_ref().and_then(|e| e.resources.as_deref());
-    let desired = desired_resources(spec, recorded);
-    if desired == *recorded {
+/// Moves `<c>-encryption` (`secret`) one step towards what `spec.encryption` asks, keeping
+/// its keys, when `recorded` (the status: what the configuration holds) differs from it:
+/// - the resources: a resource encrypted already stays ([`desired_resources`]); objects of
+///   an added one stay as stored until they are next written (a key rotation's
+///   `RewriteSecrets` writes them all), read by `identity` meanwhile;
+/// - the KMS_PROVIDER plugin ([`desired_kms`]): added as a reader, made the writer once every
+///   apiserver runs with it, kept as a reader when dropped.
+///
+/// Returns whether a step is under way (written, or waiting for the apiservers); records
+/// what the configuration holds in `recorded`.
+async fn write_configuration(
+    round: &Round<'_>,
+    secret: &str,
+    recorded: &mut EncryptionStatus,
+) -> Result<bool, ReconcileError> {
+    let spec = round.ncp.spec.encryption.as_ref();
+    let spec_resources = spec.and_then(|e| e.resources.as_deref());
+    let spec_kms = spec.and_then(|e| e.kms.as_deref());
+    let kms_settled = match spec_kms {
+        Some(kms) => recorded.provider == KMS_PROVIDER && recorded.kms.first() == Some(kms),
+        None => recorded.provider != KMS_PROVIDER,
+    };
+    if kms_settled && desired_resources(spec_resources, &recorded.resources) == recorded.resources {
         return Ok(false);
     }
     let config = read(round, secret).await?;
-    let current = keys(&config).map_err(pki(secret))?;
-    if configured_resources(&config).map_err(pki(secret))? != desired {
-        round
-            .store
-            .write_encryption_config(secret, &encryption_configuration(&current, &desired))
-            .await?;
-    }
-    tracing::info!(secret, resources = ?desired, "encrypting these resources");
-    *recorded = desired;
+    let current = kms_providers(&config).map_err(pki(secret))?;
+    let configured = configured_resources(&config).map_err(pki(secret))?;
+    // Only a plugin waiting to write needs to know whether every apiserver has it.
+    let reading = spec_kms.is_some_and(|kms| current.readers.contains(kms));
+    let converged = reading && converged(&observations(round, secret).await?).is_ok();
+    let (kms, resources) = (
+        desired_kms(spec_kms, &current, converged),
+        desired_resources(spec_resources, &configured),
+    );
+    let config = if kms != current || resources != configured {
+        let keys = keys(&config).map_err(pki(secret))?;
+        let config = encryption_configuration(&keys, &kms, &resources);
+        round.store.write_encryption_config(secret, &config).await?;
+        tracing::info!(secret, ?resources, kms = ?kms.all().map(|p| &p.name).collect::<Vec<_>>(), writer = ?kms.writer.as_ref().map(|p| &p.name), "wrote the encryption configuration's providers and resources");
+        config
+    } else {
+        config
+    };
+    *recorded = encryption_status(&config, recorded.rotation.take()).map_err(pki(secret))?;
     Ok(true)
 }
 
@@ -238,11 +270,21 @@ async fn move_config(
         }
     };
     let desired = keys_for_phase(phase, &current, &new).unwrap_or_else(|| current.clone());
-    if desired != current {
+    // KMS_PROVIDER providers that only read are old keys too: everything was written again under the
+    // writer before `DropOldKeys`.
+    let kms = kms_providers(&config).map_err(pki(secret))?;
+    let desired_kms = match phase {
+        KeyRotationPhase::DropOldKeys => KmsProviders {
+            writer: kms.writer.clone(),
+            readers: Vec::new(),
+        },
+        _ => kms.clone(),
+    };
+    if desired != current || desired_kms != kms {
         let resources = configured_resources(&config).map_err(pki(secret))?;
         round
             .store
-            .write_encryption_config(secret, &encryption_configuration(&desired, &resources))
+            .write_encryption_config(secret, &encryption_configuration(&desired, &desired_kms, &resources))
             .await?;
         return Ok(Outcome::Waiting(format!("wrote {secret} for phase {}", phase.as_str())));
     }

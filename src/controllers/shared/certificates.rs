@@ -26,8 +26,8 @@ use time::format_description::well_known::Rfc3339;
 use crate::apply::{apply_params, create_params};
 use crate::controllers::{Context, ReconcileError};
 use crate::pki::encryption::{
-    EncryptionKey, configured_resources, encryption_configuration, encryption_configuration_from_secret,
-    encryption_secret, key_names,
+    EncryptionKey, KmsProviders, encryption_configuration, encryption_configuration_from_secret, encryption_secret,
+    key_names,
 };
 use crate::pki::{
     CertificateAuthority, KeyAlgorithm, KeyPairPem, LeafSpec, PkiError, RenewalPolicy, check_leaf,
@@ -473,10 +473,10 @@ impl<'a> CertificateStore<'a> {
     }
 
     /// Ensures `<c>-encryption` (`name`) holds the apiserver's `EncryptionConfiguration`:
-    /// made with a new key (`key1`) encrypting `resources` when `may_create` (the status
-    /// never recorded one), otherwise read and never replaced. Returns the names of its keys
-    /// and the resources it encrypts when this pass read or made it, `None` when the
-    /// metadata cache shows it (the status keeps what it recorded).
+    /// made with a new key (`key1`) and the KMS providers `kms` encrypting `resources` when
+    /// `may_create` (the status never recorded one), otherwise read and never replaced.
+    /// Returns the configuration when this pass read or made it, `None` when the metadata
+    /// cache shows it (the status keeps what it recorded).
     ///
     /// # Errors
     /// [`ReconcileError::EncryptionKeyMissing`] when it is gone and `may_create` is false;
@@ -485,8 +485,9 @@ impl<'a> CertificateStore<'a> {
         &self,
         name: &str,
         may_create: bool,
+        kms: &KmsProviders,
         resources: &[String],
-    ) -> Result<Option<(Vec<String>, Vec<String>)>, ReconcileError> {
+    ) -> Result<Option<String>, ReconcileError> {
         if self.cached_version(name).is_some() && !may_create {
             return Ok(None);
         }
@@ -494,7 +495,7 @@ impl<'a> CertificateStore<'a> {
             Some(secret) => Some(secret),
             None if may_create => {
                 let key = EncryptionKey::generate("key1").map_err(Self::pki_error(name))?;
-                let config = encryption_configuration(&[key], resources);
+                let config = encryption_configuration(&[key], kms, resources);
                 self.create(encryption_secret(name, self.namespace, self.cluster, &config))
                     .await?
             }
@@ -506,9 +507,9 @@ impl<'a> CertificateStore<'a> {
             .transpose()
             .map_err(Self::pki_error(name))?
             .unwrap_or_default();
-        let names = key_names(&config).map_err(Self::pki_error(name))?;
-        let resources = configured_resources(&config).map_err(Self::pki_error(name))?;
-        Ok(Some((names, resources)))
+        // A configuration capn cannot read is an error here, not at the next rotation.
+        key_names(&config).map_err(Self::pki_error(name))?;
+        Ok(Some(config))
     }
 
     /// Ensures Secret `name` holds a leaf certificate for `wanted` signed by `ca`: kept when

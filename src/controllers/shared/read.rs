@@ -133,6 +133,24 @@ pub async fn owning_cluster(
     Ok(api.get_opt(&owner.name).await?.map(Arc::new))
 }
 
+/// The KMS plugins the apiservers must reach: the spec's, then those the configuration
+/// still holds (recorded in status), each once.
+fn kms_endpoints(ncp: &NestedControlPlane) -> Vec<String> {
+    let spec = ncp.spec.encryption.as_ref().and_then(|e| e.kms.as_deref());
+    let recorded = ncp.status.as_ref().and_then(|s| s.encryption.as_deref());
+    let mut out: Vec<String> = Vec::new();
+    for endpoint in spec
+        .into_iter()
+        .chain(recorded.into_iter().flat_map(|e| &e.kms))
+        .map(|k| &k.endpoint)
+    {
+        if !out.contains(endpoint) {
+            out.push(endpoint.clone());
+        }
+    }
+    out
+}
+
 /// The settings every component of `ncp` is planned with. The CAPI Cluster's
 /// `spec.clusterNetwork` (service CIDR, service domain) wins over the NCP's own.
 pub fn cluster_settings(
@@ -171,6 +189,7 @@ pub fn cluster_settings(
         service_cidr,
         dns_domain,
         super_dns_domain: super_dns_domain.to_string(),
+        kms_endpoints: kms_endpoints(ncp),
         // capn's own pods are a process setting; the component controller fills them in.
         network_policy: NetworkPolicySettings {
             capn: None,
