@@ -567,3 +567,123 @@ async fn every_authority_rotates_and_an_interrupted_rotation_resumes() {
     stand_in.stop().await;
     capn.stop().await;
 }
+
+/// The KMS providers in `demo-encryption`'s configuration, as (writer, readers) names.
+async fn kms_layout(secrets: &Api<Secret>) -> (Option<String>, Vec<String>) {
+    let config = secret_value(&secrets.get("demo-encryption").await.unwrap(), "encryption-configuration.yaml");
+    let kms = capn::pki::encryption::kms_providers(&config).unwrap();
+    (
+        kms.writer.map(|w| w.name),
+        kms.readers.into_iter().map(|r| r.name).collect(),
+    )
+}
+
+/// Issue 39 item 3's KMS v2 plugin on a running control plane: the plugin is added as a
+/// reader, made the writer only once every apiserver runs with it (the stand-in's readiness),
+/// its socket directory mounted into the apiservers; dropped from the spec it stops writing at
+/// once and keeps reading. (The plugin itself is not run here: nothing dials the socket.)
+#[tokio::test]
+async fn a_kms_plugin_reads_before_it_writes_and_keeps_reading_once_dropped() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let capn = Capn::start(&client, &ns);
+    let stand_in = RollingStandIn::start(&client, &ns);
+    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
+    ready_demo(&client, &ns).await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    assert_eq!(kms_layout(&secrets).await, (None, vec![]));
+    // Every configuration the Secret holds from here on, each once, in order.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn({
+        let (secrets, stop) = (secrets.clone(), stop.clone());
+        async move {
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let layout = kms_layout(&secrets).await;
+                if seen.last() != Some(&layout) {
+                    seen.push(layout);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            seen
+        }
+    });
+    let ncps = Api::<capn::api::NestedControlPlane>::namespaced(client.clone(), &ns);
+    let set_kms = |kms: serde_json::Value| {
+        let ncps = ncps.clone();
+        async move {
+            ncps.patch(
+                "demo",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"spec": {"encryption": {"kms": kms}}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set_kms(serde_json::json!({"name": "vault", "endpoint": "unix:///var/run/kmsplugin/socket.sock"})).await;
+    let encryption = wait_until("the plugin writes", Duration::from_secs(180), || async {
+        control_plane(&client, &ns, "demo")
+            .await
+            .status?
+            .encryption
+            .filter(|e| e.provider == "kms")
+    })
+    .await;
+    assert_eq!(encryption.key, "vault");
+    assert_eq!(
+        encryption.kms.iter().map(|k| k.endpoint.as_str()).collect::<Vec<_>>(),
+        ["unix:///var/run/kmsplugin/socket.sock"]
+    );
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .get("demo-apiserver")
+        .await
+        .unwrap();
+    let pod = sts.spec.unwrap().template.spec.unwrap();
+    let volume = pod.volumes.unwrap_or_default().into_iter().find(|v| v.name == "kms-0");
+    let host_path = volume.and_then(|v| v.host_path).expect("a kms-0 hostPath volume");
+    assert_eq!(
+        (host_path.path.as_str(), host_path.type_.as_deref()),
+        ("/var/run/kmsplugin", Some("Directory"))
+    );
+    let mount = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "kms-0")
+        .cloned()
+        .expect("the apiserver mounts kms-0");
+    assert_eq!((mount.mount_path.as_str(), mount.read_only), ("/var/run/kmsplugin", Some(true)));
+
+    // Dropped: capn's key writes again, the plugin reads on.
+    set_kms(serde_json::Value::Null).await;
+    let encryption = wait_until("capn's key writes again", Duration::from_secs(180), || async {
+        control_plane(&client, &ns, "demo")
+            .await
+            .status?
+            .encryption
+            .filter(|e| e.provider == "secretbox")
+    })
+    .await;
+    assert_eq!(encryption.key, "key1");
+    assert_eq!(encryption.kms.len(), 1, "the plugin still reads: {encryption:?}");
+    stop.store(true, Ordering::SeqCst);
+    let seen = watcher.await.unwrap();
+    let reader = || (None, vec!["vault".to_owned()]);
+    assert_eq!(
+        seen,
+        [(None, vec![]), reader(), (Some("vault".to_owned()), vec![]), reader()],
+        "added as a reader, then the writer, then a reader again"
+    );
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .get("demo-apiserver")
+        .await
+        .unwrap();
+    let volumes = sts.spec.unwrap().template.spec.unwrap().volumes.unwrap_or_default();
+    assert!(
+        volumes.iter().any(|v| v.name == "kms-0"),
+        "a plugin that reads stays mounted"
+    );
+    stand_in.stop().await;
+    capn.stop().await;
+}
