@@ -33,8 +33,8 @@
 //! | `authorization` | apiserver only, when its `spec.authorization` is set (else none): `{config_map, key, configuration, webhooks: [{volume, secret, key, dir}]}` ([`super::authorization`]) |
 //! | `size.name` | the component's size (`small`), or none when the channel has no sizes ([`super::size`]) |
 //! | `size.max_requests_inflight`, `size.max_mutating_requests_inflight` | apiserver: the size's `--max-requests-inflight` and `--max-mutating-requests-inflight`, or none (the process's defaults) |
-//! | `encryption.kms_sockets` | `[{volume, directory}]`: each KMS v2 plugin's socket directory on the node, mounted into the apiserver at the same path ([`EncryptionVars`]); empty without `spec.encryption.kms` |
 //! | `size.env` | `[{name, value}]` for the main container: `GOMEMLIMIT` and `GOGC` where the size sets them; empty otherwise |
+//! | `encryption.kms_sockets` | `[{volume, directory}]`: each KMS v2 plugin's socket directory on the node, mounted into the apiserver at the same path ([`EncryptionVars`]); empty without `spec.encryption.kms` |
 //!
 //! Non-string values should go through `tojson` in templates.
 

@@ -1395,3 +1395,75 @@ fn golden_sized_manifests() {
         }
     }
 }
+
+#[test]
+fn every_apiserver_release_mounts_each_kms_socket_directory_once_read_only() {
+    for version in ["1.35.4", "1.36.3", "1.37.2"] {
+        let cluster = ClusterSettings {
+            kubernetes_version: Some(version.into()),
+            kms_endpoints: [
+                "unix:///var/run/vault/a.sock",
+                "unix:///var/run/vault/b.sock",
+                "unix:///run/hsm/kms.sock",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..cluster()
+        };
+        let p = plan_in(&cluster, ComponentKind::ApiServer, &ComponentSpec::default());
+        let pod = pod_spec(&p);
+        let host_paths: Vec<(&Value, &Value, &Value)> = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["hostPath"].is_object())
+            .map(|v| (&v["name"], &v["hostPath"]["path"], &v["hostPath"]["type"]))
+            .collect();
+        assert_eq!(
+            host_paths,
+            [
+                (
+                    &serde_json::json!("kms-0"),
+                    &serde_json::json!("/var/run/vault"),
+                    &serde_json::json!("Directory")
+                ),
+                (
+                    &serde_json::json!("kms-1"),
+                    &serde_json::json!("/run/hsm"),
+                    &serde_json::json!("Directory")
+                ),
+            ],
+            "{version}"
+        );
+        let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+        for (name, path) in [("kms-0", "/var/run/vault"), ("kms-1", "/run/hsm")] {
+            let mount = mounts.iter().find(|m| m["name"] == name).unwrap();
+            assert_eq!(
+                (&mount["mountPath"], &mount["readOnly"]),
+                (&serde_json::json!(path), &serde_json::json!(true)),
+                "{version}"
+            );
+        }
+        // Without a plugin, no host path at all.
+        let plain = plan_in(
+            &cluster_without_kms(version),
+            ComponentKind::ApiServer,
+            &ComponentSpec::default(),
+        );
+        assert!(
+            !pod_spec(&plain)["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["hostPath"].is_object()),
+            "{version}"
+        );
+    }
+}
+
+fn cluster_without_kms(version: &str) -> ClusterSettings {
+    ClusterSettings {
+        kubernetes_version: Some(version.into()),
+        ..cluster()
+    }
+}

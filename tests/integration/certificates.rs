@@ -570,7 +570,10 @@ async fn every_authority_rotates_and_an_interrupted_rotation_resumes() {
 
 /// The KMS providers in `demo-encryption`'s configuration, as (writer, readers) names.
 async fn kms_layout(secrets: &Api<Secret>) -> (Option<String>, Vec<String>) {
-    let config = secret_value(&secrets.get("demo-encryption").await.unwrap(), "encryption-configuration.yaml");
+    let config = secret_value(
+        &secrets.get("demo-encryption").await.unwrap(),
+        "encryption-configuration.yaml",
+    );
     let kms = capn::pki::encryption::kms_providers(&config).unwrap();
     (
         kms.writer.map(|w| w.name),
@@ -653,7 +656,10 @@ async fn a_kms_plugin_reads_before_it_writes_and_keeps_reading_once_dropped() {
         .find(|m| m.name == "kms-0")
         .cloned()
         .expect("the apiserver mounts kms-0");
-    assert_eq!((mount.mount_path.as_str(), mount.read_only), ("/var/run/kmsplugin", Some(true)));
+    assert_eq!(
+        (mount.mount_path.as_str(), mount.read_only),
+        ("/var/run/kmsplugin", Some(true))
+    );
 
     // Dropped: capn's key writes again, the plugin reads on.
     set_kms(serde_json::Value::Null).await;

@@ -141,7 +141,7 @@ pub(super) async fn step(
     };
     let phase = record(rotation, phase, outcome, &round.now.k8s);
     let condition = condition(phase, rotation);
-    // (A KMS_PROVIDER plugin that writes stays the key in status: capn's new key only reads.)
+    // (A KMS plugin that writes stays the key in status: capn's new key only reads.)
     if phase >= KeyRotationPhase::RewriteSecrets && encryption.provider != KMS_PROVIDER {
         encryption.key = rotation.key.clone();
     }
@@ -159,7 +159,7 @@ pub(super) async fn step(
 /// - the resources: a resource encrypted already stays ([`desired_resources`]); objects of
 ///   an added one stay as stored until they are next written (a key rotation's
 ///   `RewriteSecrets` writes them all), read by `identity` meanwhile;
-/// - the KMS_PROVIDER plugin ([`desired_kms`]): added as a reader, made the writer once every
+/// - the KMS plugin ([`desired_kms`]): added as a reader, made the writer once every
 ///   apiserver runs with it, kept as a reader when dropped.
 ///
 /// Returns whether a step is under way (written, or waiting for the apiservers); records
@@ -193,7 +193,17 @@ async fn write_configuration(
         let keys = keys(&config).map_err(pki(secret))?;
         let config = encryption_configuration(&keys, &kms, &resources);
         round.store.write_encryption_config(secret, &config).await?;
-        tracing::info!(secret, ?resources, kms = ?kms.all().map(|p| &p.name).collect::<Vec<_>>(), writer = ?kms.writer.as_ref().map(|p| &p.name), "wrote the encryption configuration's providers and resources");
+        let (writer, readers) = (
+            kms.writer.as_ref().map(|p| &p.name),
+            kms.readers.iter().map(|p| &p.name).collect::<Vec<_>>(),
+        );
+        tracing::info!(
+            secret,
+            ?resources,
+            ?writer,
+            ?readers,
+            "wrote the encryption configuration's providers and resources"
+        );
         config
     } else {
         config
@@ -270,8 +280,8 @@ async fn move_config(
         }
     };
     let desired = keys_for_phase(phase, &current, &new).unwrap_or_else(|| current.clone());
-    // KMS_PROVIDER providers that only read are old keys too: everything was written again under the
-    // writer before `DropOldKeys`.
+    // KMS providers that only read are old keys too: everything was written again under
+    // the writer before `DropOldKeys`.
     let kms = kms_providers(&config).map_err(pki(secret))?;
     let desired_kms = match phase {
         KeyRotationPhase::DropOldKeys => KmsProviders {

@@ -134,21 +134,14 @@ pub async fn owning_cluster(
 }
 
 /// The KMS plugins the apiservers must reach: the spec's, then those the configuration
-/// still holds (recorded in status), each once.
+/// still holds (recorded in status).
 fn kms_endpoints(ncp: &NestedControlPlane) -> Vec<String> {
     let spec = ncp.spec.encryption.as_ref().and_then(|e| e.kms.as_deref());
     let recorded = ncp.status.as_ref().and_then(|s| s.encryption.as_deref());
-    let mut out: Vec<String> = Vec::new();
-    for endpoint in spec
-        .into_iter()
+    spec.into_iter()
         .chain(recorded.into_iter().flat_map(|e| &e.kms))
-        .map(|k| &k.endpoint)
-    {
-        if !out.contains(endpoint) {
-            out.push(endpoint.clone());
-        }
-    }
-    out
+        .map(|k| k.endpoint.clone())
+        .collect()
 }
 
 /// The settings every component of `ncp` is planned with. The CAPI Cluster's
