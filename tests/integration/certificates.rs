@@ -85,6 +85,17 @@ async fn ready_demo(client: &Client, ns: &str) {
     .await;
 }
 
+/// A test namespace with capn and the rolling stand-in running, and the example control
+/// plane in it ready.
+async fn rolling_demo(client: &Client) -> (String, Capn, RollingStandIn) {
+    let ns = test_namespace(client).await;
+    let capn = Capn::start(client, &ns);
+    let stand_in = RollingStandIn::start(client, &ns);
+    apply_example(client, &ns, "examples/nestedcontrolplane.yaml").await;
+    ready_demo(client, &ns).await;
+    (ns, capn, stand_in)
+}
+
 #[tokio::test]
 async fn a_reissued_secret_rolls_exactly_the_components_that_read_it_at_start() {
     let client = cluster().client();
@@ -389,11 +400,7 @@ async fn short_validity_renews_every_leaf_and_status_names_the_next_renewal() {
 #[tokio::test]
 async fn a_requested_ca_rotation_walks_every_phase_and_ends_with_only_the_new_ca() {
     let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    let stand_in = RollingStandIn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    ready_demo(&client, &ns).await;
+    let (ns, capn, stand_in) = rolling_demo(&client).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let old_ca = secret_value(&secrets.get("demo-ca").await.unwrap(), "tls.crt");
     request_rotation(&client, &ns, "demo", "ca").await;
@@ -511,11 +518,7 @@ async fn rotate_until(
 #[tokio::test]
 async fn every_authority_rotates_and_an_interrupted_rotation_resumes() {
     let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let mut capn = Capn::start(&client, &ns);
-    let stand_in = RollingStandIn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    ready_demo(&client, &ns).await;
+    let (ns, mut capn, stand_in) = rolling_demo(&client).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     for (request, secret, block) in [
         ("etcd", "demo-etcd", "CERTIFICATE"),
@@ -588,11 +591,7 @@ async fn kms_layout(secrets: &Api<Secret>) -> (Option<String>, Vec<String>) {
 #[tokio::test]
 async fn a_kms_plugin_reads_before_it_writes_and_keeps_reading_once_dropped() {
     let client = cluster().client();
-    let ns = test_namespace(&client).await;
-    let capn = Capn::start(&client, &ns);
-    let stand_in = RollingStandIn::start(&client, &ns);
-    apply_example(&client, &ns, "examples/nestedcontrolplane.yaml").await;
-    ready_demo(&client, &ns).await;
+    let (ns, capn, stand_in) = rolling_demo(&client).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     assert_eq!(kms_layout(&secrets).await, (None, vec![]));
     // Every configuration the Secret holds from here on, each once, in order.
