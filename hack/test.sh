@@ -33,6 +33,8 @@ for b in kube-scheduler kube-proxy agnhost kubectl; do
 done
 # Its exec and port-forward (hack/test-kubelet): built in seconds when its sources changed.
 hack/kube-assets.sh test-kubelet >/dev/null
+# The booted KMS test's KMS v2 plugin (hack/test-kms-plugin), likewise.
+hack/kube-assets.sh test-kms-plugin >/dev/null
 if [ -z "${CAPI_ASSETS:-}" ]; then
   CAPI_ASSETS="$(hack/capi-assets.sh)"
   export CAPI_ASSETS
