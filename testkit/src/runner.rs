@@ -13,7 +13,7 @@
 //!   kubelet's atomic-writer layout ([`atomic_writer`]) and kept up to date while the pod
 //!   runs, projected (secret, configMap, downwardAPI sources) and downwardAPI volumes
 //!   ([`projected`]), emptyDir, and the StatefulSet's volume claims, with the owner and modes
-//!   the kubelet gives them (`fsGroup` included);
+//!   the kubelet gives them (`fsGroup` included), and hostPath directories (adaptation 5);
 //! - for every container, a process started exactly from the container's `command` + `args`
 //!   (`$(VAR)` expanded from `env` like the kubelet, downward-API `fieldRef`s and
 //!   `configMapKeyRef`s included, the environment built anew at every start), in a
@@ -92,14 +92,22 @@
 //!    its pod is stopped, standing in for a deleted claim replaced by a new, empty one.
 //!    Projected and downwardAPI volumes are written once, when the pod starts, and not
 //!    refreshed; projected `serviceAccountToken`, `clusterTrustBundle` and `podCertificate`
-//!    sources, and `resourceFieldRef` items, are refused.
+//!    sources, and `resourceFieldRef` items, are refused. `hostPath` volumes of type
+//!    `Directory`, `DirectoryOrCreate` or unset are bind-mounted from the host at their
+//!    `mountPath` (read-only when the mount says so), after the kubelet's checks: a
+//!    `Directory` that is missing or not a directory keeps the pod from starting, waiting
+//!    with the kubelet's `hostPath type check failed: <path> is not a directory` and checked
+//!    again every second; `DirectoryOrCreate` (and, as containerd does for a missing bind
+//!    source, an unset type) makes a missing directory, 0755. No fsGroup is applied to them
+//!    and nothing of them is removed. Other hostPath types are refused (capn's channels
+//!    render only `Directory`, for a KMS plugin's socket directory).
 //! 6. **Not emulated:** Endpoints objects (the super cluster's EndpointSlice controller makes
 //!    slices from the Pod objects of item 12), PID and IPC namespaces (a container sees the host's processes in its `/proc`), cgroups
 //!    and resource limits, seccomp profiles, capability sets (the processes simply run as
 //!    their non-root user), Service environment variables, `minReadySeconds`; a runner pod
 //!    is not made from its object, so the downward API's `metadata.uid` reads empty. Refused loudly:
 //!    sidecar init containers (`restartPolicy: Always`), exec/gRPC probes, host namespaces,
-//!    privileged containers, other volume kinds, `valueFrom` other than `fieldRef`,
+//!    privileged containers, other volume kinds (and hostPath types), `valueFrom` other than `fieldRef`,
 //!    `configMapKeyRef` and `secretKeyRef`.
 //! 7. **`configMapKeyRef`, `secretKeyRef` and `envFrom` from the watch caches.** As the
 //!    kubelet, the runner builds a container's environment when it starts the container (and

@@ -51,7 +51,12 @@
 //!    are `capn-node://…` names, not digests.
 //! 2. **Volumes**: the runner's (secret, configMap, emptyDir), plus `downwardAPI` and
 //!    `projected` volumes with `secret`, `configMap` and `downwardAPI` sources, written once
-//!    when the pod starts (not refreshed while it runs, unlike the kubelet's). Projected
+//!    when the pod starts (not refreshed while it runs, unlike the kubelet's), and `hostPath`
+//!    volumes of type `Directory`, `DirectoryOrCreate` or unset, bind-mounted from the host
+//!    (read-only when the mount says so) after the kubelet's type check (runner adaptation 5:
+//!    a missing `Directory` keeps the pod waiting, `hostPath type check failed: <path> is not
+//!    a directory` in its container's waiting message, until the directory exists); other
+//!    hostPath types are refused like other unsupported pods (below). Projected
 //!    `serviceAccountToken` sources (hence the `kube-api-access-*` volume the ServiceAccount
 //!    admission plugin adds unless `automountServiceAccountToken: false`), `resourceFieldRef`
 //!    items and persistentVolumeClaims are refused like other unsupported pods: Waiting with

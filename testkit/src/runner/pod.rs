@@ -9,7 +9,7 @@ use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Component, Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EnvVar, KeyToPath, PodSecurityContext, PodSpec, Probe, Secret, Volume,
+    ConfigMap, Container, EnvVar, HostPathVolumeSource, KeyToPath, PodSecurityContext, PodSpec, Probe, Secret, Volume,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -141,7 +141,9 @@ pub(super) fn check_template(
         );
     }
     for volume in spec.volumes.iter().flatten() {
-        if volume.secret.is_none()
+        if let Some(source) = &volume.host_path {
+            check_host_path(&volume.name, source)?;
+        } else if volume.secret.is_none()
             && volume.config_map.is_none()
             && volume.empty_dir.is_none()
             && volume.persistent_volume_claim.is_none()
@@ -850,6 +852,9 @@ fn materialize(
         prepare_claim(&claim, fs_group)?;
         return Ok(claim);
     }
+    if let Some(source) = &volume.host_path {
+        return host_path_volume(&volume.name, source);
+    }
     let io = |what: &str, e: std::io::Error| format!("{what} {}: {e}", dir.display());
     let target = SourcedVolume::new(volume, dir, fs_group);
     // The payload first: a volume whose source is missing is not created at all.
@@ -874,6 +879,58 @@ fn materialize(
         }
     }
     Ok(dir.to_owned())
+}
+
+/// `Err` (a refusal) for a hostPath volume the runner does not mount: a relative path, or a
+/// type other than `Directory`, `DirectoryOrCreate` and unset (`File`, `Socket`, ...: no
+/// channel renders them yet).
+///
+/// # Errors
+/// Naming the volume and what is not supported.
+fn check_host_path(name: &str, source: &HostPathVolumeSource) -> Result<(), String> {
+    if !Path::new(&source.path).is_absolute() {
+        return Err(format!(
+            "volume {name}: hostPath {:?} is not an absolute path",
+            source.path
+        ));
+    }
+    match source.type_.as_deref().unwrap_or_default() {
+        "" | "Directory" | "DirectoryOrCreate" => Ok(()),
+        other => Err(format!(
+            "volume {name}: hostPath type {other} is not supported by the runner (only Directory, \
+             DirectoryOrCreate and unset)"
+        )),
+    }
+}
+
+/// A hostPath volume's directory on the host, checked or made as the kubelet's hostPath
+/// plugin does before the pod starts (`pkg/volume/hostpath`, `checkType`): `Directory` must
+/// exist and be a directory; `DirectoryOrCreate` is made (0755, owned by root) when missing
+/// and must then be a directory; an unset type is not checked, and a missing path is made
+/// as a directory, as containerd's CRI plugin makes a bind mount's missing source. Nothing
+/// of fsGroup is applied (the kubelet manages no hostPath ownership), and the runner never
+/// removes what it made.
+///
+/// # Errors
+/// The kubelet's `MountVolume.SetUp failed … hostPath type check failed: <path> is not a
+/// directory`: the pod waits and the check is made again (a directory made later lets it
+/// start), as the kubelet retries the mount.
+fn host_path_volume(name: &str, source: &HostPathVolumeSource) -> Result<PathBuf, NotYet> {
+    let path = PathBuf::from(&source.path);
+    let kind = source.type_.as_deref().unwrap_or_default();
+    let failed = |why: String| format!("MountVolume.SetUp failed for volume {name:?} : {why}");
+    if kind != "Directory" && !path.exists() {
+        fs::create_dir_all(&path).map_err(|e| failed(format!("cannot create {}: {e}", path.display())))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
+            .map_err(|e| failed(format!("chmod {}: {e}", path.display())))?;
+    }
+    if kind.is_empty() || path.is_dir() {
+        return Ok(path);
+    }
+    Err(failed(format!(
+        "hostPath type check failed: {} is not a directory",
+        path.display()
+    )))
 }
 
 /// A claim's directory: created once like a fresh filesystem's root (root:root 0755), then
@@ -1385,6 +1442,59 @@ mod tests {
             .payload(Some(&data))
             .unwrap_err();
         assert!(escaping.contains("escapes the volume"), "{escaping}");
+    }
+
+    fn host_path(path: &Path, kind: Option<&str>) -> HostPathVolumeSource {
+        HostPathVolumeSource {
+            path: path.display().to_string(),
+            type_: kind.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn host_path_volumes_are_checked_and_made_as_the_kubelet_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("kms");
+        // Directory: a missing path keeps the pod waiting with the kubelet's message, and
+        // nothing is made; once the directory exists the same volume is mounted.
+        let directory = host_path(&missing, Some("Directory"));
+        assert_eq!(
+            host_path_volume("kms-vault", &directory).unwrap_err(),
+            format!(
+                "MountVolume.SetUp failed for volume \"kms-vault\" : hostPath type check failed: {} is not a directory",
+                missing.display()
+            )
+        );
+        assert!(!missing.exists(), "Directory makes nothing");
+        fs::create_dir(&missing).unwrap();
+        assert_eq!(host_path_volume("kms-vault", &directory).unwrap(), missing);
+        // A file where a directory is asked for: refused, for both directory types.
+        let file = dir.path().join("file");
+        fs::write(&file, b"").unwrap();
+        for kind in ["Directory", "DirectoryOrCreate"] {
+            let refused = host_path_volume("v", &host_path(&file, Some(kind))).unwrap_err();
+            assert!(refused.ends_with("is not a directory"), "{kind}: {refused}");
+        }
+        // DirectoryOrCreate and an unset type make a missing directory, 0755.
+        for (kind, name) in [
+            (Some("DirectoryOrCreate"), "made"),
+            (None, "unset"),
+            (Some(""), "empty"),
+        ] {
+            let path = dir.path().join(name).join("nested");
+            assert_eq!(host_path_volume("v", &host_path(&path, kind)).unwrap(), path);
+            let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o755, "{kind:?}");
+        }
+        // An unset type checks nothing: a file is bind-mounted as it is.
+        assert_eq!(host_path_volume("v", &host_path(&file, None)).unwrap(), file);
+        // Other types and relative paths are refused before the pod is run at all.
+        assert!(check_host_path("v", &host_path(&missing, Some("Directory"))).is_ok());
+        assert!(check_host_path("v", &host_path(&missing, None)).is_ok());
+        let socket = check_host_path("v", &host_path(&missing, Some("Socket"))).unwrap_err();
+        assert!(socket.contains("hostPath type Socket is not supported"), "{socket}");
+        let relative = check_host_path("v", &host_path(Path::new("var/run"), None)).unwrap_err();
+        assert!(relative.contains("not an absolute path"), "{relative}");
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub(super) fn check(volume: &Volume) -> Result<(), String> {
         return check_items(name, downward.items.as_ref());
     }
     Err(format!(
-        "volume {name} is of a kind the runner does not materialize (only secret, configMap, emptyDir, \
+        "volume {name} is of a kind the runner does not materialize (only secret, configMap, emptyDir, hostPath, \
          persistentVolumeClaim, projected, downwardAPI)"
     ))
 }
