@@ -42,7 +42,12 @@ pub(crate) async fn probe(booted: &Booted, done: &AtomicBool) -> Availability {
 }
 
 /// [`probe`] of `path`, whose answer `answers` must accept.
-async fn probe_path(booted: &Booted, done: &AtomicBool, path: &str, answers: impl Fn(&str) -> bool) -> Availability {
+pub(crate) async fn probe_path(
+    booted: &Booted,
+    done: &AtomicBool,
+    path: &str,
+    answers: impl Fn(&str) -> bool,
+) -> Availability {
     let mut seen = Availability::default();
     let mut down_since: Option<Instant> = None;
     while !done.load(Ordering::SeqCst) {
@@ -86,13 +91,13 @@ async fn probe_path(booted: &Booted, done: &AtomicBool, path: &str, answers: imp
 
 /// A client of the tenant through the kubeconfig read fresh from `demo-kubeconfig`, when an
 /// apiserver pod is ready (with one replica, a roll leaves none for a moment).
-async fn fresh_client(booted: &Booted) -> Option<kube::Client> {
+pub(crate) async fn fresh_client(booted: &Booted) -> Option<kube::Client> {
     let config = booted.runner.client_config(&booted.kubeconfig().await).await.ok()?;
     kube::Client::try_from(config).ok()
 }
 
 /// [`fresh_client`], waiting for a ready apiserver.
-async fn tenant(booted: &Booted) -> kube::Client {
+pub(crate) async fn tenant(booted: &Booted) -> kube::Client {
     booted
         .runner
         .wait_for("an apiserver pod is ready", BOOTED_STEP, || fresh_client(booted))
@@ -381,7 +386,7 @@ const KEY_PHASES: [&str; 5] = [
 ];
 
 /// The key rotation recorded in the status, once it is at `phase` or past it.
-async fn key_rotation_at(booted: &Booted, request: &str, phase: &str) -> capn::api::EncryptionKeyRotation {
+pub(crate) async fn key_rotation_at(booted: &Booted, request: &str, phase: &str) -> capn::api::EncryptionKeyRotation {
     let ncps = Api::<NestedControlPlane>::namespaced(booted.client.clone(), &booted.ns);
     let wanted = KEY_PHASES.iter().position(|p| *p == phase).unwrap();
     let last_told = std::sync::Mutex::new(String::new());
@@ -410,7 +415,7 @@ async fn key_rotation_at(booted: &Booted, request: &str, phase: &str) -> capn::a
 }
 
 /// Every value under `/registry/secrets/` in the tenant's etcd, as stored.
-async fn stored_secrets(booted: &Booted) -> Vec<Vec<u8>> {
+pub(crate) async fn stored_secrets(booted: &Booted) -> Vec<Vec<u8>> {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD;
     let etcd = crate::boot::etcd_member(booted, "demo-etcd-0").await;
@@ -430,7 +435,7 @@ async fn stored_secrets(booted: &Booted) -> Vec<Vec<u8>> {
 }
 
 /// Asks for a key rotation with the request `request`.
-async fn request_key_rotation(booted: &Booted, request: &str) {
+pub(crate) async fn request_key_rotation(booted: &Booted, request: &str) {
     let patch = json!({"metadata": {"annotations": {capn::controllers::control_plane::encryption_rotation::ROTATE_KEY_ANNOTATION: request}}});
     Api::<NestedControlPlane>::namespaced(booted.client.clone(), &booted.ns)
         .patch(

@@ -26,7 +26,7 @@ fn unb64(text: &str) -> Vec<u8> {
 
 /// The value etcd holds under `key`, read with the apiserver's own etcd client certificate;
 /// `None` when absent or etcd does not answer.
-async fn stored_value(etcd: &kube::Client, key: &str) -> Option<Vec<u8>> {
+pub(crate) async fn stored_value(etcd: &kube::Client, key: &str) -> Option<Vec<u8>> {
     let range = etcd_call(etcd, "/v3/kv/range", json!({"key": b64(key.as_bytes())}))
         .await
         .ok()?;

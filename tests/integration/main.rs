@@ -13,6 +13,7 @@ mod boot_connect;
 mod boot_custom_resources;
 mod boot_encryption;
 mod boot_etcd_space;
+mod boot_kms;
 mod boot_members;
 mod boot_projected;
 mod boot_reach;
