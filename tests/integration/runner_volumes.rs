@@ -356,3 +356,85 @@ async fn secret_and_config_map_volumes_follow_their_sources_while_the_pod_runs()
     runner.check().unwrap_or_else(|e| panic!("{e}\n{}", runner.report()));
     assert_eq!(volume(&runner, "secret").updates, 3);
 }
+
+/// Where the hostPath volume is mounted in the container.
+const HOST_DIR: &str = "/run/kms";
+
+/// [`statefulset`] with only its emptyDir and a hostPath volume of type `Directory` for
+/// `path`, mounted read-only at [`HOST_DIR`] (as capn mounts a KMS plugin's socket directory).
+fn host_path_statefulset(path: &Path) -> StatefulSet {
+    let mut sts = serde_json::to_value(statefulset()).unwrap();
+    let spec = &mut sts["spec"]["template"]["spec"];
+    spec["volumes"] = json!([
+        {"name": "data", "emptyDir": {}},
+        {"name": "kms", "hostPath": {"path": path, "type": "Directory"}},
+    ]);
+    spec["containers"][0]["volumeMounts"] = json!([
+        {"name": "data", "mountPath": "/var/lib/etcd"},
+        {"name": "kms", "mountPath": HOST_DIR, "readOnly": true},
+    ]);
+    serde_json::from_value(sts).unwrap()
+}
+
+/// Runner adaptation 5's hostPath volumes: a `Directory` that does not exist keeps the pod
+/// from starting, waiting with the kubelet's message; once made, it is bind-mounted read-only,
+/// and what the host writes into it later (a plugin's socket) shows in the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_path_directory_is_mounted_read_only_once_it_exists() {
+    let client = cluster().client();
+    let ns = test_namespace(&client).await;
+    let runner = Runner::start(&client, &ns, capn_binary())
+        .await
+        .unwrap_or_else(|e| panic!("the runner did not start: {e}"));
+    let base = tempfile::tempdir().unwrap();
+    let host = base.path().join("kms");
+    Api::<StatefulSet>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &host_path_statefulset(&host))
+        .await
+        .unwrap();
+    let why = format!("hostPath type check failed: {} is not a directory", host.display());
+    let waiting = runner
+        .wait_for("the pod waits for its hostPath directory", START, || async {
+            let pod = runner.pods().into_iter().find(|p| p.name == POD)?;
+            pod.waiting.filter(|w| w.contains(&why))
+        })
+        .await;
+    say(&format!("a missing hostPath directory: {waiting}"));
+    assert_eq!(running_pid(&runner), None, "no container starts");
+    assert!(!host.exists(), "type Directory makes nothing");
+
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("before"), "made before the start").unwrap();
+    let made = Instant::now();
+    let pid = runner
+        .wait_for("the pod's process runs", START, || async { running_pid(&runner) })
+        .await;
+    say(&format!(
+        "the directory made → the container started after {:.1?}",
+        made.elapsed()
+    ));
+    assert_eq!(
+        read(&in_container(pid, &format!("{HOST_DIR}/before"))).as_deref(),
+        Some("made before the start")
+    );
+    assert_eq!(
+        std::fs::metadata(in_container(pid, HOST_DIR)).unwrap().ino(),
+        std::fs::metadata(&host).unwrap().ino(),
+        "the container sees the host's directory through a bind mount"
+    );
+    // The host's later writes show inside; the container cannot write (readOnly).
+    std::fs::write(host.join("after"), "made while it runs").unwrap();
+    assert_eq!(
+        read(&in_container(pid, &format!("{HOST_DIR}/after"))).as_deref(),
+        Some("made while it runs")
+    );
+    let refused = std::fs::write(in_container(pid, &format!("{HOST_DIR}/written")), "x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    runner.check().unwrap_or_else(|e| panic!("{e}\n{}", runner.report()));
+
+    drop(runner);
+    assert!(
+        host.join("before").exists() && host.join("after").exists(),
+        "the runner leaves the host's directory as it was"
+    );
+}
