@@ -6,6 +6,7 @@
 //! again while the plugin still reads what it wrote; a key rotation then stores every Secret
 //! under capn's new key and drops the plugin from the configuration, the status and the
 //! apiserver's volumes. A probe lists every Secret through the tenant apiserver all along.
+//! A plugin added to a running tenant reads before it writes (the second test).
 //!
 //! Durations and counts are printed, not asserted; what is asserted is behaviour.
 
@@ -394,4 +395,88 @@ async fn a_kms_plugin_encrypts_a_booted_tenants_secrets_until_a_key_rotation_dro
     let dir: PathBuf = plugin.dir.path().to_owned();
     drop(plugin);
     assert!(!Path::new(&dir).exists(), "the plugin's directory is removed");
+}
+
+/// The other way in: a plugin added to a running tenant first only reads (every apiserver
+/// gets it), then writes; a Secret written before stays under capn's key and is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kms_plugin_added_to_a_running_tenant_reads_before_it_writes() {
+    let plugin = Plugin::start().await;
+    let docs = vec![json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+        "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"},
+        "spec": {"version": "1.36"},
+    })];
+    let booted = boot_with("kms added", Some(docs), StartCapn::InProcess).await;
+    let ncps = Api::<NestedControlPlane>::namespaced(booted.client.clone(), &booted.ns);
+    let done = AtomicBool::new(false);
+    let lists = |text: &str| text.contains("\"kind\":\"SecretList\"");
+    let steps = async {
+        let marker = format!("kms-marker-{}", booted.ns);
+        create_secret(&booted, "s0", &marker).await;
+        let etcd = etcd_member(&booted, "demo-etcd-0").await;
+        let s0 = stored_value(&etcd, "/registry/secrets/default/s0")
+            .await
+            .expect("s0 in etcd");
+        assert!(
+            s0.starts_with(b"k8s:enc:secretbox:v1:key1:"),
+            "s0 stored as {:?}",
+            head(&s0)
+        );
+
+        let added = Instant::now();
+        ncps.patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"encryption": {"kms": {"name": PLUGIN, "endpoint": plugin.endpoint()}}}})),
+        )
+        .await
+        .unwrap();
+        // The reader stage lasts an apiserver roll: the status shows it on the way.
+        let seen_reading = AtomicBool::new(false);
+        booted
+            .runner
+            .wait_for("the plugin writes", BOOTED_STEP * 2, || async {
+                let encryption = ncps.get("demo").await.ok()?.status?.encryption?;
+                let listed = encryption.kms.iter().any(|k| k.name == PLUGIN);
+                if encryption.provider == "secretbox" && listed {
+                    seen_reading.store(true, Ordering::SeqCst);
+                }
+                (encryption.provider == "kms" && encryption.key == PLUGIN).then_some(())
+            })
+            .await;
+        assert!(seen_reading.load(Ordering::SeqCst), "the plugin read before it wrote");
+        let writing = added.elapsed();
+        booted.apiserver_settled().await;
+        create_secret(&booted, "s1", &marker).await;
+        let s1 = stored_value(&etcd, "/registry/secrets/default/s1")
+            .await
+            .expect("s1 in etcd");
+        let kms_prefix = format!("k8s:enc:kms:v2:{PLUGIN}:");
+        assert!(s1.starts_with(kms_prefix.as_bytes()), "s1 stored as {:?}", head(&s1));
+        let s0 = stored_value(&etcd, "/registry/secrets/default/s0").await.unwrap();
+        assert!(
+            s0.starts_with(b"k8s:enc:secretbox:v1:key1:"),
+            "s0 stays under capn's key until written again"
+        );
+        for name in ["s0", "s1"] {
+            assert_eq!(served(&booted, name).await, marker.as_bytes(), "{name}");
+        }
+        say(&format!(
+            "kms added: the plugin wrote {writing:.1?} after the spec named it (reader first, two apiserver rolls); s1 stored behind {kms_prefix:?}, s0 still under key1"
+        ));
+        done.store(true, Ordering::SeqCst);
+    };
+    let (availability, ()) = tokio::join!(probe_path(&booted, &done, "/api/v1/secrets", lists), steps);
+    say(&format!(
+        "kms added: {} lists of every Secret, {} failed (longest outage {:.1?}); the plugin served {} Encrypt and {} Decrypt calls",
+        availability.probes,
+        availability.failures,
+        availability.longest_outage,
+        plugin.calls("encrypt"),
+        plugin.calls("decrypt")
+    ));
+    assert_eq!(availability.failures, 0, "{availability:?}");
+    booted.stop().await;
 }
