@@ -58,26 +58,42 @@ struct Plugin {
     dir: tempfile::TempDir,
 }
 
+/// A fresh directory for a plugin under the system's temporary directory, which user 65532
+/// (the apiserver's) can traverse. No step of the endpoint may start with `.` (capn's field
+/// rules): not tempfile's default `.tmp` prefix.
+fn plugin_directory() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix("capn-kms-").tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+/// The endpoint of the plugin [`Plugin::start_in`] `dir` serves, as `spec.encryption.kms`
+/// names it: the socket in `dir/socket/`, the directory the apiservers mount.
+fn endpoint_in(dir: &Path) -> String {
+    format!("unix://{}", dir.join("socket/kms.sock").display())
+}
+
 impl Plugin {
-    /// Starts the plugin on a socket in a fresh directory under the system's temporary
-    /// directory and waits for the socket to exist.
+    /// [`Plugin::start_in`] a fresh [`plugin_directory`].
+    async fn start() -> Self {
+        Self::start_in(plugin_directory()).await
+    }
+
+    /// Makes `dir/socket/`, starts the plugin on a socket there and waits for the socket to
+    /// exist.
     ///
     /// # Panics
     /// When the binary is missing (with the command that builds it), or the plugin exits or
     /// makes no socket within [`PLUGIN_START`].
-    async fn start() -> Self {
+    async fn start_in(dir: tempfile::TempDir) -> Self {
         let binary = plugin_binary();
         assert!(
             binary.is_file(),
             "MISSING: {} (build it with `hack/kube-assets.sh test-kms-plugin`)",
             binary.display()
         );
-        // No step of the endpoint may start with `.` (capn's field rules): not tempfile's
-        // default `.tmp` prefix.
-        let dir = tempfile::Builder::new().prefix("capn-kms-").tempdir().unwrap();
-        // The apiserver runs as 65532: it must reach the socket through the directory.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::create_dir(dir.path().join("socket")).unwrap();
+        // The apiserver runs as 65532: it must reach the socket through the directory.
         std::fs::set_permissions(dir.path().join("socket"), std::fs::Permissions::from_mode(0o755)).unwrap();
         let log = std::fs::File::create(dir.path().join("plugin.log")).unwrap();
         let mut command = std::process::Command::new(&binary);
@@ -122,7 +138,7 @@ impl Plugin {
 
     /// The endpoint as `spec.encryption.kms` names it.
     fn endpoint(&self) -> String {
-        format!("unix://{}", self.socket().display())
+        endpoint_in(self.dir.path())
     }
 
     fn log(&self) -> String {
@@ -399,9 +415,13 @@ async fn a_kms_plugin_encrypts_a_booted_tenants_secrets_until_a_key_rotation_dro
 
 /// The other way in: a plugin added to a running tenant first only reads (every apiserver
 /// gets it), then writes; a Secret written before stays under capn's key and is still served.
+/// The plugin's directory is missing at first, as on a node without the plugin: the surge
+/// apiserver waits with the kubelet's message while the old one keeps serving, and the roll
+/// goes on once the plugin runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kms_plugin_added_to_a_running_tenant_reads_before_it_writes() {
-    let plugin = Plugin::start().await;
+    let dir = plugin_directory();
+    let endpoint = endpoint_in(dir.path());
     let docs = vec![json!({
         "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
         "kind": "NestedControlPlane",
@@ -429,24 +449,50 @@ async fn a_kms_plugin_added_to_a_running_tenant_reads_before_it_writes() {
         ncps.patch(
             "demo",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"encryption": {"kms": {"name": PLUGIN, "endpoint": plugin.endpoint()}}}})),
+            &Patch::Merge(json!({"spec": {"encryption": {"kms": {"name": PLUGIN, "endpoint": endpoint}}}})),
         )
         .await
         .unwrap();
-        // The reader stage lasts an apiserver roll: the status shows it on the way.
-        let seen_reading = AtomicBool::new(false);
+        booted
+            .runner
+            .wait_for("the plugin is added as a reader", BOOTED_STEP, || async {
+                let encryption = ncps.get("demo").await.ok()?.status?.encryption?;
+                let listed = encryption.kms.iter().any(|k| k.name == PLUGIN);
+                (encryption.provider == "secretbox" && listed).then_some(())
+            })
+            .await;
+        // No plugin directory yet: the new apiserver pod waits as on a kubelet.
+        let missing = dir.path().join("socket");
+        let why = format!("hostPath type check failed: {} is not a directory", missing.display());
+        let (pod, waiting) = booted
+            .runner
+            .wait_for(
+                "an apiserver pod waits for the plugin's directory",
+                BOOTED_STEP,
+                || async {
+                    let pods = booted.runner.pods();
+                    let pod = pods
+                        .into_iter()
+                        .find(|p| p.waiting.as_deref().is_some_and(|w| w.contains(&why)))?;
+                    Some((pod.name, pod.waiting.unwrap_or_default()))
+                },
+            )
+            .await;
+        say(&format!("kms added: {pod} waits: {waiting}"));
+        // Meanwhile the apiserver that was there serves every Secret (and the probe goes on).
+        for _ in 0..5 {
+            let secrets = Api::<Secret>::namespaced(tenant(&booted).await, "default");
+            let listed = secrets.list(&kube::api::ListParams::default()).await.unwrap();
+            assert!(listed.items.iter().any(|s| s.metadata.name.as_deref() == Some("s0")));
+        }
+        let plugin = Plugin::start_in(dir).await;
         booted
             .runner
             .wait_for("the plugin writes", BOOTED_STEP * 2, || async {
                 let encryption = ncps.get("demo").await.ok()?.status?.encryption?;
-                let listed = encryption.kms.iter().any(|k| k.name == PLUGIN);
-                if encryption.provider == "secretbox" && listed {
-                    seen_reading.store(true, Ordering::SeqCst);
-                }
                 (encryption.provider == "kms" && encryption.key == PLUGIN).then_some(())
             })
             .await;
-        assert!(seen_reading.load(Ordering::SeqCst), "the plugin read before it wrote");
         let writing = added.elapsed();
         booted.apiserver_settled().await;
         create_secret(&booted, "s1", &marker).await;
@@ -464,19 +510,19 @@ async fn a_kms_plugin_added_to_a_running_tenant_reads_before_it_writes() {
             assert_eq!(served(&booted, name).await, marker.as_bytes(), "{name}");
         }
         say(&format!(
-            "kms added: the plugin wrote {writing:.1?} after the spec named it (reader first, two apiserver rolls); s1 stored behind {kms_prefix:?}, s0 still under key1"
+            "kms added: the plugin wrote {writing:.1?} after the spec named it (reader first; its directory missing until {pod} had waited); s1 stored behind {kms_prefix:?}, s0 still under key1; the plugin served {} Encrypt and {} Decrypt calls",
+            plugin.calls("encrypt"),
+            plugin.calls("decrypt")
         ));
         done.store(true, Ordering::SeqCst);
+        plugin
     };
-    let (availability, ()) = tokio::join!(probe_path(&booted, &done, "/api/v1/secrets", lists), steps);
+    let (availability, plugin) = tokio::join!(probe_path(&booted, &done, "/api/v1/secrets", lists), steps);
     say(&format!(
-        "kms added: {} lists of every Secret, {} failed (longest outage {:.1?}); the plugin served {} Encrypt and {} Decrypt calls",
-        availability.probes,
-        availability.failures,
-        availability.longest_outage,
-        plugin.calls("encrypt"),
-        plugin.calls("decrypt")
+        "kms added: {} lists of every Secret, {} failed (longest outage {:.1?})",
+        availability.probes, availability.failures, availability.longest_outage,
     ));
     assert_eq!(availability.failures, 0, "{availability:?}");
     booted.stop().await;
+    drop(plugin);
 }
