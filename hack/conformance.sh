@@ -55,6 +55,13 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
 fi
 # The test node's exec and port-forward (kubectl exec is how many specs read a pod's files).
 hack/kube-assets.sh test-kubelet >/dev/null
+# The aggregator spec's sample-apiserver of the suite's own release: the super cluster's
+# lists admission APIs (v1 MutatingAdmissionPolicies since 1.36) an older tenant does not
+# serve, and never gets ready against it.
+log "sample-apiserver of $final (the node runs it for the aggregator spec)"
+KUBE_VERSION="v$final" ETCD_VERSION="v$(etcd_of "$final")" KUBE_NODE_BINARIES=1 hack/kube-assets.sh >/dev/null
+export CAPN_NODE_SAMPLE_APISERVER="${CAPN_ASSETS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capn/assets}/kubernetes-v$final/sample-apiserver"
+[ -x "$CAPN_NODE_SAMPLE_APISERVER" ] || die "no $CAPN_NODE_SAMPLE_APISERVER after building it"
 log "upstream e2e suite of $final"
 e2e="$(KUBE_VERSION="v$final" hack/kube-assets.sh e2e)"
 

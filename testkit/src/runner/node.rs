@@ -41,7 +41,10 @@
 //!    lacks, and `curl`; its DNS specs run `dig` and `getent`), and a `/localhost.crt` and
 //!    `/localhost.key` like those it holds for `porter`. `registry.k8s.io/e2e-test-images/sample-apiserver`
 //!    runs the `sample-apiserver` of the super cluster's release (`k8s.io/sample-apiserver`,
-//!    built with the node's binaries), and `registry.k8s.io/etcd` the super cluster's etcd,
+//!    built with the node's binaries; [`SAMPLE_APISERVER_ENV`] names another release's, as
+//!    `hack/conformance.sh` does for a tenant of another release: a sample-apiserver lists
+//!    the admission APIs of its own release and never gets ready against an older
+//!    apiserver), and `registry.k8s.io/etcd` the super cluster's etcd,
 //!    whatever their tags (the e2e aggregator spec runs both). The e2e web server images
 //!    (`registry.k8s.io/e2e-test-images/nginx` and `…/httpd`, [`WEB_SERVER_IMAGES`]) run
 //!    agnhost's `netexec --http-port=80` when the container gives no command or args (the
@@ -137,6 +140,10 @@ pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause";
 /// The e2e aggregator spec's sample apiserver, which the `sample-apiserver` of the super
 /// cluster's release stands for (adaptation 1).
 pub const SAMPLE_APISERVER_IMAGE: &str = "registry.k8s.io/e2e-test-images/sample-apiserver";
+/// Environment variable naming the `sample-apiserver` binary the node runs for
+/// [`SAMPLE_APISERVER_IMAGE`] instead of the super cluster release's (adaptation 1): the
+/// tenant release's, so that its admission informers list APIs the tenant serves.
+pub const SAMPLE_APISERVER_ENV: &str = "CAPN_NODE_SAMPLE_APISERVER";
 /// etcd's image, which the super cluster's own etcd stands for, whatever its tag
 /// (adaptation 1).
 pub const ETCD_IMAGE: &str = "registry.k8s.io/etcd";
@@ -315,7 +322,18 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
         .map(|applet| (applet, busybox.clone()))
         .collect();
     fixed.insert("agnhost".to_owned(), agnhost.clone());
-    fixed.insert("sample-apiserver".to_owned(), binaries["sample-apiserver"].clone());
+    let sample_apiserver = match std::env::var_os(SAMPLE_APISERVER_ENV) {
+        Some(path) if PathBuf::from(&path).is_file() => PathBuf::from(path),
+        Some(path) => {
+            return Err(format!(
+                "{SAMPLE_APISERVER_ENV}={} is not a file (build a release's with \
+                 `KUBE_VERSION=v<release> KUBE_NODE_BINARIES=1 hack/kube-assets.sh`)",
+                PathBuf::from(path).display()
+            ));
+        }
+        None => binaries["sample-apiserver"].clone(),
+    };
+    fixed.insert("sample-apiserver".to_owned(), sample_apiserver.clone());
     let etcd = crate::cluster().assets_dir().join("etcd");
     fixed.insert("etcd".to_owned(), etcd.clone());
     let name = format!(
@@ -348,7 +366,7 @@ async fn start_here() -> Result<(Node, crate::process::Process, proxy::Proxy), S
         },
     )?;
     let tools = agnhost_tools.into_iter().map(|(_, binary)| binary);
-    let node_binaries = [agnhost, busybox.clone(), binaries["sample-apiserver"].clone(), etcd];
+    let node_binaries = [agnhost, busybox.clone(), sample_apiserver, etcd];
     for binary in node_binaries.into_iter().chain(tools) {
         let libraries = pod::libraries(&binary)?;
         lock(&shared.state).libraries.insert(binary, libraries);
