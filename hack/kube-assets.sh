@@ -157,53 +157,33 @@ build_etcd() {
   done
 }
 
-# The streaming half of the test node's kubelet API (hack/test-kubelet: exec and
-# port-forward with the kubelet's own k8s.io/cri-streaming), cached under the hash of its
-# sources (testkit/src/runner/node/kubelet.rs computes the same name). Prints its path.
-build_test_kubelet() {
-  local src dir
-  src="$(cd "$(dirname "$0")/test-kubelet" && pwd)"
-  dir="$CACHE/test-kubelet-$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
-  if [ -x "$dir/capn-test-kubelet" ]; then
-    log "cached: capn-test-kubelet"
+# The Go test fixtures in this repository, each built from hack/test-<name> into
+# $CACHE/test-<name>-<hash of its sources>/capn-test-<name> (the tests compute the same
+# name); prints its path. `kubelet`: the streaming half of the test node's kubelet API
+# (exec and port-forward with the kubelet's own k8s.io/cri-streaming; found by
+# testkit/src/runner/node/kubelet.rs). `kms-plugin`: the KMS v2 plugin of the booted KMS
+# test (k8s.io/kms's gRPC server, AES-GCM with a key made at start; found by
+# tests/integration/boot_kms.rs). Each builds in seconds with the Go build cache the
+# Kubernetes build leaves (the KMS plugin: 42 s with an empty one on 2 busy cores,
+# measured 2026-12-07).
+build_fixture() {
+  local name="$1" src dir
+  src="$(cd "$(dirname "$0")/test-$name" && pwd)"
+  dir="$CACHE/test-$name-$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
+  if [ -x "$dir/capn-test-$name" ]; then
+    log "cached: capn-test-$name"
   else
-    log "building capn-test-kubelet (seconds once Kubernetes is built)"
+    log "building capn-test-$name (seconds once Kubernetes is built)"
     mkdir -p "$dir"
-    (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$dir/capn-test-kubelet.tmp" . >&2)
-    mv "$dir/capn-test-kubelet.tmp" "$dir/capn-test-kubelet"
-    log "built $dir/capn-test-kubelet"
+    (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$dir/capn-test-$name.tmp" . >&2)
+    mv "$dir/capn-test-$name.tmp" "$dir/capn-test-$name"
+    log "built $dir/capn-test-$name"
   fi
-  echo "$dir/capn-test-kubelet"
+  echo "$dir/capn-test-$name"
 }
 
-# The KMS v2 plugin of the booted KMS test (hack/test-kms-plugin: k8s.io/kms's gRPC server,
-# AES-GCM with a key made at start), cached under the hash of its sources
-# (tests/integration/boot_kms.rs computes the same name). Prints its path. Its build:
-# about 1 s with a warm Go build cache (gRPC is compiled for Kubernetes already), 42 s with
-# an empty one on 2 busy cores (measured 2026-12-07).
-build_test_kms_plugin() {
-  local src dir
-  src="$(cd "$(dirname "$0")/test-kms-plugin" && pwd)"
-  dir="$CACHE/test-kms-plugin-$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
-  if [ -x "$dir/capn-test-kms-plugin" ]; then
-    log "cached: capn-test-kms-plugin"
-  else
-    log "building capn-test-kms-plugin (seconds with a warm Go build cache)"
-    mkdir -p "$dir"
-    (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$dir/capn-test-kms-plugin.tmp" . >&2)
-    mv "$dir/capn-test-kms-plugin.tmp" "$dir/capn-test-kms-plugin"
-    log "built $dir/capn-test-kms-plugin"
-  fi
-  echo "$dir/capn-test-kms-plugin"
-}
-
-if [ "${1:-}" = test-kubelet ]; then
-  build_test_kubelet
-  exit 0
-fi
-
-if [ "${1:-}" = test-kms-plugin ]; then
-  build_test_kms_plugin
+if [ "${1:-}" = test-kubelet ] || [ "${1:-}" = test-kms-plugin ]; then
+  build_fixture "${1#test-}"
   exit 0
 fi
 
@@ -229,9 +209,9 @@ if [ ${#missing[@]} -gt 0 ]; then build_etcd "${missing[@]}"; else log "cached: 
 # The streaming half of the test node's kubelet API (hack/test-kubelet: exec and
 # port-forward with the kubelet's own k8s.io/cri-streaming), cached under the hash of its
 # sources (testkit/src/runner/node/kubelet.rs computes the same name).
-[ "${KUBE_NODE_BINARIES:-1}" = 0 ] || build_test_kubelet >/dev/null
+[ "${KUBE_NODE_BINARIES:-1}" = 0 ] || build_fixture kubelet >/dev/null
 # The booted KMS test's plugin, likewise.
-[ "${KUBE_NODE_BINARIES:-1}" = 0 ] || build_test_kms_plugin >/dev/null
+[ "${KUBE_NODE_BINARIES:-1}" = 0 ] || build_fixture kms-plugin >/dev/null
 
 mkdir -p "$assets"
 ln -sf "$kube_dir/kube-apiserver" "$kube_dir/kube-controller-manager" "$etcd_dir/etcd" "$etcd_dir/etcdutl" "$assets/"

@@ -190,8 +190,8 @@ use tokio::time::Instant;
 
 use self::atomic_writer::Written;
 pub use self::forward::Forward;
-pub use self::pod::release_cache;
 use self::pod::{Binaries, ContainerPlan, PodIdentity, SourcedVolume, Sources};
+pub use self::pod::{fixture_binary, release_cache};
 use self::probe::{Prober, Verdict};
 use self::sandbox::{Namespaces, Network, Spawner};
 use crate::poll_until;

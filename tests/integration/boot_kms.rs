@@ -35,19 +35,16 @@ const PLUGIN: &str = "test-kms";
 /// How long the plugin may take to create its socket.
 const PLUGIN_START: Duration = Duration::from_secs(30);
 
-/// The path of `capn-test-kms-plugin` in the cache of `hack/kube-assets.sh`, which names its
-/// directory after the SHA-256 of the plugin's sources, as computed here (as the test node
-/// finds `capn-test-kubelet`).
+/// The path of `capn-test-kms-plugin` in the cache of `hack/kube-assets.sh`.
 fn plugin_binary() -> PathBuf {
-    use sha2::Digest as _;
-    let mut hash = sha2::Sha256::new();
-    hash.update(include_bytes!("../../hack/test-kms-plugin/go.mod"));
-    hash.update(include_bytes!("../../hack/test-kms-plugin/go.sum"));
-    hash.update(include_bytes!("../../hack/test-kms-plugin/main.go"));
-    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    capn_testkit::runner::release_cache()
-        .join(format!("test-kms-plugin-{}", &hex[..16]))
-        .join("capn-test-kms-plugin")
+    capn_testkit::runner::fixture_binary(
+        "kms-plugin",
+        [
+            include_bytes!("../../hack/test-kms-plugin/go.mod"),
+            include_bytes!("../../hack/test-kms-plugin/go.sum"),
+            include_bytes!("../../hack/test-kms-plugin/main.go"),
+        ],
+    )
 }
 
 /// A running `capn-test-kms-plugin` and its directory: `socket/` (the directory the

@@ -247,6 +247,22 @@ pub fn release_cache() -> PathBuf {
     base.join("capn/assets")
 }
 
+/// Where `hack/kube-assets.sh` puts the Go test fixture `hack/test-<name>` (its
+/// `build_fixture`): `test-<name>-<first 16 hex digits of the SHA-256 of its go.mod, go.sum
+/// and main.go, in that order>/capn-test-<name>` in the [`release_cache`]. `sources` are
+/// those three files' bytes, which the caller includes at build time.
+pub fn fixture_binary(name: &str, sources: [&[u8]; 3]) -> PathBuf {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    for source in sources {
+        hash.update(source);
+    }
+    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    release_cache()
+        .join(format!("test-{name}-{}", &hex[..16]))
+        .join(format!("capn-test-{name}"))
+}
+
 /// The binary of `release` that a container running `base` needs, in the cache layout of
 /// `hack/kube-assets.sh`: `kubernetes-v<release>/<base>` for the Kubernetes binaries,
 /// `etcd-v<release>/<base>` for etcd's, `capn` for capn's own, and the command line that

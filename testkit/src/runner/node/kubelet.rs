@@ -86,18 +86,16 @@ struct Kubelet {
     streams: SocketAddr,
 }
 
-/// The path of `capn-test-kubelet` in the cache of `hack/kube-assets.sh`, which names its
-/// directory after the SHA-256 of the sources, as computed here.
+/// The path of `capn-test-kubelet` in the cache of `hack/kube-assets.sh`.
 fn streams_binary() -> std::path::PathBuf {
-    use sha2::Digest;
-    let mut hash = sha2::Sha256::new();
-    hash.update(include_bytes!("../../../../hack/test-kubelet/go.mod"));
-    hash.update(include_bytes!("../../../../hack/test-kubelet/go.sum"));
-    hash.update(include_bytes!("../../../../hack/test-kubelet/main.go"));
-    let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    super::super::pod::release_cache()
-        .join(format!("test-kubelet-{}", &hex[..16]))
-        .join("capn-test-kubelet")
+    super::super::pod::fixture_binary(
+        "kubelet",
+        [
+            include_bytes!("../../../../hack/test-kubelet/go.mod"),
+            include_bytes!("../../../../hack/test-kubelet/go.sum"),
+            include_bytes!("../../../../hack/test-kubelet/main.go"),
+        ],
+    )
 }
 
 /// The address of this process's one `capn-test-kubelet`, started on first use (with its
