@@ -49,6 +49,12 @@ fn agnhost(name: &str, args: serde_json::Value, restart: &str) -> Pod {
 /// test's Service takes it.
 const WEB_ADDRESS: &str = "10.0.0.12";
 
+/// The tenant `renamed` Service's address once it is a ClusterIP Service, asked for like
+/// [`WEB_ADDRESS`]: a tenant shares the super cluster's /24 here, so an address the tenant
+/// picked at random is often held by another test's Service in the super cluster, and its
+/// copy then gets another (the fallback the test shows just before).
+const RENAMED_ADDRESS: &str = "10.0.0.13";
+
 /// The tenant `exposed` Service's node port, asked for: in the lower band the super cluster's
 /// allocator leaves to node ports asked for (KEP-3668), and no other test asks for it.
 const WEB_NODE_PORT: u16 = 30_042;
@@ -454,12 +460,15 @@ async fn a_tenant_service_routes_to_its_pods_at_its_super_address() {
         .patch(
             "renamed",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"type": "ClusterIP", "externalName": null,
-                "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})),
+            &Patch::Merge(
+                json!({"spec": {"type": "ClusterIP", "externalName": null, "clusterIP": RENAMED_ADDRESS,
+                "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}),
+            ),
         )
         .await
         .unwrap();
     let tenant_address = turned.spec.and_then(|s| s.cluster_ip).unwrap();
+    assert_eq!(tenant_address, RENAMED_ADDRESS);
     booted
         .runner
         .wait_for("the copy has the tenant's ClusterIP", BOOTED_STEP, || async {

@@ -571,12 +571,10 @@ async fn every_authority_rotates_and_an_interrupted_rotation_resumes() {
     capn.stop().await;
 }
 
-/// The KMS providers in `demo-encryption`'s configuration, as (writer, readers) names.
-async fn kms_layout(secrets: &Api<Secret>) -> (Option<String>, Vec<String>) {
-    let config = secret_value(
-        &secrets.get("demo-encryption").await.unwrap(),
-        "encryption-configuration.yaml",
-    );
+/// The KMS providers in the configuration `secret` (`demo-encryption`) holds, as (writer,
+/// readers) names.
+fn kms_layout(secret: &Secret) -> (Option<String>, Vec<String>) {
+    let config = secret_value(secret, "encryption-configuration.yaml");
     let kms = capn::pki::encryption::kms_providers(&config).unwrap();
     (
         kms.writer.map(|w| w.name),
@@ -593,23 +591,28 @@ async fn a_kms_plugin_reads_before_it_writes_and_keeps_reading_once_dropped() {
     let client = cluster().client();
     let (ns, capn, stand_in) = rolling_demo(&client).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    assert_eq!(kms_layout(&secrets).await, (None, vec![]));
-    // Every configuration the Secret holds from here on, each once, in order.
-    let stop = Arc::new(AtomicBool::new(false));
-    let watcher = tokio::spawn({
-        let (secrets, stop) = (secrets.clone(), stop.clone());
+    // Every configuration the Secret holds from here on, in order, as its watch delivers
+    // them (every version, however short-lived: a poll could miss a stage).
+    let (sent, mut layouts) = tokio::sync::mpsc::unbounded_channel();
+    let watch = tokio::spawn({
+        use futures::StreamExt as _;
+        use kube::runtime::WatchStreamExt as _;
+        let config = kube::runtime::watcher::Config::default().fields("metadata.name=demo-encryption");
+        let events = kube::runtime::watcher(secrets.clone(), config).applied_objects();
         async move {
-            let mut seen = Vec::new();
-            while !stop.load(Ordering::SeqCst) {
-                let layout = kms_layout(&secrets).await;
-                if seen.last() != Some(&layout) {
-                    seen.push(layout);
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                if let Ok(secret) = event
+                    && sent.send(kms_layout(&secret)).is_err()
+                {
+                    break;
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            seen
         }
     });
+    // The watch holds the configuration before the plugin is named (no stage is missed).
+    let first = tokio::time::timeout(CONTROLLER_STEP, layouts.recv()).await.unwrap();
+    assert_eq!(first, Some((None, vec![])));
     let ncps = Api::<capn::api::NestedControlPlane>::namespaced(client.clone(), &ns);
     let set_kms = |kms: serde_json::Value| {
         let ncps = ncps.clone();
@@ -672,12 +675,23 @@ async fn a_kms_plugin_reads_before_it_writes_and_keeps_reading_once_dropped() {
     .await;
     assert_eq!(encryption.key, "key1");
     assert_eq!(encryption.kms.len(), 1, "the plugin still reads: {encryption:?}");
-    stop.store(true, Ordering::SeqCst);
-    let seen = watcher.await.unwrap();
+    // The configuration is written before the status: its last version is in the watch.
     let reader = || (None, vec!["vault".to_owned()]);
+    let expected = [(None, vec![]), reader(), (Some("vault".to_owned()), vec![]), reader()];
+    let mut seen = vec![(None, vec![])];
+    let _ = tokio::time::timeout(CONTROLLER_STEP, async {
+        while seen.len() < expected.len() {
+            match layouts.recv().await {
+                Some(layout) if seen.last() != Some(&layout) => seen.push(layout),
+                Some(_) => {}
+                None => break,
+            }
+        }
+    })
+    .await;
+    watch.abort();
     assert_eq!(
-        seen,
-        [(None, vec![]), reader(), (Some("vault".to_owned()), vec![]), reader()],
+        seen, expected,
         "added as a reader, then the writer, then a reader again"
     );
     let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns)
