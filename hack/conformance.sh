@@ -18,7 +18,7 @@
 # Environment: CAPN_CONFORMANCE_FOCUS (ginkgo focus), CAPN_E2E_ARGS (extra e2e.test
 # arguments), CAPN_ASSETS_CACHE, KUBEBUILDER_ASSETS (the super cluster's binaries).
 # Exit status: 0 when every failure is explained (an image the test node does not run, a
-# schedulable node asked for before any pod), 1 otherwise.
+# pod the workload Pod Security level refuses), 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -140,7 +140,8 @@ pub fn cluster_role_rules(p: Provider) -> Vec<Value> {
                 &["get", "list", "watch", "create", "update", "patch", "delete"],
             ),
             rule(&[""], &["serviceaccounts"], &["get", "create", "update", "patch"]),
-            rule(&[""], &["nodes"], &["get"]),
+            // `list`: the schedulable super nodes a tenant sees (`spec.workloads.nodes`).
+            rule(&[""], &["nodes"], &["get", "list"]),
             rule(&[""], &["persistentvolumes"], READ),
             // The tenant Nodes' kubelet API answers `kubectl logs`, `exec`, `attach` and
             // `port-forward` from the super pods' (a stream is `create`, or `get` over

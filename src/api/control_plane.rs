@@ -273,6 +273,39 @@ pub struct Workloads {
     /// Naming a CRD that does not opt in syncs nothing for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_resources: Option<Vec<String>>,
+    /// Which super nodes the tenant sees as its Nodes. Absent: those its pods run on, while
+    /// they run (`mode: Used`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<TenantNodes>,
+}
+
+/// Which super nodes a tenant sees as Nodes (docs/guide/workloads.md "The tenant's Nodes").
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantNodes {
+    /// `Used` (the default): a Node for each super node that runs a tenant pod, while one
+    /// runs there (VirtualCluster's design). `Schedulable`: also, at all times, one for each
+    /// super node the tenant's pods could be scheduled on (`Ready`, not cordoned, no
+    /// `NoSchedule` or `NoExecute` taint, which a tenant pod never tolerates) that matches
+    /// `selector`, so a tenant with no pod running still sees where pods would go, as
+    /// software that waits for a schedulable Node expects. It shows the tenant those nodes'
+    /// names, capacity and zone labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<TenantNodesMode>,
+    /// With `Schedulable`: only the super nodes whose labels match (a node pool set aside
+    /// for tenants). Absent: every schedulable super node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+}
+
+/// [`TenantNodes::mode`].
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum TenantNodesMode {
+    /// The super nodes the tenant's pods run on, while they run.
+    #[default]
+    Used,
+    /// Those, and every schedulable super node `selector` matches, at all times.
+    Schedulable,
 }
 
 /// A Pod Security Standards level, spelt as the `pod-security.kubernetes.io/enforce` label

@@ -198,6 +198,9 @@ pub enum Syntax {
     KmsEndpoint,
     /// A KMS provider's `timeout`: a Go duration above 0 and at most 30s.
     KmsTimeout,
+    /// One `matchExpressions` requirement of a label selector: `In` and `NotIn` with values,
+    /// `Exists` and `DoesNotExist` without (apimachinery's `ValidateLabelSelectorRequirement`).
+    LabelSelectorRequirement,
 }
 
 /// One CEL rule of a syntax and the message shown when it fails.
@@ -295,6 +298,8 @@ const CONFIGURATION_SOURCE_MESSAGE: &str =
 /// A resource named in an `EncryptionConfiguration`: a lower-case `<resource>` of the core
 /// group or `<resource>.<group>`; no wildcard (`*.<group>`, `*.*`), which capn does not offer.
 const ENCRYPTED_RESOURCE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// A label selector requirement's operator and values.
+const SELECTOR_REQUIREMENT_MESSAGE: &str = "operator must be In or NotIn with at least one value, or Exists or DoesNotExist without values (a label selector's requirement)";
 /// A KMS provider's name.
 const KMS_NAME: &str = "^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
 const KMS_NAME_MESSAGE: &str = "must be letters, digits, '-', '_' and '.', at most 63, starting and ending with a letter or digit (kube-apiserver writes the name into every value it encrypts and refuses ':')";
@@ -364,6 +369,7 @@ impl Syntax {
             | Self::WebhookConnectionType => "InvalidAuthorization",
             Self::EncryptedResources | Self::EncryptedResource => "InvalidEncryptionResources",
             Self::KmsName | Self::KmsEndpoint | Self::KmsTimeout => "InvalidEncryptionKMS",
+            Self::LabelSelectorRequirement => "InvalidTenantNodes",
         }
     }
 
@@ -527,6 +533,11 @@ impl Syntax {
                 AUTHORIZER_WEBHOOK_MESSAGE
             )],
             Self::AuthorizerType => vec![cel!(cel_one_of(AUTHORIZER_TYPES), AUTHORIZER_TYPE_MESSAGE)],
+            Self::LabelSelectorRequirement => vec![cel!(
+                "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : \
+                 (self.operator in ['Exists', 'DoesNotExist'] && (!has(self.values) || size(self.values) == 0))",
+                SELECTOR_REQUIREMENT_MESSAGE
+            )],
             Self::KmsName => vec![cel!(
                 format!("self.matches('{}')", cel_pattern(KMS_NAME)),
                 KMS_NAME_MESSAGE
@@ -600,7 +611,8 @@ impl Syntax {
             | Self::Authorizers
             | Self::AuthorizerWebhook
             | Self::ConfigurationSource
-            | Self::EncryptedResources => None,
+            | Self::EncryptedResources
+            | Self::LabelSelectorRequirement => None,
         }
     }
 
@@ -828,6 +840,14 @@ impl Syntax {
                 Some(s) if s.len() <= 114 && matches(KMS_ENDPOINT, s) => Ok(()),
                 _ => fail(0),
             },
+            Self::LabelSelectorRequirement => {
+                let values = value.get("values").and_then(Value::as_array).map_or(0, Vec::len);
+                match value.get("operator").and_then(Value::as_str) {
+                    Some("In" | "NotIn") if values > 0 => Ok(()),
+                    Some("Exists" | "DoesNotExist") if values == 0 => Ok(()),
+                    _ => fail(0),
+                }
+            }
             Self::WebhookTimeout | Self::KmsTimeout => match string
                 .filter(|s| s.len() <= 32 && matches(GO_DURATION, s))
                 .and_then(go_duration_nanos)
@@ -1114,6 +1134,11 @@ pub const RULES: &[Rule] = &[
         kinds: NCP,
         path: "spec.encryption.kms.timeout",
         syntax: Syntax::KmsTimeout,
+    },
+    Rule {
+        kinds: NCP,
+        path: "spec.workloads.nodes.selector.matchExpressions[]",
+        syntax: Syntax::LabelSelectorRequirement,
     },
     Rule {
         kinds: NCP,

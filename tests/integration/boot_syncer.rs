@@ -1129,6 +1129,98 @@ async fn a_tenant_node_goes_with_its_super_node() {
     booted.stop().await;
 }
 
+/// `spec.workloads.nodes.mode: Schedulable`: a tenant with no pod at all sees a Node for the
+/// super node its selector names (the test node, by hostname: other super nodes are other
+/// tests' or cordoned), Ready and with the super node's capacity, its Lease renewed; back in
+/// `Used` mode it goes, as no pod uses it. Which super nodes count as schedulable (cordons,
+/// taints) is the unit tests' (`nodes::schedulable`): the test node is shared with every
+/// other test and cannot be cordoned here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sees_the_schedulable_super_nodes_its_selector_names_with_no_pod_running() {
+    let node = tokio::task::spawn_blocking(capn_testkit::node).await.unwrap();
+    let nodes_spec = json!({"mode": "Schedulable", "selector": {
+        "matchLabels": {"kubernetes.io/hostname": node.name()}}});
+    let docs = vec![json!({
+        "apiVersion": "controlplane.cluster.x-k8s.io/v1beta1",
+        "kind": "NestedControlPlane",
+        "metadata": {"name": "demo"},
+        "spec": {"version": "1.36", "workloads": {"nodes": nodes_spec}},
+    })];
+    let booted = boot_with("syncer, schedulable nodes", Some(docs), StartCapn::InProcess).await;
+    let tenant = tenant_client(&booted).await;
+    let tenant_nodes = Api::<Node>::all(tenant.clone());
+    let shown = booted
+        .runner
+        .wait_for(
+            "the tenant sees the test node with no pod running",
+            BOOTED_STEP * 2,
+            || async {
+                let listed = tenant_nodes.list(&ListParams::default()).await.ok()?;
+                (listed.items.len() == 1 && listed.items[0].name_any() == node.name()).then(|| listed.items[0].clone())
+            },
+        )
+        .await;
+    let pods = Api::<Pod>::all(tenant.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        pods.items.is_empty(),
+        "no tenant pod: {:?}",
+        pods.items.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
+    );
+    let status = shown.status.unwrap_or_default();
+    assert!(
+        status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "the shown Node is Ready"
+    );
+    let super_node = Api::<Node>::all(booted.client.clone()).get(node.name()).await.unwrap();
+    assert_eq!(
+        status.allocatable,
+        super_node.status.unwrap_or_default().allocatable,
+        "the super node's allocatable"
+    );
+    assert!(
+        shown.spec.and_then(|s| s.unschedulable) != Some(true),
+        "schedulable in the tenant too"
+    );
+    let leases = Api::<Lease>::namespaced(tenant.clone(), "kube-node-lease");
+    let first = booted
+        .runner
+        .wait_for("the shown Node has a Lease", BOOTED_STEP, || async {
+            leases.get(node.name()).await.ok()?.spec?.renew_time
+        })
+        .await;
+    booted
+        .runner
+        .wait_for("the shown Node's Lease is renewed", BOOTED_STEP, || async {
+            let now = leases.get(node.name()).await.ok()?.spec?.renew_time?;
+            (now != first).then_some(())
+        })
+        .await;
+
+    // Back to the default: the Node goes (no pod uses it; it is older than the minute's grace).
+    Api::<NestedControlPlane>::namespaced(booted.client.clone(), &booted.ns)
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"workloads": {"nodes": {"mode": "Used"}}}})),
+        )
+        .await
+        .unwrap();
+    booted
+        .runner
+        .wait_for("the tenant Node goes in Used mode", BOOTED_STEP * 2, || async {
+            tenant_nodes.get_opt(node.name()).await.ok()?.is_none().then_some(())
+        })
+        .await;
+    booted.stop().await;
+}
+
 /// A tenant claim is bound through its copy, as in a cluster whose volumes come from a CSI
 /// provisioner: the super cluster binds the copy to a volume made by its admin, the tenant is
 /// shown that volume bound in advance to the claim, and the tenant's own PersistentVolume

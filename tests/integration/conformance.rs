@@ -41,11 +41,13 @@ fn required(name: &str) -> String {
 /// The control plane the suite runs against: [`release_docs`], with the tenant's service CIDR
 /// the super cluster's and NodePort Services copied as such, the setting under which a
 /// tenant's ClusterIPs and node ports are ones its pods can dial (docs/design.md §11
-/// "Services"), as upstream's Service specs dial them.
+/// "Services"), as upstream's Service specs dial them; and the schedulable super nodes shown
+/// at all times (`nodes.mode: Schedulable`), as the suite waits for a schedulable Node before
+/// specs that make no pod of their own first (the garbage collector's [Serial] specs).
 fn conformance_docs(release: &str) -> Vec<serde_json::Value> {
     let mut docs = release_docs(release);
     docs[0]["spec"]["clusterNetwork"] = json!({"services": {"cidrBlocks": [capn_testkit::SUPER_SERVICE_CIDR]}});
-    docs[0]["spec"]["workloads"] = json!({"nodePortServices": true});
+    docs[0]["spec"]["workloads"] = json!({"nodePortServices": true, "nodes": {"mode": "Schedulable"}});
     docs
 }
 
@@ -344,22 +346,14 @@ fn summarize(report: &str) -> Result<Summary, String> {
 /// what is left is:
 /// - an image the test node does not run (node adaptation 1); the e2e framework's pod dump
 ///   then holds the node's message ("the capn test node cannot run image …");
-/// - a check for a schedulable node before the test makes any pod ("there are currently no
-///   ready, schedulable nodes in the cluster"): a tenant shows a Node only while its pods run
-///   on it (the syncer's Nodes follow its pods, docs/design.md §11), and the `[Serial]`
-///   specs run after every other spec's pods are gone;
 /// - see also [`refused_by_design`].
+///
+/// A check for a schedulable node before a spec makes any pod ("there are currently no
+/// ready, schedulable nodes in the cluster") was explained until the tenant could be shown
+/// the schedulable super nodes at all times ([`conformance_docs`]); it is capn's failure now.
 fn explain(message: &str) -> Option<&'static str> {
     const IMAGE: &str = "needs an image the test node does not run (node adaptation 1)";
-    const NODES: &str =
-        "asks for a schedulable node before it makes a pod: a tenant shows Nodes only while its pods run on them";
-    if message.contains("cannot run image") {
-        return Some(IMAGE);
-    }
-    if message.contains("schedulable nodes") || message.contains("no nodes") {
-        return Some(NODES);
-    }
-    None
+    message.contains("cannot run image").then_some(IMAGE)
 }
 
 /// Why a spec fails when its pods were refused on purpose: the spec's output (the framework's
@@ -387,7 +381,7 @@ mod tests {
         let cluster_ip = "service is not reachable within 2m0s timeout on endpoint 10.0.0.7:80 over TCP protocol";
         assert_eq!(explain(cluster_ip), None);
         let nodes = "there are currently no ready, schedulable nodes in the cluster";
-        assert!(explain(nodes).is_some_and(|w| w.contains("schedulable node")));
+        assert_eq!(explain(nodes), None, "the tenant is shown the schedulable super nodes");
         // A pod that does not run is capn's failure now: pods run.
         assert_eq!(
             explain("Timed out after 300s waiting for pod pod-x to be running"),

@@ -161,6 +161,18 @@ fn corpus() -> Vec<Case> {
             kms("vault", socket, Some("3")),
         ],
     );
+    let node_selector = |requirement: serde_json::Value| json!({"workloads": {"nodes": {"mode": "Schedulable", "selector": {"matchExpressions": [requirement]}}}});
+    bad_ncp(
+        &mut c,
+        "InvalidTenantNodes",
+        "spec.workloads.nodes.selector.matchExpressions[",
+        vec![
+            node_selector(json!({"key": "pool", "operator": "Is", "values": ["tenants"]})),
+            node_selector(json!({"key": "pool", "operator": "In"})),
+            node_selector(json!({"key": "pool", "operator": "NotIn", "values": []})),
+            node_selector(json!({"key": "pool", "operator": "Exists", "values": ["tenants"]})),
+        ],
+    );
     bad_ncp(
         &mut c,
         "InvalidSAN",
@@ -676,6 +688,17 @@ fn corpus() -> Vec<Case> {
         vec![ncp(
             "kms",
             json!({"encryption": {"kms": {"name": "vault-kms_v2.1", "endpoint": "unix:///var/run/kms-plugin/vault.sock", "timeout": "2.5s"}}}),
+        )],
+    ));
+    c.push(valid(
+        "shown-nodes",
+        vec![ncp(
+            "shown-nodes",
+            json!({"workloads": {"nodes": {"mode": "Schedulable", "selector": {
+                "matchLabels": {"node-pool": "tenants"},
+                "matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["a"]},
+                    {"key": "gpu", "operator": "DoesNotExist"}]}}}}),
         )],
     ));
     c.push(valid(

@@ -384,6 +384,7 @@ async fn start(
             .and_then(|w| w.node_port_services)
             .unwrap_or(false),
         custom_resources: started.workloads.as_ref().and_then(|w| w.custom_resources.clone()),
+        shown_nodes: shown_nodes(started.workloads.as_ref()),
     };
     tracing::info!(tenant = %control_plane.key(), namespace = %control_plane.workload_namespace(), "syncing the tenant's workloads");
     let task = tokio::spawn(worker::run(start));
@@ -395,6 +396,23 @@ async fn start(
         },
     );
     Ok(())
+}
+
+/// The selector of the super nodes a tenant sees at all times (`spec.workloads.nodes` in mode
+/// `Schedulable`; an absent selector selects every node); `None` in mode `Used`. A selector
+/// kube cannot read (admission refuses it, `crate::validate`) falls back to `Used`, logged.
+fn shown_nodes(workloads: Option<&crate::api::Workloads>) -> Option<kube::core::Selector> {
+    let nodes = workloads.and_then(|w| w.nodes.as_ref())?;
+    if nodes.mode != Some(crate::api::TenantNodesMode::Schedulable) {
+        return None;
+    }
+    match kube::core::Selector::try_from(nodes.selector.clone().unwrap_or_default()) {
+        Ok(selector) => Some(selector),
+        Err(error) => {
+            tracing::warn!(%error, "spec.workloads.nodes.selector is not a label selector: showing the used nodes only");
+            None
+        }
+    }
 }
 
 /// Writes `WorkloadsSynced` when it changed (only this controller's condition: the
@@ -494,5 +512,34 @@ impl Workers {
 
     fn stop(&self, control_plane: &ControlPlaneRef) {
         self.lock().remove(control_plane);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workloads(nodes: serde_json::Value) -> Workloads {
+        serde_json::from_value(serde_json::json!({"nodes": nodes})).unwrap()
+    }
+
+    #[test]
+    fn only_the_schedulable_mode_shows_super_nodes_and_its_selector_narrows_them() {
+        assert_eq!(shown_nodes(None), None);
+        assert_eq!(shown_nodes(Some(&Workloads::default())), None);
+        assert_eq!(shown_nodes(Some(&workloads(serde_json::json!({"mode": "Used"})))), None);
+        let all = shown_nodes(Some(&workloads(serde_json::json!({"mode": "Schedulable"})))).unwrap();
+        assert!(all.selects_all());
+        let pool = shown_nodes(Some(&workloads(
+            serde_json::json!({"mode": "Schedulable", "selector": {
+            "matchLabels": {"pool": "tenants"},
+            "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}}),
+        )))
+        .unwrap();
+        assert_eq!(pool.to_string(), "pool=tenants,zone in (a,b)");
+        // A selector only kube cannot read falls back to the used nodes (admission refuses it).
+        let broken = workloads(serde_json::json!({"mode": "Schedulable", "selector": {
+            "matchExpressions": [{"key": "zone", "operator": "Is"}]}}));
+        assert_eq!(shown_nodes(Some(&broken)), None);
     }
 }

@@ -1,5 +1,7 @@
 //! The tenant's Nodes: one for each super node that runs a tenant pod, made when the first
-//! pod is bound to it and removed when none is left (docs/design.md §11). A tenant Node
+//! pod is bound to it and removed when none is left (docs/design.md §11); with
+//! `spec.workloads.nodes.mode: Schedulable`, also one for each schedulable super node its
+//! selector matches, at all times (read once a minute, [`schedulable`]). A tenant Node
 //! carries what scheduling and `kubectl get nodes` need (the well-known labels, capacity,
 //! allocatable, node info and the `Ready` condition) and the super node's `InternalIP` and
 //! `ExternalIP` (where its pods run and its node ports answer); when capn serves the kubelet
@@ -8,7 +10,7 @@
 //! does (every 10 seconds, for 40), so the tenant's node lifecycle controller sees a
 //! healthy node and never evicts its pods; its `Ready` condition follows the super node's.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -18,7 +20,7 @@ use k8s_openapi::api::core::v1::{DaemonEndpoint, Node, NodeAddress, NodeConditio
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::scope::{TENANT_FIELD_MANAGER, Tenant, typed};
@@ -137,11 +139,54 @@ fn ready(super_node: &Node, now: Timestamp) -> Vec<NodeCondition> {
     }]
 }
 
-/// Makes the tenant Node `name` (and its Lease) unless it exists.
+/// Whether a tenant pod could be scheduled on `super_node` (`spec.workloads.nodes.mode:
+/// Schedulable`): `Ready`, not cordoned, and without a `NoSchedule` or `NoExecute` taint.
+/// A tenant pod tolerates none of those: the syncer keeps only the tolerations of an
+/// unhealthy node's taints (`crate::syncer::pod::placement::TOLERATION_KEYS`), which a
+/// `Ready` node does not carry. `PreferNoSchedule` only scores, so it does not count.
+pub(super) fn schedulable(super_node: &Node) -> bool {
+    let spec = super_node.spec.as_ref();
+    let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+    let tainted = spec
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
+    let ready = super_node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    ready && !cordoned && !tainted
+}
+
+/// The schedulable super nodes `selector` matches, by name (one list request).
+///
+/// # Errors
+/// The super nodes cannot be listed.
+async fn schedulable_super_nodes(
+    tenant: &Tenant,
+    selector: &kube::core::Selector,
+) -> Result<BTreeMap<String, Node>, kube::Error> {
+    let listed = Api::<Node>::all(tenant.super_client.clone())
+        .list(&ListParams::default().labels_from(selector))
+        .await?;
+    Ok(listed
+        .items
+        .into_iter()
+        .filter(schedulable)
+        .map(|n| (n.name_any(), n))
+        .collect())
+}
+
+/// Makes the tenant Node `name` (and its Lease) unless it exists; `listed` is its super
+/// node when the caller has read it already.
 ///
 /// # Errors
 /// The super node cannot be read, or the tenant refuses the Node.
-pub(super) async fn ensure(tenant: &Tenant, name: &str) -> Result<(), kube::Error> {
+pub(super) async fn ensure(tenant: &Tenant, name: &str, listed: Option<&Node>) -> Result<(), kube::Error> {
     if tenant.tenant_nodes.get(&ObjectRef::new(name)).is_some() {
         return Ok(());
     }
@@ -151,7 +196,10 @@ pub(super) async fn ensure(tenant: &Tenant, name: &str) -> Result<(), kube::Erro
     if made.contains(name) {
         return Ok(());
     }
-    let super_node = Api::<Node>::all(tenant.super_client.clone()).get(name).await?;
+    let super_node = match listed {
+        Some(node) => node.clone(),
+        None => Api::<Node>::all(tenant.super_client.clone()).get(name).await?,
+    };
     let node = tenant_node(&super_node, Timestamp::now(), tenant.kubelet);
     let nodes = Api::<Node>::all(tenant.tenant_client.clone());
     // A Node keeps the status it is created with (the kubelet registers that way).
@@ -199,9 +247,11 @@ async fn renew(tenant: &Tenant, node: &Node) -> Result<(), kube::Error> {
     Ok(())
 }
 
-/// Runs forever: renews every tenant Node's Lease, follows the super nodes' `Ready`, and
-/// removes the Nodes no tenant pod is bound to any more. A failure is logged and tried
-/// again at the next tick: a tenant apiserver that is down holds up only this tenant.
+/// Runs forever: renews every tenant Node's Lease, follows the super nodes' `Ready`, shows
+/// the schedulable super nodes (`Schedulable` mode: listed with the status, once a minute),
+/// and removes the Nodes no tenant pod is bound to any more and that are not shown. A
+/// failure is logged and tried again at the next tick: a tenant apiserver that is down
+/// holds up only this tenant.
 pub(super) async fn heartbeats(tenant: &Tenant) {
     // Both caches filled first: a Node is judged unused only against every pod.
     if tenant.tenant_nodes.wait_until_ready().await.is_err() || tenant.tenant_pods.wait_until_ready().await.is_err() {
@@ -211,9 +261,30 @@ pub(super) async fn heartbeats(tenant: &Tenant) {
     // The first round refreshes the status too: a capn that just started (another replica,
     // another port) announces its kubelet API at once, not a minute later.
     let mut round: u32 = STATUS_EVERY - 1;
+    // The schedulable super nodes shown at the last status round.
+    let mut shown = BTreeSet::new();
     loop {
         tick.tick().await;
         round = round.wrapping_add(1);
+        let with_status = round.is_multiple_of(STATUS_EVERY);
+        let listed = match &tenant.shown_nodes {
+            Some(selector) if with_status => match schedulable_super_nodes(tenant, selector).await {
+                Ok(listed) => Some(listed),
+                Err(error) => {
+                    tracing::info!(%error, "listing the schedulable super nodes failed");
+                    None
+                }
+            },
+            _ => None,
+        };
+        if let Some(listed) = &listed {
+            shown = listed.keys().cloned().collect();
+            for (name, super_node) in listed {
+                if let Err(error) = ensure(tenant, name, Some(super_node)).await {
+                    tracing::info!(%error, node = %name, "showing a schedulable super node failed");
+                }
+            }
+        }
         let in_use: BTreeSet<String> = tenant
             .tenant_pods
             .state()
@@ -221,8 +292,10 @@ pub(super) async fn heartbeats(tenant: &Tenant) {
             .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
             .collect();
         for node in tenant.tenant_nodes.state() {
-            let result = if in_use.contains(&node.name_any()) || young(&node) {
-                beat(tenant, &node, round.is_multiple_of(STATUS_EVERY)).await
+            let name = node.name_any();
+            let result = if in_use.contains(&name) || shown.contains(&name) || young(&node) {
+                let status = with_status.then(|| listed.as_ref().and_then(|l| l.get(&name)));
+                beat(tenant, &node, status).await
             } else {
                 remove(tenant, &node).await
             };
@@ -239,11 +312,18 @@ fn young(node: &Node) -> bool {
     })
 }
 
-async fn beat(tenant: &Tenant, node: &Node, with_status: bool) -> Result<(), kube::Error> {
-    let super_node = if with_status {
-        let found = Api::<Node>::all(tenant.super_client.clone())
-            .get_opt(&node.name_any())
-            .await?;
+/// Renews `node`'s Lease; with `status` (`Some`: this round refreshes it, with its super
+/// node when already listed) also its `Ready`, addresses and kubelet endpoint.
+async fn beat(tenant: &Tenant, node: &Node, status: Option<Option<&Node>>) -> Result<(), kube::Error> {
+    let super_node = if let Some(listed) = status {
+        let found = match listed {
+            Some(super_node) => Some(super_node.clone()),
+            None => {
+                Api::<Node>::all(tenant.super_client.clone())
+                    .get_opt(&node.name_any())
+                    .await?
+            }
+        };
         // A super node that is gone takes its tenant Node with it (the tenant's pod garbage
         // collector then removes the pods bound to it), rather than leaving it Ready.
         if found.is_none() {
@@ -362,6 +442,37 @@ mod tests {
             ]
         );
         assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
+    }
+
+    #[test]
+    fn a_super_node_is_schedulable_when_ready_uncordoned_and_untainted_for_pods() {
+        let node = |spec: serde_json::Value, ready: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "worker-1"},
+                "spec": spec,
+                "status": {"conditions": [{"type": "Ready", "status": ready}]}
+            }))
+            .unwrap()
+        };
+        let taint = |effect: &str| serde_json::json!({"taints": [{"key": "pool", "value": "infra", "effect": effect}]});
+        assert!(schedulable(&node(serde_json::json!({}), "True")));
+        assert!(
+            schedulable(&node(taint("PreferNoSchedule"), "True")),
+            "PreferNoSchedule only scores"
+        );
+        assert!(!schedulable(&node(serde_json::json!({}), "False")), "not Ready");
+        assert!(!schedulable(&node(serde_json::json!({}), "Unknown")), "not Ready");
+        assert!(
+            !schedulable(&node(serde_json::json!({"unschedulable": true}), "True")),
+            "cordoned"
+        );
+        assert!(
+            !schedulable(&node(taint("NoSchedule"), "True")),
+            "tenant pods drop tolerations"
+        );
+        assert!(!schedulable(&node(taint("NoExecute"), "True")));
+        let silent: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": "new"}})).unwrap();
+        assert!(!schedulable(&silent), "a node that reports no Ready condition");
     }
 
     #[test]

@@ -418,7 +418,7 @@ async fn upward(tenant: &Tenant, syncer: &Pods<'_>, pod: &Pod, live: &Pod) -> Re
     let unbound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none();
     let bound = !unbound || bind_to.is_some();
     if let Some(node) = bind_to.as_deref().filter(|_| unbound) {
-        nodes::ensure(tenant, node).await?;
+        nodes::ensure(tenant, node, None).await?;
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(pod.name_any()),

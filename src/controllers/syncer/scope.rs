@@ -35,6 +35,9 @@ pub(super) struct Tenant {
     pub namespace: String,
     /// Whether `NodePort` Services are copied as such (`spec.workloads.nodePortServices`).
     pub node_port_services: bool,
+    /// The super nodes shown as tenant Nodes at all times when schedulable
+    /// (`spec.workloads.nodes`, mode `Schedulable`); `None`: only those its pods use.
+    pub shown_nodes: Option<kube::core::Selector>,
     /// capn's kubelet API as the tenant Nodes announce it (`crate::kubelet`); `None` when
     /// capn does not serve it.
     pub kubelet: Option<std::net::SocketAddr>,

@@ -47,6 +47,8 @@ pub(super) struct Start {
     pub dns: Option<TenantDns>,
     /// `spec.workloads.nodePortServices`.
     pub node_port_services: bool,
+    /// The selector of `spec.workloads.nodes` in mode `Schedulable`.
+    pub shown_nodes: Option<kube::core::Selector>,
     /// `spec.workloads.customResources`.
     pub custom_resources: Option<Vec<String>>,
 }
@@ -126,6 +128,7 @@ pub(super) async fn run(start: Start) {
         target: start.target,
         namespace,
         node_port_services: start.node_port_services,
+        shown_nodes: start.shown_nodes,
         kubelet: start.kubelet,
         watch_filter: start.watch_filter,
         super_pods: start.caches.pods.clone(),
