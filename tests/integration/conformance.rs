@@ -107,6 +107,26 @@ async fn upstream_conformance() {
         ));
     }
 
+    // The suite starts once the tenant shows a ready Node, as on a cluster whose nodes have
+    // registered (`nodes.mode: Schedulable`: the super node, at the syncer's first listing).
+    let tenant_nodes = Api::<k8s_openapi::api::core::v1::Node>::all(booted.nested(&booted.kubeconfig().await).await);
+    booted
+        .runner
+        .wait_for("the tenant shows a ready Node", UPGRADE, || async {
+            let listed = tenant_nodes.list(&Default::default()).await.ok()?;
+            listed
+                .items
+                .iter()
+                .any(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .then_some(())
+        })
+        .await;
+
     // Adaptation 11: a kubeconfig the e2e binary (client-go) uses verbatim.
     let forward = booted
         .runner
