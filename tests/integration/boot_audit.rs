@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use capn::api::{NestedAPIServer, NestedControlPlane};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::boot::{BOOTED_STEP, StartCapn, boot_with, say};
 use crate::boot_syncer::tenant_client;
+use crate::harness::find_listed;
 
 const API_VERSION: &str = "controlplane.cluster.x-k8s.io/v1beta1";
 
@@ -146,13 +147,7 @@ async fn requests_to_the_tenant_are_audited_to_the_log_and_the_webhook() {
     booted
         .runner
         .wait_for("an Event says so", BOOTED_STEP, || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("AuditWebhookConfigMissing"))
+            find_listed(&events, |e| e.reason.as_deref() == Some("AuditWebhookConfigMissing")).await
         })
         .await;
     let before = booted.runner.processes().len();

@@ -17,15 +17,14 @@ use capn_testkit::counting::RequestCounter;
 use futures::StreamExt;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
 use crate::boot_syncer::tenant_client;
+use crate::harness::find_listed;
 
 /// How long capn must send the super cluster nothing before a step counts as done.
 const QUIET: std::time::Duration = std::time::Duration::from_secs(2);
@@ -105,16 +104,11 @@ async fn event_about(booted: &Booted, tenant: &Client, name: &str, reason: &str)
             &format!("a {reason} Event about {name} in the tenant"),
             BOOTED_STEP,
             || async {
-                events
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .find(|e| {
-                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                            && e.reason.as_deref() == Some(reason)
-                    })
+                find_listed(&events, |e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                        && e.reason.as_deref() == Some(reason)
+                })
+                .await
             },
         )
         .await

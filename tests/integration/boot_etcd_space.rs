@@ -19,6 +19,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
+use crate::harness::find_listed;
 
 /// The quota: a few MiB, filled by a handful of ConfigMaps.
 const QUOTA: &str = "8Mi";
@@ -99,17 +100,12 @@ async fn nospace_is_reported_and_recovered_once_the_data_is_deleted_and_the_tena
     let warned = booted
         .runner
         .wait_for("a Warning Event EtcdNoSpace", BOOTED_STEP, || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.type_.as_deref() == Some("Warning")
-                        && e.reason.as_deref() == Some("EtcdNoSpace")
-                        && e.involved_object.name.as_deref() == Some("demo-etcd")
-                })
+            find_listed(&events, |e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("EtcdNoSpace")
+                    && e.involved_object.name.as_deref() == Some("demo-etcd")
+            })
+            .await
         })
         .await;
     let noticed = refused_at.elapsed();

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, release_docs};
 use crate::boot_syncer::{default_service_account, tenant_client};
+use crate::harness::find_listed;
 
 /// A one-replica tenant at Kubernetes 1.37.2 with the test node up, its client, and its
 /// `default` namespace's pods (once pods can run there).
@@ -110,16 +111,13 @@ async fn event_about(booted: &Booted, tenant: &Client, pod: &str, reason: &str, 
     booted
         .runner
         .wait_for(&what, BOOTED_STEP, || async {
-            let events = events.list(&ListParams::default()).await.ok()?;
-            events
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.involved_object.name.as_deref() == Some(pod)
-                        && e.reason.as_deref() == Some(reason)
-                        && e.message.as_deref().is_some_and(|m| m.contains(needle))
-                })
-                .map(drop)
+            find_listed(&events, |e| {
+                e.involved_object.name.as_deref() == Some(pod)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.message.as_deref().is_some_and(|m| m.contains(needle))
+            })
+            .await
+            .map(drop)
         })
         .await;
 }

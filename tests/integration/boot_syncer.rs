@@ -24,6 +24,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
+use crate::harness::find_listed;
 
 /// A tenant Deployment of `replicas` agnhost `netexec` pods in namespace `ns`.
 pub(crate) fn deployment(ns: &str, replicas: i32) -> Deployment {
@@ -457,14 +458,8 @@ async fn tenant_pods_run_in_the_super_cluster_and_report_back() {
     booted
         .runner
         .wait_for("an Event says why", BOOTED_STEP, || async {
-            let events = Api::<Event>::namespaced(tenant.clone(), "shop")
-                .list(&ListParams::default())
-                .await
-                .ok()?;
-            events
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("HostNamespacesForbidden"))
+            let events = Api::<Event>::namespaced(tenant.clone(), "shop");
+            find_listed(&events, |e| e.reason.as_deref() == Some("HostNamespacesForbidden")).await
         })
         .await;
     assert!(super_pods.get_opt("sneaky-x-shop-x-demo").await.unwrap().is_none());

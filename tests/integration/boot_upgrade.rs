@@ -25,6 +25,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 use crate::boot::say;
+use crate::harness::find_listed;
 use crate::harness::{Capn, apply_doc, capn_binary, secret, secret_value};
 
 /// From apply to a ready control plane (two cores shared with the other tests).
@@ -453,16 +454,11 @@ async fn boot_upgrade_preflight_stops_on_a_removed_api_until_acknowledged() {
     let warned = tenant
         .runner
         .wait_for("a Warning Event names the API", Duration::from_secs(30), || async {
-            Api::<Event>::namespaced(tenant.client.clone(), &tenant.ns)
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("RemovedAPIsInUse")
-                        && e.message.as_deref().unwrap_or_default().contains("servicecidrs")
-                })
+            find_listed(&Api::<Event>::namespaced(tenant.client.clone(), &tenant.ns), |e| {
+                e.reason.as_deref() == Some("RemovedAPIsInUse")
+                    && e.message.as_deref().unwrap_or_default().contains("servicecidrs")
+            })
+            .await
         })
         .await;
     assert_eq!(warned.type_.as_deref(), Some("Warning"));

@@ -203,13 +203,8 @@ async fn a_deleted_ca_is_reported_at_once_changes_nothing_and_its_restore_reissu
     );
     let events = Api::<Event>::namespaced(client.clone(), &ns);
     wait_until("a Warning Event says so", CONTROLLER_STEP, || async {
-        events
-            .list(&ListParams::default())
+        find_listed(&events, |e| e.reason.as_deref() == Some("CertificateAuthorityMissing"))
             .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("CertificateAuthorityMissing"))
             .map(|_| ())
     })
     .await;

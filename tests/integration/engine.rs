@@ -873,13 +873,11 @@ async fn a_step_that_does_not_finish_in_time_fails_without_rolling_back_and_a_re
     let etcd = statefulset(&client, &ns, "demo-etcd").await.unwrap();
     assert_eq!(image(&etcd), "registry.k8s.io/etcd:3.7.0-0");
     let warned = wait_until("a Warning Event says the step failed", CONTROLLER_STEP, || async {
-        Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("UpgradeStepFailed"))
+        find_listed(
+            &Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns),
+            |e| e.reason.as_deref() == Some("UpgradeStepFailed"),
+        )
+        .await
     })
     .await;
     assert_eq!(warned.type_.as_deref(), Some("Warning"));

@@ -16,6 +16,20 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use x509_parser::prelude::*;
 
+/// The first object `api` lists for which `matches` holds; `None` while there is none or the
+/// list fails: the poll of a wait (`wait_until`, `runner.wait_for`) for an Event, a copy, ...
+pub async fn find_listed<K>(api: &Api<K>, matches: impl Fn(&K) -> bool) -> Option<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&ListParams::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find(|object| matches(object))
+}
+
 /// The `capn` binary cargo built for this test binary. The kit (a library, where
 /// `CARGO_BIN_EXE_capn` does not exist) takes it from its caller.
 pub fn capn_binary() -> &'static std::path::Path {

@@ -10,7 +10,7 @@ use capn_testkit::{mark_statefulset_ready, wait_until};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use serde_json::{Value, json};
 
 use crate::harness::*;
@@ -92,13 +92,10 @@ async fn an_authorization_configuration_from_a_config_map_is_checked_copied_and_
 
     let events = Api::<Event>::namespaced(f.client.clone(), &f.ns);
     let event = wait_until("an Event says so", CONTROLLER_STEP, || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("AuthorizationConfigurationMissing"))
+        find_listed(&events, |e| {
+            e.reason.as_deref() == Some("AuthorizationConfigurationMissing")
+        })
+        .await
     })
     .await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));

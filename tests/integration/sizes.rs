@@ -11,7 +11,7 @@ use capn_testkit::wait_until;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use serde_json::json;
 
 use crate::harness::*;
@@ -134,16 +134,11 @@ async fn a_small_control_plane_runs_with_the_small_size_explicit_fields_win_and_
     .await;
     assert!(condition.message.contains(said), "{}", condition.message);
     let event = wait_until("a Warning Event says why", CONTROLLER_STEP, || async {
-        Api::<Event>::namespaced(client.clone(), &ns)
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("UnknownSize")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("sized-etcd")
-            })
+        find_listed(&Api::<Event>::namespaced(client.clone(), &ns), |e| {
+            e.reason.as_deref() == Some("UnknownSize")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("sized-etcd")
+        })
+        .await
     })
     .await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
