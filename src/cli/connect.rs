@@ -23,6 +23,8 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::Value;
 
+use super::credential;
+use super::files::{write_if_changed, write_private};
 use crate::api::NestedControlPlane;
 use crate::controllers::shared::read::cluster_name;
 use crate::pki::{SecretNames, kubeconfig_from_secret};
@@ -39,8 +41,32 @@ pub struct KubeconfigArgs {
     /// Dial the apiserver at this URL instead (`https://ADDRESS:PORT`: a load balancer, a
     /// node port, `capn connect`'s endpoint); the certificate is still verified for the
     /// in-cluster name.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "direct")]
     pub server: Option<String>,
+    /// Print the Secret's kubeconfig as it is (its server the in-cluster name), also where
+    /// that name does not resolve; without it, such a kubeconfig is printed in the exec form,
+    /// which reaches the apiserver through a background `capn connect`.
+    #[arg(long)]
+    pub direct: bool,
+    /// The exec form's state directory (its port, CA file, the background connect's log and
+    /// pid). Default: `$XDG_STATE_HOME/capn/connect/<ns>-<name>-<hash of the super cluster's
+    /// URL>`, `~/.local/state/...` without `XDG_STATE_HOME`.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub super_cluster: SuperClusterArgs,
+}
+
+/// Which super cluster to read, when not the current kubeconfig's current context.
+#[derive(Debug, Args)]
+pub struct SuperClusterArgs {
+    /// The super cluster's kubeconfig file (default: `KUBECONFIG`, `~/.kube/config`, or
+    /// in-cluster). The exec form pins it in the plugin's arguments.
+    #[arg(long, value_name = "FILE")]
+    pub super_kubeconfig: Option<PathBuf>,
+    /// The context of the super cluster's kubeconfig to use (default: its current context).
+    #[arg(long, value_name = "NAME")]
+    pub super_context: Option<String>,
 }
 
 /// `capn connect`'s arguments.
@@ -58,6 +84,29 @@ pub struct ConnectArgs {
     /// holds the admin key). Default: `<name>.kubeconfig` in the current directory.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig_out: Option<PathBuf>,
+    /// Also write the tenant's CA (PEM) to this file, and keep it current.
+    #[arg(long, value_name = "FILE")]
+    pub ca_out: Option<PathBuf>,
+    /// Write this process's pid to this file once the endpoint listens (removed on exit).
+    #[arg(long, value_name = "FILE")]
+    pub pid_file: Option<PathBuf>,
+    /// Exit after this long (a Go duration: `90s`, `1h`) without a connection to the
+    /// endpoint. Default: never (the plugin starts its connect with 1h).
+    #[arg(long, value_name = "DURATION", value_parser = super::parse_duration)]
+    pub idle_timeout: Option<std::time::Duration>,
+    /// The exec credential plugin of `capn kubeconfig`'s exec form (kubectl runs it): make
+    /// sure a background connect serves `--local-address`, then print an ExecCredential.
+    #[arg(long, hide = true, requires = "state_dir")]
+    pub credential: bool,
+    /// Stop the background connect of the exec form (the one whose pid is in the state
+    /// directory).
+    #[arg(long, conflicts_with = "credential")]
+    pub stop: bool,
+    /// The exec form's state directory (as `capn kubeconfig --state-dir`).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub super_cluster: SuperClusterArgs,
 }
 
 /// A kubeconfig's first cluster's server, as host and port (443 when the URL has none).
@@ -132,55 +181,140 @@ pub async fn admin_kubeconfig(client: &kube::Client, namespace: &str, name: &str
     Ok((text, secret_name))
 }
 
-/// `capn kubeconfig`: prints the admin kubeconfig; when its server's name does not resolve
-/// here and no `--server` is given, says on stderr how to reach it.
+/// `capn kubeconfig`: prints the admin kubeconfig: pointed at `--server` when given; as it
+/// is with `--direct` or where its server's name resolves; else in the exec form
+/// ([`super::credential`]), writing the state directory's port and CA files first.
 ///
 /// # Errors
-/// As [`admin_kubeconfig`] and [`point_at`]; the super cluster's configuration cannot be read.
+/// As [`admin_kubeconfig`] and [`point_at`]; the super cluster's configuration cannot be
+/// read; for the exec form, no super-cluster kubeconfig file to pin, or the state directory
+/// cannot be written.
 pub async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
-    let (client, _, namespace) = super_cluster(args.namespace).await?;
+    let (client, config, namespace) = super_cluster(args.namespace.clone(), &args.super_cluster).await?;
     let (text, _) = admin_kubeconfig(&client, &namespace, &args.name).await?;
     let (host, port) = server_of(&text)?;
     if let Some(server) = &args.server {
         print!("{}", point_at(&text, server, &host)?);
         return Ok(());
     }
-    if tokio::net::lookup_host((host.as_str(), port)).await.is_err() {
-        eprintln!(
-            "Note: {host} resolves only inside the super cluster. From here, run `capn connect {name} -n {namespace}` \
-             (a local endpoint that follows apiserver rolls and CA rotations), or pass --server with an address that \
-             reaches the apiserver.",
-            name = args.name
-        );
+    if args.direct || resolves(&host, port).await {
+        print!("{text}");
+        return Ok(());
     }
-    print!("{text}");
+    let (super_file, super_context) = pinned_super_cluster(&args.super_cluster)?;
+    let state = match &args.state_dir {
+        Some(dir) => std::path::absolute(dir).with_context(|| format!("{}", dir.display()))?,
+        None => credential::state_dir_here(config.cluster_url.to_string().as_str(), &namespace, &args.name)?,
+    };
+    credential::prepare_state_dir(&state)?;
+    let local_port = credential::state_port(&state)?;
+    let ca_file = state.join(credential::CA_FILE);
+    write_if_changed(&ca_file, &credential::ca_pem(&text)?)?;
+    let local = format!("127.0.0.1:{local_port}");
+    let mut plugin = vec![
+        "connect".to_owned(),
+        args.name.clone(),
+        "-n".to_owned(),
+        namespace.clone(),
+        "--credential".to_owned(),
+        "--local-address".to_owned(),
+        local.clone(),
+        "--state-dir".to_owned(),
+        state.display().to_string(),
+        "--super-kubeconfig".to_owned(),
+        super_file.display().to_string(),
+    ];
+    if let Some(context) = super_context {
+        plugin.extend(["--super-context".to_owned(), context]);
+    }
+    let exe = std::env::current_exe().context("finding capn's own executable")?;
+    print!(
+        "{}",
+        credential::exec_kubeconfig(&text, &format!("https://{local}"), &host, &ca_file, &exe, &plugin)?
+    );
     Ok(())
 }
 
-/// `capn connect`: serves the local endpoint and keeps its kubeconfig current until Ctrl-C
-/// (or SIGTERM).
+/// Whether `host` resolves here (within [`crate::reach::LOOKUP_TIMEOUT`]).
+async fn resolves(host: &str, port: u16) -> bool {
+    tokio::time::timeout(crate::reach::LOOKUP_TIMEOUT, tokio::net::lookup_host((host, port)))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .is_some_and(|mut found| found.next().is_some())
+}
+
+/// The super cluster's kubeconfig file (absolute) and context to pin in the plugin's
+/// arguments: the given ones, else `KUBECONFIG`'s first file (or `~/.kube/config`) and the
+/// current context of the merged `KUBECONFIG`.
+fn pinned_super_cluster(args: &SuperClusterArgs) -> anyhow::Result<(PathBuf, Option<String>)> {
+    let file = match &args.super_kubeconfig {
+        Some(file) => file.clone(),
+        None => std::env::var_os("KUBECONFIG")
+            .and_then(|v| std::env::split_paths(&v).find(|p| !p.as_os_str().is_empty()))
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".kube/config")))
+            .context("no KUBECONFIG and no HOME: pass --super-kubeconfig")?,
+    };
+    let file = std::fs::canonicalize(&file).with_context(|| {
+        format!(
+            "the exec form pins the super cluster's kubeconfig file, and {} cannot be read              (pass --super-kubeconfig, or --direct for the Secret's kubeconfig as it is)",
+            file.display()
+        )
+    })?;
+    let context = match &args.super_context {
+        Some(context) => Some(context.clone()),
+        None => kube::config::Kubeconfig::read()
+            .ok()
+            .and_then(|k| k.current_context)
+            .or_else(|| {
+                kube::config::Kubeconfig::read_from(&file)
+                    .ok()
+                    .and_then(|k| k.current_context)
+            }),
+    };
+    Ok((file, context))
+}
+
+/// `capn connect`: serves the local endpoint and keeps its kubeconfig (and CA file) current
+/// until Ctrl-C, SIGTERM or `--idle-timeout`; with `--credential`, the exec plugin
+/// ([`credential`]); with `--stop`, stops the exec form's background connect.
 ///
 /// # Errors
 /// As [`admin_kubeconfig`]; the server is not an in-cluster name; the local address cannot
-/// be bound; the kubeconfig file cannot be written.
+/// be bound; the kubeconfig, CA or pid file cannot be written.
 pub async fn connect(args: ConnectArgs) -> anyhow::Result<()> {
-    let (client, config, namespace) = super_cluster(args.namespace.clone()).await?;
-    let streams = crate::client::upgrade_client(config)?;
+    let (client, config, namespace) = super_cluster(args.namespace.clone(), &args.super_cluster).await?;
+    if args.stop {
+        return stop(&args, &config, &namespace);
+    }
     let (text, secret_name) = admin_kubeconfig(&client, &namespace, &args.name).await?;
+    if args.credential {
+        return credential(&args, &namespace, &text).await;
+    }
+    let streams = crate::client::upgrade_client(config)?;
     let (host, port) = server_of(&text)?;
     let target = Target::of_name(&host).with_context(|| {
         format!("the kubeconfig's server {host} is not an in-cluster name: dial it as it is (capn kubeconfig)")
     })?;
     let metrics = Arc::new(crate::telemetry::Metrics::default());
-    let (address, listener) = crate::reach::listen(streams, target, port, args.local_address, metrics)
-        .await
-        .with_context(|| format!("listening on {}", args.local_address))?;
+    let connections = Arc::new(crate::reach::Connections::default());
+    let (address, listener) =
+        crate::reach::listen(streams, target, port, args.local_address, metrics, connections.clone())
+            .await
+            .with_context(|| format!("listening on {}", args.local_address))?;
+    let _pid = match &args.pid_file {
+        Some(path) => Some(PidFile::write(path)?),
+        None => None,
+    };
     let path = args
         .kubeconfig_out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("{}.kubeconfig", args.name)));
     let server = format!("https://{address}");
     write_private(&path, &point_at(&text, &server, &host)?)?;
+    if let Some(ca) = &args.ca_out {
+        write_if_changed(ca, &credential::ca_pem(&text)?)?;
+    }
     eprintln!(
         "Forwarding {server} to {host}:{port} through the super cluster (pods/portforward).\n\
          Wrote {path}; it is rewritten when the control plane's certificates change.\n\n  export KUBECONFIG={path}\n\n\
@@ -188,22 +322,141 @@ pub async fn connect(args: ConnectArgs) -> anyhow::Result<()> {
         path = path.display()
     );
     let secrets = Api::<Secret>::namespaced(client, &namespace);
-    let follow = follow_secret(secrets, &secret_name, &path, &server, &host, text);
+    let files = Files {
+        kubeconfig: &path,
+        ca: args.ca_out.as_deref(),
+    };
+    let follow = follow_secret(secrets, &secret_name, files, &server, &host, text);
     let stop = shutdown_signal();
+    let idle = async {
+        match args.idle_timeout {
+            Some(timeout) => credential::idle(&connections, timeout).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         result = follow => result?,
         () = stop => {}
+        () = idle => eprintln!(
+            "No connection to {server} for {}: exiting (--idle-timeout).",
+            kube::core::Duration::from(args.idle_timeout.unwrap_or_default())
+        ),
     }
     listener.abort();
     Ok(())
 }
 
-/// Rewrites `path` whenever the kubeconfig in Secret `name` changes. Returns only on a
+/// `capn connect --credential`: the exec plugin. Keeps the state directory's CA file
+/// current, makes sure a background connect serves `--local-address` (starting one with
+/// the same super cluster, `--idle-timeout` or [`credential::DAEMON_IDLE`]), then prints
+/// the `ExecCredential` on standard output, and nothing else there.
+async fn credential(args: &ConnectArgs, namespace: &str, text: &str) -> anyhow::Result<()> {
+    let state = args.state_dir.as_deref().context("--credential needs --state-dir")?;
+    if args.local_address.port() == 0 {
+        anyhow::bail!("--credential needs the --local-address the kubeconfig dials, with its port");
+    }
+    credential::prepare_state_dir(state)?;
+    write_if_changed(&state.join(credential::CA_FILE), &credential::ca_pem(text)?)?;
+    let idle = args.idle_timeout.unwrap_or(credential::DAEMON_IDLE);
+    let path = |file: &str| state.join(file).display().to_string();
+    let mut daemon = vec![
+        "connect".to_owned(),
+        args.name.clone(),
+        "-n".to_owned(),
+        namespace.to_owned(),
+        "--local-address".to_owned(),
+        args.local_address.to_string(),
+        "--kubeconfig-out".to_owned(),
+        path(credential::KUBECONFIG_FILE),
+        "--ca-out".to_owned(),
+        path(credential::CA_FILE),
+        "--pid-file".to_owned(),
+        path(credential::PID_FILE),
+        "--idle-timeout".to_owned(),
+        kube::core::Duration::from(idle).to_string(),
+    ];
+    if let Some(file) = &args.super_cluster.super_kubeconfig {
+        daemon.extend(["--super-kubeconfig".to_owned(), file.display().to_string()]);
+    }
+    if let Some(context) = &args.super_cluster.super_context {
+        daemon.extend(["--super-context".to_owned(), context.clone()]);
+    }
+    credential::ensure_daemon(args.local_address, state, &daemon).await?;
+    print!(
+        "{}",
+        credential::exec_credential(text, k8s_openapi::jiff::Timestamp::now())?
+    );
+    Ok(())
+}
+
+/// `capn connect --stop`: sends SIGTERM to the background connect whose pid the state
+/// directory holds.
+fn stop(args: &ConnectArgs, config: &kube::Config, namespace: &str) -> anyhow::Result<()> {
+    let state = match &args.state_dir {
+        Some(dir) => dir.clone(),
+        None => credential::state_dir_here(config.cluster_url.to_string().as_str(), namespace, &args.name)?,
+    };
+    let pid_file = state.join(credential::PID_FILE);
+    let Ok(pid) = std::fs::read_to_string(&pid_file) else {
+        eprintln!(
+            "No background capn connect for {namespace}/{} ({} is absent).",
+            args.name,
+            pid_file.display()
+        );
+        return Ok(());
+    };
+    let pid: u32 = pid
+        .trim()
+        .parse()
+        .with_context(|| format!("{} holds no pid", pid_file.display()))?;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .context("running kill")?;
+    if !status.success() {
+        let _ = std::fs::remove_file(&pid_file);
+        anyhow::bail!("no process {pid} (from {}): removed the stale file", pid_file.display());
+    }
+    eprintln!(
+        "Stopped the background capn connect for {namespace}/{} (pid {pid}).",
+        args.name
+    );
+    Ok(())
+}
+
+/// A pid file of this process, removed when dropped if it still names this process.
+struct PidFile(PathBuf);
+
+impl PidFile {
+    fn write(path: &Path) -> anyhow::Result<Self> {
+        write_private(path, &format!("{}\n", std::process::id()))?;
+        Ok(Self(path.to_path_buf()))
+    }
+}
+
+impl Drop for PidFile {
+    fn drop(&mut self) {
+        let ours = std::fs::read_to_string(&self.0).is_ok_and(|t| t.trim() == std::process::id().to_string());
+        if ours {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+/// The files [`follow_secret`] keeps current.
+struct Files<'a> {
+    /// The kubeconfig for the local endpoint.
+    kubeconfig: &'a Path,
+    /// The CA file, when asked for.
+    ca: Option<&'a Path>,
+}
+
+/// Rewrites the files whenever the kubeconfig in Secret `name` changes. Returns only on a
 /// failed write (a watch error is retried by the watcher's backoff).
 async fn follow_secret(
     secrets: Api<Secret>,
     name: &str,
-    path: &Path,
+    files: Files<'_>,
     server: &str,
     host: &str,
     mut written: String,
@@ -223,10 +476,13 @@ async fn follow_secret(
             continue;
         };
         if text != written {
-            write_private(path, &point_at(&text, server, host)?)?;
+            if let Some(ca) = files.ca {
+                write_if_changed(ca, &credential::ca_pem(&text)?)?;
+            }
+            write_private(files.kubeconfig, &point_at(&text, server, host)?)?;
             eprintln!(
                 "Rewrote {}: the control plane's kubeconfig changed (renewed certificate or CA rotation).",
-                path.display()
+                files.kubeconfig.display()
             );
             written = text;
         }
@@ -234,48 +490,35 @@ async fn follow_secret(
     Ok(())
 }
 
-/// The super cluster's client (the current kubeconfig, or in-cluster), its configuration
-/// (for the HTTP/1.1 client of port-forwards) and the namespace: `namespace`, else the
-/// current context's.
-async fn super_cluster(namespace: Option<String>) -> anyhow::Result<(kube::Client, kube::Config, String)> {
-    let config = kube::Config::infer()
-        .await
-        .context("reading the super cluster's configuration (KUBECONFIG, ~/.kube/config or in-cluster)")?;
+/// The super cluster's client (`pinned`'s kubeconfig file and context, else the current
+/// kubeconfig, or in-cluster), its configuration (for the HTTP/1.1 client of port-forwards)
+/// and the namespace: `namespace`, else the context's.
+async fn super_cluster(
+    namespace: Option<String>,
+    pinned: &SuperClusterArgs,
+) -> anyhow::Result<(kube::Client, kube::Config, String)> {
+    let options = kube::config::KubeConfigOptions {
+        context: pinned.super_context.clone(),
+        ..Default::default()
+    };
+    let config = match (&pinned.super_kubeconfig, &pinned.super_context) {
+        (Some(file), _) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(file)
+                .with_context(|| format!("reading the super cluster's kubeconfig {}", file.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .with_context(|| format!("the super cluster's kubeconfig {}", file.display()))?
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .context("reading the super cluster's configuration (KUBECONFIG or ~/.kube/config)")?,
+        (None, None) => kube::Config::infer()
+            .await
+            .context("reading the super cluster's configuration (KUBECONFIG, ~/.kube/config or in-cluster)")?,
+    };
     let namespace = namespace.unwrap_or_else(|| config.default_namespace.clone());
     let client = crate::client::client(config.clone()).context("connecting to the super cluster")?;
     Ok((client, config, namespace))
-}
-
-/// Writes `text` to `path` readable by the owner only, through a temporary file renamed
-/// over it, so that a kubectl reading it meanwhile never sees half a file. A file already
-/// there keeps its owner where this process may set it (root rewriting a user's file).
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::MetadataExt as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let temporary = dir.join(format!(
-        ".{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
-    ));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temporary)
-        .with_context(|| format!("writing {}", temporary.display()))?;
-    file.write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", temporary.display()))?;
-    if let Ok(before) = std::fs::metadata(path) {
-        // Best effort: an unprivileged process cannot give a file away, and needs not.
-        let _ = std::os::unix::fs::fchown(&file, Some(before.uid()), Some(before.gid()));
-    }
-    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
 }
 
 /// Ctrl-C or SIGTERM.
@@ -341,21 +584,5 @@ current-context: demo-admin@demo
             Some("demo-apiserver.tenant-a.svc")
         );
         assert!(point_at("kind: Config", "https://x", "y").is_err());
-    }
-
-    #[test]
-    fn the_written_file_is_private_and_replaced_whole() {
-        use std::os::unix::fs::PermissionsExt as _;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("demo.kubeconfig");
-        write_private(&path, "one").unwrap();
-        write_private(&path, "two").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            1,
-            "no temporary file left"
-        );
     }
 }

@@ -2,6 +2,8 @@
 //! `version`.
 
 pub mod connect;
+pub mod credential;
+mod files;
 mod render;
 pub mod restore;
 mod run;
@@ -55,11 +57,13 @@ pub enum Command {
         command: ChannelsCommand,
     },
     /// Print a tenant's admin kubeconfig (`<cluster>-kubeconfig`), read from the super
-    /// cluster, optionally pointed at a `--server` of yours.
+    /// cluster: as it is where its server resolves (or `--direct`), pointed at a `--server`
+    /// of yours, else in the exec form that reaches it through a background `capn connect`.
     Kubeconfig(connect::KubeconfigArgs),
     /// Serve a local endpoint for a tenant's apiserver through the super cluster, write a
     /// kubeconfig for it and keep that file current across apiserver rolls and CA rotations
-    /// (like `vcluster connect`), until Ctrl-C.
+    /// (like `vcluster connect`), until Ctrl-C (or `--idle-timeout`); `--stop` stops the
+    /// exec form's background one.
     Connect(connect::ConnectArgs),
     /// Print capn's version.
     Version,
@@ -250,7 +254,7 @@ fn parse_upstream(text: &str) -> Result<std::net::SocketAddr, String> {
 }
 
 /// Parses a positive Go duration (`90s`, `5m`, `8760h`) with kube's `Duration`.
-fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let parsed: kube::core::Duration = text.parse().map_err(|e| format!("{e}"))?;
     let duration = std::time::Duration::from(parsed);
     if parsed.is_negative() || duration.is_zero() {
@@ -469,7 +473,10 @@ pub async fn main() -> anyhow::Result<()> {
         }
         Command::Kubeconfig(args) => connect::kubeconfig(args).await,
         Command::Connect(args) => {
-            crate::telemetry::init(false);
+            // The exec plugin's standard output is its ExecCredential, and nothing else.
+            if !args.credential {
+                crate::telemetry::init(false);
+            }
             connect::connect(args).await
         }
         Command::Crds => {

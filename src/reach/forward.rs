@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, ListParams};
@@ -16,7 +17,8 @@ use crate::telemetry::Metrics;
 /// super cluster, [`crate::client::upgrade_client`]) to a pod serving the target when the
 /// connection opens, so the listener follows the pods across rolls. Returns the bound
 /// address and the task serving it (abort it to close the listener). [`super::Reach`] opens
-/// one per target and port on `127.0.0.1`; `capn connect` one of its own.
+/// one per target and port on `127.0.0.1`; `capn connect` one of its own. `connections`
+/// counts the listener's connections (`capn connect --idle-timeout` reads it).
 ///
 /// # Errors
 /// `bind` cannot be bound.
@@ -26,6 +28,7 @@ pub async fn listen(
     port: u16,
     bind: SocketAddr,
     metrics: Arc<Metrics>,
+    connections: Arc<Connections>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(bind).await?;
     let address = listener.local_addr()?;
@@ -36,13 +39,54 @@ pub async fn listen(
                 Ok((socket, _)) => {
                     let (client, target, metrics) = (client.clone(), target.clone(), metrics.clone());
                     let warned = warned.clone();
-                    tokio::spawn(async move { relay(client, target, port, socket, &metrics, &warned).await });
+                    let open = Connections::opened(&connections);
+                    tokio::spawn(async move {
+                        relay(client, target, port, socket, &metrics, &warned).await;
+                        drop(open);
+                    });
                 }
                 Err(error) => tracing::warn!(%error, %target, port, "port-forward listener: accept failed"),
             }
         }
     });
     Ok((address, task))
+}
+
+/// The connections of one listener: how many are open now, and how many it accepted in
+/// all. Two counters, no more: enough to tell that a listener has been idle for a while.
+#[derive(Debug, Default)]
+pub struct Connections {
+    open: AtomicUsize,
+    accepted: AtomicU64,
+}
+
+impl Connections {
+    /// The connections open now (accepted and not yet closed).
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// The connections accepted since the listener opened, closed ones included.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Counts one accepted connection, open until the returned guard is dropped (also when
+    /// its task is aborted).
+    fn opened(this: &Arc<Self>) -> OpenConnection {
+        this.accepted.fetch_add(1, Ordering::Relaxed);
+        this.open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(this.clone())
+    }
+}
+
+/// One open connection of [`Connections`]; dropping it closes it in the count.
+struct OpenConnection(Arc<Connections>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Copies `socket` both ways through a new port-forward; a failure closes the socket (the
@@ -176,5 +220,16 @@ mod tests {
         assert!(!warned.again(), "the next ones within a minute do not");
         *warned.0.lock().unwrap() = Some(std::time::Instant::now() - WARN_EVERY);
         assert!(warned.again(), "a minute later it warns again");
+    }
+
+    #[test]
+    fn connections_are_counted_open_until_their_guard_goes() {
+        let connections = Arc::new(Connections::default());
+        let first = Connections::opened(&connections);
+        let second = Connections::opened(&connections);
+        assert_eq!((connections.open(), connections.accepted()), (2, 2));
+        drop(first);
+        drop(second);
+        assert_eq!((connections.open(), connections.accepted()), (0, 2));
     }
 }

@@ -30,7 +30,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-pub use forward::listen;
+pub use forward::{Connections, listen};
 pub use target::Target;
 
 use crate::telemetry::Metrics;
@@ -189,7 +189,7 @@ impl Reach {
             port,
         })?;
         let local = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0));
-        let (address, task) = forward::listen(client, key.0.clone(), port, local, self.metrics.clone())
+        let (address, task) = forward::listen(client, key.0.clone(), port, local, self.metrics.clone(), Arc::default())
             .await
             .map_err(|source| ReachError::Listen {
                 target: key.0.to_string(),
