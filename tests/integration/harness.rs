@@ -512,3 +512,20 @@ pub fn go_assets(variable: &str, script: &str, binaries: &[&str]) -> std::path::
     }
     dir
 }
+
+/// The directory of the kubectl built with the super cluster's release (hack/kube-assets.sh):
+/// the directory `$KUBEBUILDER_ASSETS/kube-apiserver` links into.
+pub fn kubectl_dir() -> std::path::PathBuf {
+    let apiserver = capn_testkit::cluster().assets_dir().join("kube-apiserver");
+    let release = std::fs::canonicalize(&apiserver)
+        .unwrap_or_else(|e| panic!("{}: {e}", apiserver.display()))
+        .parent()
+        .expect("the release directory")
+        .to_path_buf();
+    assert!(
+        release.join("kubectl").is_file(),
+        "{}/kubectl is missing: run hack/kube-assets.sh (it builds kubectl with the node's binaries)",
+        release.display()
+    );
+    release
+}

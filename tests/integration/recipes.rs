@@ -19,7 +19,6 @@
 //! recipe that waits for the wrong thing fails here too. The page and [`RECIPES`] must name
 //! the same recipes, in the same order.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use capn::api::{NestedControlPlane, NestedEtcd};
@@ -30,7 +29,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::boot::{BOOTED_STEP, Booted, StartCapn, boot_with, say};
-use crate::harness::{apply_doc, secret, secret_value};
+use crate::harness::{apply_doc, kubectl_dir, secret, secret_value};
 
 /// The page, from the repository root.
 const PAGE: &str = "docs/operations/recipes.md";
@@ -110,23 +109,6 @@ fn recipe_blocks_are_found_by_their_first_line() {
             ("two".to_string(), "# recipe: two\n".to_string())
         ]
     );
-}
-
-/// The directory of the kubectl built with the super cluster's release (hack/kube-assets.sh):
-/// the directory `$KUBEBUILDER_ASSETS/kube-apiserver` links into.
-fn kubectl_dir() -> PathBuf {
-    let apiserver = cluster().assets_dir().join("kube-apiserver");
-    let release = std::fs::canonicalize(&apiserver)
-        .unwrap_or_else(|e| panic!("{}: {e}", apiserver.display()))
-        .parent()
-        .expect("the release directory")
-        .to_path_buf();
-    assert!(
-        release.join("kubectl").is_file(),
-        "{}/kubectl is missing: run hack/kube-assets.sh (it builds kubectl with the node's binaries)",
-        release.display()
-    );
-    release
 }
 
 /// What one command printed.
