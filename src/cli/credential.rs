@@ -38,7 +38,7 @@ const POLL: Duration = Duration::from_millis(100);
 /// A log bigger than this is moved to `connect.log.1` when a connect is started.
 const LOG_LIMIT: u64 = 1 << 20;
 
-/// The files of a state directory.
+/// The state directory's record of the local port (`capn kubeconfig` picks it once).
 pub const PORT_FILE: &str = "port";
 /// The CA the exec form's `certificate-authority` names.
 pub const CA_FILE: &str = "ca.crt";

@@ -200,26 +200,14 @@ async fn capn_connect_keeps_a_working_kubeconfig_across_an_apiserver_roll_and_a_
 
     // The background connect gone (stopped, idle), the next call starts another: the
     // plugin alone, cold and then warm.
-    let stopped = tokio::process::Command::new(capn_binary())
-        .args(["connect", "demo", "-n", &ns, "--stop", "--state-dir"])
-        .arg(&state)
-        .env("KUBECONFIG", capn_testkit::cluster().kubeconfig_path())
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        stopped.status.success(),
-        "capn connect --stop: {}",
-        String::from_utf8_lossy(&stopped.stderr)
-    );
+    capn_connect_stop(&ns, &state).await;
     let local: std::net::SocketAddr = plugin[plugin.iter().position(|a| a == "--local-address").unwrap() + 1]
         .parse()
         .unwrap();
     booted
         .runner
         .wait_for("the background connect exits", BOOTED_STEP, || async {
-            let gone = !state.join("connect.pid").exists() && std::net::TcpStream::connect(local).is_err();
-            gone.then_some(())
+            exited(&state, local).then_some(())
         })
         .await;
     let started = Instant::now();
@@ -237,6 +225,30 @@ async fn capn_connect_keeps_a_working_kubeconfig_across_an_apiserver_roll_and_a_
     say(&format!(
         "connect: exec form: the plugin alone starting the background connect took {plugin_cold:?}, with it up \
          {plugin_warm:?}; kubectl with it up {warm:?}"
+    ));
+
+    // A background connect left without connections exits by itself (the plugin passes
+    // --idle-timeout on; here a short one instead of the hour).
+    capn_connect_stop(&ns, &state).await;
+    booted
+        .runner
+        .wait_for("the background connect exits", BOOTED_STEP, || async {
+            exited(&state, local).then_some(())
+        })
+        .await;
+    let mut short = plugin.clone();
+    short.extend(["--idle-timeout".to_owned(), "3s".to_owned()]);
+    run_plugin(&short).await;
+    let started = Instant::now();
+    booted
+        .runner
+        .wait_for("the idle background connect exits", BOOTED_STEP, || async {
+            exited(&state, local).then_some(())
+        })
+        .await;
+    say(&format!(
+        "connect: exec form: with --idle-timeout 3s the background connect exited {:?} after the plugin returned",
+        started.elapsed()
     ));
     booted.stop().await;
 }
@@ -320,6 +332,28 @@ async fn run_plugin(command: &[String]) -> serde_json::Value {
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("the plugin prints an ExecCredential and nothing else")
+}
+
+/// `capn connect demo -n <ns> --stop --state-dir <state>`, which must succeed.
+async fn capn_connect_stop(ns: &str, state: &Path) {
+    let stopped = tokio::process::Command::new(capn_binary())
+        .args(["connect", "demo", "-n", ns, "--stop", "--state-dir"])
+        .arg(state)
+        .env("KUBECONFIG", capn_testkit::cluster().kubeconfig_path())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        stopped.status.success(),
+        "capn connect --stop: {}",
+        String::from_utf8_lossy(&stopped.stderr)
+    );
+}
+
+/// Whether the background connect of `state` is gone: no pid file, nothing listening at
+/// `local`.
+fn exited(state: &Path, local: std::net::SocketAddr) -> bool {
+    !state.join("connect.pid").exists() && std::net::TcpStream::connect(local).is_err()
 }
 
 /// Sends SIGTERM to the background connect whose pid `state` holds, if any.
