@@ -366,6 +366,9 @@ fn summarize(report: &str) -> Result<Summary, String> {
 /// what is left is:
 /// - an image the test node does not run (node adaptation 1); the e2e framework's pod dump
 ///   then holds the node's message ("the capn test node cannot run image …");
+/// - the DaemonSet rollback spec's demand for two schedulable nodes (the test kit has one);
+/// - the "complex daemon" spec, which labels a Node for its daemon's node selector: a
+///   tenant's Node labels are its own and never reach the super node;
 /// - see also [`refused_by_design`].
 ///
 /// A check for a schedulable node before a spec makes any pod ("there are currently no
@@ -373,7 +376,17 @@ fn summarize(report: &str) -> Result<Summary, String> {
 /// the schedulable super nodes at all times ([`conformance_docs`]); it is capn's failure now.
 fn explain(message: &str) -> Option<&'static str> {
     const IMAGE: &str = "needs an image the test node does not run (node adaptation 1)";
-    message.contains("cannot run image").then_some(IMAGE)
+    const TWO_NODES: &str = "needs two schedulable nodes; the test kit has one";
+    const NODE_LABELS: &str = "labels a tenant Node for its daemon's node selector: a tenant's Node labels are its own and never reach the super node the pods are scheduled on (docs/design.md §11)";
+    if message.contains("cannot run image") {
+        Some(IMAGE)
+    } else if message.contains("needs a cluster with at least 2 nodes") {
+        Some(TWO_NODES)
+    } else if message.contains("waiting for daemon pods to be running on new nodes") {
+        Some(NODE_LABELS)
+    } else {
+        None
+    }
 }
 
 /// Why a spec fails when its pods were refused on purpose: the spec's output (the framework's
@@ -400,6 +413,10 @@ mod tests {
         assert_eq!(explain(node_port), None);
         let cluster_ip = "service is not reachable within 2m0s timeout on endpoint 10.0.0.7:80 over TCP protocol";
         assert_eq!(explain(cluster_ip), None);
+        let two = "Conformance test suite needs a cluster with at least 2 nodes.";
+        assert!(explain(two).is_some_and(|w| w.contains("two schedulable nodes")));
+        let labelled = "error waiting for daemon pods to be running on new nodes: context deadline exceeded";
+        assert!(explain(labelled).is_some_and(|w| w.contains("Node labels")));
         let nodes = "there are currently no ready, schedulable nodes in the cluster";
         assert_eq!(explain(nodes), None, "the tenant is shown the schedulable super nodes");
         // A pod that does not run is capn's failure now: pods run.
