@@ -298,7 +298,9 @@ pub struct TenantNodes {
     pub selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
 }
 
-/// [`TenantNodes::mode`].
+/// Which super nodes a tenant sees as Nodes: `Used` (the default), those its pods run on,
+/// while they run; `Schedulable`, also every schedulable super node `selector` matches, at
+/// all times.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 pub enum TenantNodesMode {
     /// The super nodes the tenant's pods run on, while they run.
