@@ -191,11 +191,18 @@ async fn the_cluster_roles_of_the_components_files_are_enough_for_the_whole_flow
         provider_identity(&admin, &ns, "control-plane-components.yaml").await;
     let (infrastructure_client, infrastructure_args) =
         provider_identity(&admin, &ns, "infrastructure-components.yaml").await;
-    // The identities really are confined to their roles (nodes: read one by name, for the
-    // syncer's tenant Nodes; no Deployments at all).
+    // The identities really are confined to their roles (nodes: read, for the syncer's tenant
+    // Nodes, never written; no Deployments at all).
+    let super_nodes = Api::<Node>::all(control_plane_client.clone());
+    assert!(super_nodes.list(&ListParams::default()).await.is_ok());
     assert!(is_forbidden(
-        Api::<Node>::all(control_plane_client.clone())
-            .list(&ListParams::default())
+        super_nodes
+            .patch(
+                // Authorization comes before the lookup: a 403 whether or not it exists.
+                "capn-any-node",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"capn.test/forbidden": "x"}}})),
+            )
             .await
     ));
     assert!(is_forbidden(
