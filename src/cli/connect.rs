@@ -257,7 +257,7 @@ fn pinned_super_cluster(args: &SuperClusterArgs) -> anyhow::Result<(PathBuf, Opt
     };
     let file = std::fs::canonicalize(&file).with_context(|| {
         format!(
-            "the exec form pins the super cluster's kubeconfig file, and {} cannot be read              (pass --super-kubeconfig, or --direct for the Secret's kubeconfig as it is)",
+            "the exec form pins the super cluster's kubeconfig file, and {} cannot be read (pass --super-kubeconfig, or --direct for the Secret's kubeconfig as it is)",
             file.display()
         )
     })?;
