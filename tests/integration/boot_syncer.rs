@@ -838,10 +838,14 @@ async fn the_control_planes_workload_settings_reach_the_super_cluster() {
         .runner
         .wait_for("the ResourceQuota allows 2 pods", BOOTED_STEP, hard_pods("2"))
         .await;
-    let limits = Api::<LimitRange>::namespaced(client.clone(), &workloads)
-        .get("tenant")
-        .await
-        .expect("the LimitRange is made with the namespace");
+    // Applied right after the ResourceQuota: waited for, as the quota was.
+    let limit_ranges = Api::<LimitRange>::namespaced(client.clone(), &workloads);
+    let limits = booted
+        .runner
+        .wait_for("the LimitRange is made with the namespace", BOOTED_STEP, || async {
+            limit_ranges.get_opt("tenant").await.ok()?
+        })
+        .await;
     assert_eq!(
         limits.spec.unwrap().limits[0].default_request.as_ref().unwrap()["memory"].0,
         "16Mi"
