@@ -197,7 +197,7 @@ pub async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
         print!("{}", point_at(&text, server, &host)?);
         return Ok(());
     }
-    if args.direct || resolves(&host, port).await {
+    if args.direct || crate::reach::resolves(&host, port).await {
         print!("{text}");
         return Ok(());
     }
@@ -233,15 +233,6 @@ pub async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
         credential::exec_kubeconfig(&text, &format!("https://{local}"), &host, &ca_file, &exe, &plugin)?
     );
     Ok(())
-}
-
-/// Whether `host` resolves here (within [`crate::reach::LOOKUP_TIMEOUT`]).
-async fn resolves(host: &str, port: u16) -> bool {
-    tokio::time::timeout(crate::reach::LOOKUP_TIMEOUT, tokio::net::lookup_host((host, port)))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .is_some_and(|mut found| found.next().is_some())
 }
 
 /// The super cluster's kubeconfig file (absolute) and context to pin in the plugin's

@@ -52,6 +52,16 @@ pub enum TenantConnection {
     PortForward,
 }
 
+/// Whether `host` resolves here to at least one address within [`LOOKUP_TIMEOUT`] (`port`
+/// only completes the lookup's socket address).
+pub async fn resolves(host: &str, port: u16) -> bool {
+    tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((host, port)))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .is_some_and(|mut found| found.next().is_some())
+}
+
 /// Errors of [`Reach`].
 #[derive(Debug, thiserror::Error)]
 pub enum ReachError {
@@ -155,12 +165,7 @@ impl Reach {
         if let Some((forwarded, _)) = self.decisions().get(host).filter(|(_, at)| at.elapsed() < DECISION_TTL) {
             return *forwarded;
         }
-        let resolved = tokio::time::timeout(LOOKUP_TIMEOUT, tokio::net::lookup_host((host, 0)))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .is_some_and(|mut found| found.next().is_some());
-        let forwarded = !resolved;
+        let forwarded = !resolves(host, 0).await;
         let before = self
             .decisions()
             .insert(host.to_owned(), (forwarded, Instant::now()))
